@@ -1,0 +1,31 @@
+"""tokenmill: an LLM inference engine and OpenAI-compatible server.
+
+`from tokenmill import LLM, SamplingParams`. Names load lazily, so that torch-free parts (the scheduler, the
+block manager, sampling parameters) can be imported without torch.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+if TYPE_CHECKING:
+    from tokenmill.entrypoints.llm import LLM
+    from tokenmill.outputs import CompletionOutput, RequestOutput
+    from tokenmill.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        from tokenmill.entrypoints.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from tokenmill.sampling_params import SamplingParams
+
+        return SamplingParams
+    if name in ("RequestOutput", "CompletionOutput"):
+        from tokenmill import outputs
+
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'tokenmill' has no attribute {name!r}")

@@ -1,0 +1,67 @@
+"""Engine options (the names `LLM(...)` and `tokenmill serve` accept), validated when made. No torch here."""
+
+import re
+from dataclasses import dataclass, fields
+
+from tokenmill.errors import InvalidParameterError
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2}
+_UNITS.update({"g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4})
+
+
+def parse_memory(value: str | int | float) -> int:
+    """ "1GiB", "512MiB", "2GB", 1073741824 -> bytes."""
+    if isinstance(value, bool):
+        raise InvalidParameterError(f"memory size {value!r} is not a size", "kv_cache_memory")
+    if isinstance(value, int | float):
+        size = int(value)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise InvalidParameterError(
+                f"memory size {value!r} is not understood (examples: '1GiB', '512MiB', '2GB')", "kv_cache_memory"
+            )
+        size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise InvalidParameterError(f"memory size {value!r} must be positive", "kv_cache_memory")
+    return size
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # explicit cache size in blocks (wins over kv_cache_memory)
+    kv_cache_memory: str | int | None = None  # e.g. "1GiB"; default: a share of free memory (see kv_cache.py)
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64  # sequences in one step
+    max_num_batched_tokens: int = 512  # tokens in one step (prefill chunks + decodes)
+    max_model_len: int | None = None  # prompt + output limit; default: the model's context, capped by the cache
+    device: str | None = None  # None/"auto": CUDA when available, else CPU
+    seed: int = 0  # seeds the sampler of requests without their own seed
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            _positive_int(name, getattr(self, name))
+        for name in ("num_kv_blocks", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if self.kv_cache_memory is not None:
+            parse_memory(self.kv_cache_memory)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise InvalidParameterError("enable_prefix_caching must be true or false", "enable_prefix_caching")
+
+    @classmethod
+    def from_options(cls, options: dict) -> "EngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidParameterError(
+                f"unknown engine option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})", unknown[0]
+            )
+        return cls(**options)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}", name)

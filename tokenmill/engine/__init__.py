@@ -1,0 +1,1 @@
+"""Request lifecycle: the step loop over scheduler and runner, detokenizing, stop checks, the async front."""

@@ -1,0 +1,395 @@
+"""The synchronous engine: add_request / step / abort over the scheduler and the model runner.
+
+One step: the scheduler picks tokens, the runner computes them in one forward pass, the sampler draws one token
+for every sequence whose tokens are all computed, then each new token is detokenized and checked against the
+stop conditions. Finished sequences free their blocks at once; their slots go to waiting requests next step.
+"""
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import torch
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.request import Request, SampleState
+from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
+from tokenmill.outputs import Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from tokenmill.runner.device import parse_dtype, select_device
+from tokenmill.runner.kv_cache import num_kv_blocks_for
+from tokenmill.runner.model_runner import ModelRunner, StepChunk
+from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+from tokenmill.tokenizer import ChatTemplate, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+PromptInput = str | dict[str, Any] | list[int]
+SUPPORTED_QUANTIZATION = (None,)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str | torch.dtype = "float32",
+        quantization: str | None = None,
+        config: EngineConfig | None = None,
+    ):
+        start = time.monotonic()
+        self.config = config or EngineConfig()
+        if quantization not in SUPPORTED_QUANTIZATION:
+            raise InvalidParameterError(
+                f"quantization {quantization!r} is not supported (use None: weights dequantized to dtype)",
+                "quantization",
+            )
+        path = resolve_model_path(model)
+        self.model_path = path
+        self.model_name = BUNDLED_NAME if model is None else path.stem
+        gguf = GGUFFile(path)
+        self.tokenizer = Tokenizer.from_gguf(gguf)
+        self.chat_template = ChatTemplate(
+            gguf.get("tokenizer.chat_template"), self.tokenizer.bos_token, self.tokenizer.eos_token
+        )
+        self.device = select_device(self.config.device)
+        self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size)
+        self.model_config = self.runner.model_config
+        num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
+        self.runner.allocate_kv_cache(num_blocks)
+        cache_tokens = num_blocks * self.config.block_size
+        self.max_model_len = self._max_model_len(cache_tokens)
+        self.block_manager = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len),
+            self.block_manager,
+        )
+        self.sampler = Sampler(self.device)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self.load_seconds = time.monotonic() - start
+        logger.info(
+            "loaded %s on %s in %.2f s; KV cache: %d blocks of %d tokens (%.0f MiB), max_model_len %d, "
+            "room for %.1f sequences of max_model_len",
+            path.name,
+            self.device,
+            self.load_seconds,
+            num_blocks,
+            self.config.block_size,
+            num_blocks * self.runner.kv_bytes_per_block() / 2**20,
+            self.max_model_len,
+            cache_tokens / self.max_model_len,
+        )
+
+    def _max_model_len(self, cache_tokens: int) -> int:
+        trained = self.model_config.max_position
+        if self.config.max_model_len is None:
+            return min(trained, cache_tokens)
+        if self.config.max_model_len > trained:
+            raise InvalidParameterError(
+                f"max_model_len {self.config.max_model_len} exceeds the model's context length {trained}",
+                "max_model_len",
+            )
+        return self.config.max_model_len
+
+    # ---- requests -----------------------------------------------------------------------------------------------
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._request_ids)}"
+
+    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            text = prompt.get("prompt")
+        elif isinstance(prompt, list):
+            ids, text = prompt, None
+        else:
+            raise InvalidParameterError("a prompt is a string or {'prompt_token_ids': [...]}", "prompt")
+        vocab = self.model_config.vocab_size
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidParameterError(f"prompt token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", "prompt")
+        return text, list(ids)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Render the chat template and tokenize it (special tokens in the template are parsed as special)."""
+        text = self.chat_template.render(messages, add_generation_prompt)
+        # a real template writes its own BOS; the plain fallback gets it the usual way
+        return self.tokenizer.encode(text, add_special_tokens=self.chat_template.is_fallback)
+
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Validate and queue a request; raises InvalidParameterError / PromptTooLongError when it cannot run."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameterError("sampling_params must be a SamplingParams", "sampling_params")
+        request_id = request_id if request_id is not None else self.new_request_id()
+        if request_id in self.requests:
+            raise InvalidParameterError(f"request id {request_id!r} is already in use", "request_id")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise InvalidParameterError("the prompt is empty", "prompt")
+        params.validate_token_ids(self.model_config.vocab_size)
+        max_tokens = self._check_fits(len(ids), params)
+        metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else time.monotonic())
+        request = Request(request_id, text, ids, params, metrics)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]
+        seq = Sequence(next(self._seq_ids), request_id, ids, params, 0, max_tokens)
+        request.samples.append(self._sample_state(seq, request))
+        self.requests[request_id] = request
+        self.scheduler.add(seq)
+        return request_id
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> int:
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise PromptTooLongError(
+                f"the prompt has {prompt_len} tokens; this engine allows at most {limit - 1} prompt tokens "
+                f"(max_model_len {limit}, which also counts the output)",
+                "prompt",
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise PromptTooLongError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} is more "
+                f"than max_model_len {limit}; lower max_tokens to at most {limit - prompt_len}",
+                "max_tokens",
+            )
+        blocks = self.block_manager.blocks_needed(prompt_len + max_tokens)
+        if blocks > self.block_manager.num_blocks:
+            raise PromptTooLongError(
+                f"prompt + max_tokens needs {blocks} KV blocks, "
+                f"more than the whole cache ({self.block_manager.num_blocks})",
+                "max_tokens",
+            )
+        return max_tokens
+
+    def _sample_state(self, seq: Sequence, request: Request) -> SampleState:
+        p = request.params
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            request.prompt_token_ids,
+            p.skip_special_tokens,
+            p.stop_strings,
+            p.include_stop_str_in_output,
+        )
+        return SampleState(seq, detok, [] if p.logprobs is not None else None)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now: its sequences leave the queue or the batch and free their blocks."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        request.aborted = True
+        for sample in request.samples:
+            if not sample.seq.is_finished:
+                sample.seq.finish_reason = "abort"
+                self.scheduler.finish(sample.seq)
+                self.sampler.release(sample.seq.seq_id)
+        request.metrics.finished_time = time.monotonic()
+        output = request.make_output()
+        output.finished = True
+        return output
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step -----------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        now = time.monotonic()
+        chunks = []
+        for s in sched.scheduled:
+            request = self.requests[s.seq.request_id]
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+            chunks.append(
+                StepChunk(
+                    token_ids=s.seq.token_ids[s.start : s.start + s.num_new_tokens],
+                    start_position=s.start,
+                    block_table=s.seq.block_table,
+                    want_last_logits=s.completes_sequence,
+                    want_all_logits=self._collects_prompt_logprobs(request, s.seq, s.start),
+                )
+            )
+        self.runner.copy_blocks(sched.block_copies)
+        result = self.runner.execute(chunks)
+        self.scheduler.update_after_step(sched)
+        touched: dict[str, Request] = {}
+        for s, logits in zip(sched.scheduled, result.all_logits, strict=True):
+            if logits is not None:
+                self._add_prompt_logprobs(self.requests[s.seq.request_id], s.start, logits)
+        self._sample_and_append(sched, result.last_logits, touched)
+        outputs = []
+        for request in touched.values():
+            if request.finished:
+                request.metrics.finished_time = time.monotonic()
+                del self.requests[request.request_id]
+            outputs.append(request.make_output())
+        return outputs
+
+    def _collects_prompt_logprobs(self, request: Request, seq: Sequence, start: int) -> bool:
+        if request.prompt_logprobs is None or seq.sample_index != 0:
+            return False
+        return start < seq.num_prompt_tokens - 1 and len(request.prompt_logprobs) < seq.num_prompt_tokens
+
+    def _add_prompt_logprobs(self, request: Request, start: int, logits: torch.Tensor) -> None:
+        """logits [chunk_len, V]: row j follows prompt token start + j and scores prompt token start + j + 1."""
+        assert request.prompt_logprobs is not None
+        ids = request.prompt_token_ids
+        first_target = len(request.prompt_logprobs)  # next prompt position still missing
+        rows = [j for j in range(logits.shape[0]) if first_target <= start + j + 1 < len(ids)]
+        if not rows:
+            return
+        targets = [ids[start + j + 1] for j in rows]
+        k = request.params.prompt_logprobs or 0
+        for target, (lp, rank, top) in zip(
+            targets, prompt_logprobs(logits[rows[0] : rows[-1] + 1], targets, k), strict=True
+        ):
+            request.prompt_logprobs.append(self._position_logprobs(target, lp, rank, top))
+
+    def _position_logprobs(self, token: int, logprob: float, rank: int, top: list) -> PositionLogprobs:
+        entry = {token: Logprob(logprob, rank, self.tokenizer.decode([token]))}
+        for r, (tid, lp) in enumerate(top, start=1):
+            if tid not in entry:
+                entry[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
+        return entry
+
+    def _sample_and_append(self, sched: SchedulerOutput, logits: torch.Tensor, touched: dict[str, Request]) -> None:
+        rows: list[SamplingRow] = []
+        row_samples: list[tuple[Request, SampleState]] = []
+        logits_row = 0
+        for s in sched.scheduled:
+            if not s.completes_sequence:
+                continue
+            request = self.requests[s.seq.request_id]
+            samples = [next(x for x in request.samples if x.seq is s.seq)]
+            if request.params.n > 1 and not request.forked:
+                samples += self._fork(request, s.seq)
+            for sample in samples:
+                rows.append(self._sampling_row(sample.seq, logits_row))
+                row_samples.append((request, sample))
+            logits_row += 1
+        if not rows:
+            return
+        sampled = self.sampler.sample(logits, rows)
+        now = time.monotonic()
+        for (request, sample), token in zip(row_samples, sampled, strict=True):
+            self._append_token(request, sample, token, now)
+            touched[request.request_id] = request
+
+    def _fork(self, request: Request, parent: Sequence) -> list[SampleState]:
+        """After the prompt is computed, the other n - 1 samples share its KV blocks."""
+        request.forked = True
+        children = []
+        for index in range(1, request.params.n):
+            child = Sequence(
+                next(self._seq_ids), request.request_id, parent.token_ids, request.params, index, parent.max_tokens
+            )
+            child.num_prompt_tokens = parent.num_prompt_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.ever_scheduled = True
+            self.block_manager.fork(parent, child)
+            self.scheduler.add_running(child)
+            state = self._sample_state(child, request)
+            request.samples.append(state)
+            children.append(state)
+        return children
+
+    def _sampling_row(self, seq: Sequence, logits_row: int) -> SamplingRow:
+        p = seq.params
+        banned: list[int] = []
+        if seq.num_output_tokens < p.min_tokens:
+            banned = list(p.stop_token_ids or [])
+            if not p.ignore_eos:
+                banned += sorted(self.tokenizer.stop_token_ids)
+        seed = None
+        if p.seed is not None:
+            seed = p.seed if seq.sample_index == 0 else (p.seed * 1_000_003 + seq.sample_index) % 2**64
+        return SamplingRow(seq.seq_id, logits_row, p, seq.prompt_token_ids, seq.output_token_ids, banned, seed)
+
+    def _append_token(self, request: Request, sample: SampleState, token: SampledToken, now: float) -> None:
+        seq = sample.seq
+        p = seq.params
+        seq.append_token(token.token_id)
+        seq.cumulative_logprob += token.logprob
+        if sample.logprobs is not None:
+            sample.logprobs.append(
+                self._position_logprobs(token.token_id, token.logprob, token.rank, token.top_logprobs or [])
+            )
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        if seq.sample_index == 0:
+            metrics.token_times.append(now)
+            metrics.last_token_time = now
+        # stop conditions, in vLLM's order: stop tokens, stop strings, then length
+        n_out = seq.num_output_tokens
+        can_stop = n_out >= p.min_tokens
+        if can_stop and not p.ignore_eos and token.token_id in self.tokenizer.stop_token_ids:
+            self._finish(seq, "stop", None)
+        elif can_stop and p.stop_token_ids and token.token_id in p.stop_token_ids:
+            self._finish(seq, "stop", token.token_id)
+        else:
+            stop = sample.detokenizer.add_token(token.token_id, check_stop=can_stop)
+            if stop is not None:
+                self._finish(seq, "stop", stop)
+            elif n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                sample.detokenizer.flush()
+                self._finish(seq, "length", None)
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        self.scheduler.finish(seq)
+        self.sampler.release(seq.seq_id)
+
+    # ---- introspection ------------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        usage = self.block_manager.usage()
+        running = self.scheduler.running
+        return {
+            "kv_blocks_total": usage.total,
+            "kv_blocks_free": usage.free,
+            "kv_blocks_cached": usage.cached,
+            "kv_blocks_in_use": usage.in_use,
+            "kv_cache_usage": usage.in_use / usage.total,
+            "prefix_cache_query_tokens": self.block_manager.prefix_query_tokens,
+            "prefix_cache_hit_tokens": self.block_manager.prefix_hit_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_running": len(running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_requests": len(self.requests),
+            "block_size": self.config.block_size,
+            "max_model_len": self.max_model_len,
+        }
+
+    def check_integrity(self) -> None:
+        """free + cached + in-use blocks == total; when idle, nothing is in use."""
+        self.block_manager.check_integrity()
+        if not self.requests and self.block_manager.usage().in_use:
+            raise AssertionError(f"idle engine still holds blocks: {self.block_manager.usage()}")
+        for seq in self.scheduler.running:
+            if seq.status != SequenceStatus.RUNNING:
+                raise AssertionError(f"{seq} is in the running list")

@@ -1,0 +1,127 @@
+"""The offline API: `LLM(...).generate(prompts, sampling_params)`, everything run through the batching engine."""
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenmill.config import EngineConfig
+from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.errors import InvalidParameterError
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.tokenizer import Tokenizer
+
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """An engine on one model. `model=None` is the bundled SmolLM2-135M-Instruct.
+
+    dtype: compute dtype ("float32", "bfloat16", "float16"). quantization: None dequantizes the GGUF weights.
+    options: engine options (block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching, max_num_seqs,
+    max_num_batched_tokens, max_model_len, device, seed).
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "float32", quantization: str | None = None, **options):
+        self.engine = LLMEngine(model, dtype, quantization, EngineConfig.from_options(options))
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (a string or {"prompt_token_ids": [...]}); outputs in prompt order."""
+        if isinstance(prompts, str | dict):
+            prompt_list: list[PromptInput] = [prompts]
+        else:
+            prompt_list = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise InvalidParameterError(
+                    f"{len(params_list)} sampling params for {len(prompt_list)} prompts", "sampling_params"
+                )
+        return self._run(prompt_list, params_list, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | list[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Render the chat template over one conversation (or a list of them) and generate the replies."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts: list[PromptInput] = [
+            {"prompt_token_ids": self.engine.encode_chat(c, add_generation_prompt), "prompt": None}
+            for c in conversations  # type: ignore[arg-type]
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def generate_stream(
+        self, prompt: PromptInput, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yield the request's output after every step that changed it (deltas in `delta_text`)."""
+        engine = self.engine
+        request_id = engine.add_request(None, prompt, sampling_params)
+        done = False
+        try:
+            while not done:
+                for out in engine.step():
+                    if out.request_id == request_id:
+                        done = out.finished
+                        yield out
+                if not done and request_id not in engine.requests:
+                    raise RuntimeError("the engine dropped the request")
+        finally:
+            if not done:
+                engine.abort(request_id)
+
+    def _run(
+        self, prompts: list[PromptInput], params: list[SamplingParams], use_tqdm: bool
+    ) -> list[RequestOutput]:
+        engine = self.engine
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                ids.append(engine.add_request(None, prompt, p))
+        except Exception:
+            for request_id in ids:  # a bad prompt rejects the whole call; nothing is left half-run
+                engine.abort(request_id)
+            raise
+        wanted = set(ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        start = time.monotonic()
+        output_tokens = 0
+        try:
+            while len(finished) < len(ids):
+                for out in engine.step():
+                    if out.request_id in wanted:
+                        output_tokens += sum(len(o.delta_token_ids) for o in out.outputs)
+                        if out.finished:
+                            finished[out.request_id] = out
+                            bar.update(1)
+                if use_tqdm:
+                    elapsed = max(time.monotonic() - start, 1e-9)
+                    bar.set_postfix_str(f"{output_tokens / elapsed:.1f} out tok/s", refresh=False)
+                if not engine.has_unfinished_requests() and len(finished) < len(ids):
+                    raise RuntimeError("the engine stopped with requests unfinished")
+        except BaseException:
+            for request_id in wanted - set(finished):
+                engine.abort(request_id)
+            raise
+        finally:
+            bar.close()
+        return [finished[i] for i in ids]

@@ -1,0 +1,1 @@
+"""Building blocks of the model architectures: norms, rotary embedding, linear layers, paged attention."""

@@ -1,0 +1,1 @@
+"""Model files: finding them, reading GGUF, dequantizing tensors and building weights."""

@@ -1,0 +1,147 @@
+"""Open a GGUF file with the `gguf` package, validate it, and expose its metadata and tensors.
+
+`gguf.GGUFReader` parses every element of an array field with several numpy calls, which takes seconds for a
+49k-token vocabulary; `_FastArrayReader` reads whole arrays at once and keeps the reader's data structures, so the
+bundled model's metadata parses in well under a second.
+"""
+
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from tokenmill.errors import ModelFileError, UnsupportedModelError
+
+# Tensor types tokenmill can turn into weights (see dequantize.py).
+SUPPORTED_TENSOR_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+)
+
+
+class _FastArrayReader(GGUFReader):
+    """GGUFReader with whole-array parsing of metadata arrays (same fields, parts and tensors)."""
+
+    _plain: np.ndarray | None = None
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        # Slicing a plain ndarray view of the memmap is many times cheaper than slicing the memmap itself.
+        if self._plain is None:
+            self._plain = self.data.view(np.ndarray)
+        count = int(count)
+        end = offset + np.dtype(dtype).itemsize * count
+        arr = self._plain[offset:end].view(dtype=dtype)[:count]
+        return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[np.ndarray], list[int], list[Any]]:
+        if GGUFValueType(raw_type) != GGUFValueType.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
+            return super()._get_field_parts(orig_offs, raw_type)
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        item_type = GGUFValueType(raw_itype[0])
+        count = int(alen[0])
+        offs = orig_offs + 12
+        parts: list[np.ndarray] = [raw_itype, alen]
+        scalar_type = self.gguf_scalar_to_np.get(item_type)
+        if scalar_type is not None:
+            values = self._get(offs, scalar_type, count)
+            parts.extend(values.reshape(count, 1))  # one part per element, as GGUFReader lays them out
+            return 12 + int(values.nbytes), parts, list(range(2, 2 + count)), [GGUFValueType.ARRAY, item_type]
+        if item_type != GGUFValueType.STRING:
+            return super()._get_field_parts(orig_offs, raw_type)
+        buf = self._plain
+        assert buf is not None
+        view = memoryview(buf)
+        data_idxs = []
+        for _ in range(count):
+            (length,) = struct.unpack_from("<Q", view, offs)
+            parts.append(buf[offs : offs + 8].view(np.uint64))
+            parts.append(buf[offs + 8 : offs + 8 + length])
+            data_idxs.append(len(parts) - 1)
+            offs += 8 + length
+        if offs > len(buf):
+            raise ValueError("string array runs past the end of the file")
+        return offs - orig_offs, parts, data_idxs, [GGUFValueType.ARRAY, GGUFValueType.STRING]
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of the file: its raw bytes (memory-mapped) and logical shape (rows, cols), row-major."""
+
+    name: str
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray  # F32/F16: typed array of `shape`; quantized: uint8 [rows, bytes_per_row]
+
+
+class GGUFFile:
+    """A validated GGUF file: `metadata` (key -> Python value) and `tensors` (name -> GGUFTensor)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        _check_magic(self.path)
+        try:
+            reader = _FastArrayReader(self.path)
+        except (ValueError, IndexError, KeyError, OverflowError, struct.error) as exc:
+            raise ModelFileError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): {exc}") from exc
+        self.metadata: dict[str, Any] = {}
+        for name, field in reader.fields.items():
+            try:
+                self.metadata[name] = field.contents()
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise ModelFileError(f"{self.path}: metadata key {name!r} cannot be decoded: {exc}") from exc
+        self.tensors: dict[str, GGUFTensor] = {}
+        file_size = self.path.stat().st_size
+        for t in reader.tensors:
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if t.data_offset + t.n_bytes > file_size or t.data.nbytes != t.n_bytes:
+                raise ModelFileError(
+                    f"{self.path}: truncated: tensor {t.name!r} needs bytes up to {t.data_offset + t.n_bytes}, "
+                    f"the file has {file_size}"
+                )
+            self.tensors[t.name] = GGUFTensor(t.name, t.tensor_type, shape, t.data)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.require("general.architecture"))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise ModelFileError(f"{self.path}: required metadata key {key!r} is missing")
+        return self.metadata[key]
+
+    def tensor(self, name: str) -> GGUFTensor:
+        if name not in self.tensors:
+            raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
+        tensor = self.tensors[name]
+        if tensor.ggml_type not in SUPPORTED_TENSOR_TYPES:
+            supported = ", ".join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))
+            raise UnsupportedModelError(
+                f"{self.path}: tensor {name!r} has type {tensor.ggml_type.name}, which tokenmill cannot load "
+                f"(supported: {supported})"
+            )
+        return tensor
+
+
+def _check_magic(path: Path) -> None:
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot be read: {exc.strerror}") from exc
+    if len(head) < 8:
+        raise ModelFileError(f"{path}: not a GGUF file (only {len(head)} bytes long)")
+    if struct.unpack("<I", head[:4])[0] != GGUF_MAGIC:
+        raise ModelFileError(f"{path}: not a GGUF file (starts with {head[:4]!r}, expected b'GGUF')")
+
+
+def quant_block_shape(ggml_type: GGMLQuantizationType) -> tuple[int, int]:
+    """(values per block, bytes per block) of a tensor type."""
+    return GGML_QUANT_SIZES[ggml_type]

@@ -1,0 +1,63 @@
+"""The shape of a model, read from GGUF metadata (`{arch}.*` keys)."""
+
+from dataclasses import dataclass
+
+from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.loader.gguf_file import GGUFFile
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int  # context length the model was trained for
+    tie_word_embeddings: bool
+
+
+def _int(gguf: GGUFFile, key: str, default: int | None = None) -> int:
+    value = gguf.get(key, default)
+    if value is None:
+        raise ModelFileError(f"{gguf.path}: required metadata key {key!r} is missing")
+    if isinstance(value, list):
+        raise UnsupportedModelError(f"{gguf.path}: {key} varies per layer ({value[:4]}...), which is not supported")
+    return int(value)
+
+
+def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
+    arch = gguf.architecture
+    hidden = _int(gguf, f"{arch}.embedding_length")
+    num_heads = _int(gguf, f"{arch}.attention.head_count")
+    num_kv_heads = _int(gguf, f"{arch}.attention.head_count_kv", num_heads)
+    head_dim = _int(gguf, f"{arch}.attention.key_length", hidden // num_heads)
+    if _int(gguf, f"{arch}.attention.value_length", head_dim) != head_dim:
+        raise UnsupportedModelError(f"{gguf.path}: different key and value head sizes are not supported")
+    if num_heads % num_kv_heads:
+        raise ModelFileError(f"{gguf.path}: {num_heads} attention heads is not a multiple of {num_kv_heads} KV heads")
+    scaling = gguf.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise UnsupportedModelError(f"{gguf.path}: rope scaling {scaling!r} is not supported")
+    embed = gguf.tensor("token_embd.weight")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=embed.shape[0],
+        hidden_size=hidden,
+        intermediate_size=_int(gguf, f"{arch}.feed_forward_length"),
+        num_layers=_int(gguf, f"{arch}.block_count"),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rotary_dim=_int(gguf, f"{arch}.rope.dimension_count", head_dim),
+        rope_theta=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position=_int(gguf, f"{arch}.context_length", 2048),
+        tie_word_embeddings="output.weight" not in gguf.tensors,
+    )

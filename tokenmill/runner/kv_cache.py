@@ -1,0 +1,39 @@
+"""How many KV blocks to allocate: from an explicit count, a memory budget, or a default share of free memory."""
+
+import logging
+
+import torch
+
+from tokenmill.config import EngineConfig, parse_memory
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_SHARE = 0.25  # of available memory
+DEFAULT_CPU_CAP_BYTES = 1024**3
+DEFAULT_GPU_SHARE = 0.7  # of free GPU memory after the weights are loaded
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 * 1024**3
+
+
+def num_kv_blocks_for(config: EngineConfig, bytes_per_block: int, device: torch.device) -> int:
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if config.kv_cache_memory is not None:
+        budget = parse_memory(config.kv_cache_memory)
+    elif device.type == "cuda":
+        budget = int(available_memory_bytes(device) * DEFAULT_GPU_SHARE)
+    else:
+        budget = min(int(available_memory_bytes(device) * DEFAULT_CPU_SHARE), DEFAULT_CPU_CAP_BYTES)
+    return max(1, budget // bytes_per_block)

@@ -1,0 +1,174 @@
+"""Owns the model, the KV cache tensors and the device; turns one scheduled step into a forward pass.
+
+A step is a list of `StepChunk`s, one per sequence: the new tokens to compute (a whole prompt, a prefill chunk,
+or the one token of a decode), where they start, and the sequence's block table. The runner flattens them
+into [T] tensors, builds the attention metadata once for all layers, runs the model and returns the logits
+the caller asked for.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.layers.attention import AttentionGroup, AttentionMetadata
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.model import ModelConfig, build_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepChunk:
+    """One sequence's share of a step."""
+
+    token_ids: list[int]  # tokens computed this step; their K/V are written to the cache
+    start_position: int  # tokens of this sequence already in the cache (position of token_ids[0])
+    block_table: list[int]  # physical KV blocks of the sequence, covering at least start_position + len(token_ids)
+    want_last_logits: bool = True  # logits after the last token (to sample the next one)
+    want_all_logits: bool = False  # logits after every token of the chunk (prompt log-probabilities)
+
+
+@dataclass
+class StepOutput:
+    last_logits: torch.Tensor  # [num chunks with want_last_logits, vocab] float32, in chunk order
+    all_logits: list[torch.Tensor | None]  # per chunk: [len(token_ids), vocab] float32 when asked for, else None
+
+
+class ModelRunner:
+    def __init__(self, gguf: GGUFFile, dtype: torch.dtype, device: torch.device, block_size: int):
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        self.model, self.config = build_model(gguf, dtype, device)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.num_blocks = 0
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.config
+
+    def kv_bytes_per_block(self) -> int:
+        c = self.config
+        element_bytes = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * element_bytes
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Two tensors per layer, each [num_blocks * block_size, num_kv_heads, head_dim] (slot-major)."""
+        c = self.config
+        shape = (c.num_layers, num_blocks * self.block_size, c.num_kv_heads, c.head_dim)
+        # torch.empty: pages are only touched (and counted in resident memory) once blocks are used. Masked-out
+        # padding reads slot 0, so block 0 is zeroed: garbage there could be NaN, and NaN * 0 is NaN.
+        k = torch.empty(shape, dtype=self.dtype, device=self.device)
+        v = torch.empty(shape, dtype=self.dtype, device=self.device)
+        k[:, : self.block_size].zero_()
+        v[:, : self.block_size].zero_()
+        self.kv_caches = [(k[i], v[i]) for i in range(c.num_layers)]
+        self.num_blocks = num_blocks
+
+    @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (src -> dst) in every layer (copy-on-write of a shared block)."""
+        if not copies:
+            return
+        bs = self.block_size
+        offsets = torch.arange(bs)
+        src = torch.cat([offsets + s * bs for s, _ in copies]).to(self.device)
+        dst = torch.cat([offsets + d * bs for _, d in copies]).to(self.device)
+        for k, v in self.kv_caches:
+            k[dst] = k[src]
+            v[dst] = v[src]
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[StepChunk]) -> StepOutput:
+        # Decodes (one query each) first, then prefill chunks: each kind becomes one attention group.
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
+        ordered = [chunks[i] for i in order]
+        input_ids, positions, slot_mapping, meta = self._prepare(ordered)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+
+        ends = torch.tensor([len(c.token_ids) for c in ordered]).cumsum(0)
+        row_of_last = {order[j]: int(ends[j]) - 1 for j in range(len(ordered))}
+        first_row = {order[j]: int(ends[j]) - len(ordered[j].token_ids) for j in range(len(ordered))}
+        last_rows = [row_of_last[i] for i, c in enumerate(chunks) if c.want_last_logits]
+        if last_rows:
+            last_logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
+        else:
+            last_logits = torch.empty(0, self.config.vocab_size, device=self.device)
+        all_logits: list[torch.Tensor | None] = []
+        for i, c in enumerate(chunks):
+            if c.want_all_logits:
+                rows = hidden[first_row[i] : first_row[i] + len(c.token_ids)]
+                all_logits.append(self.model.compute_logits(rows))
+            else:
+                all_logits.append(None)
+        return StepOutput(last_logits, all_logits)
+
+    def _prepare(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for c in chunks:
+            token_ids.extend(c.token_ids)
+            for pos in range(c.start_position, c.start_position + len(c.token_ids)):
+                positions.append(pos)
+                slots.append(c.block_table[pos // bs] * bs + pos % bs)
+        groups = []
+        num_decodes = sum(1 for c in chunks if len(c.token_ids) == 1)
+        start = 0
+        for members in (chunks[:num_decodes], chunks[num_decodes:]):
+            if members:
+                group = self._group(members, start)
+                groups.append(group)
+                start = group.token_end
+        dev = self.device
+        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.int64, device=dev), groups)
+        return (
+            torch.tensor(token_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            meta.slot_mapping,
+            meta,
+        )
+
+    def _group(self, chunks: list[StepChunk], token_start: int) -> AttentionGroup:
+        bs = self.block_size
+        dev = self.device
+        query_lens = torch.tensor([len(c.token_ids) for c in chunks])  # [S]
+        starts = torch.tensor([c.start_position for c in chunks])  # [S]
+        context_lens = starts + query_lens  # [S]
+        num_seqs = len(chunks)
+        max_q = int(query_lens.max())
+        max_ctx = int(context_lens.max())
+        max_blocks = (max_ctx + bs - 1) // bs
+        tables = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)  # [S, max_blocks]
+        for i, c in enumerate(chunks):
+            n = min(len(c.block_table), max_blocks)
+            tables[i, :n] = torch.tensor(c.block_table[:n])
+        key_pos = torch.arange(max_ctx)  # [max_ctx]
+        kv_slots = tables[:, key_pos // bs] * bs + key_pos % bs  # [S, max_ctx]
+        query_idx = torch.arange(max_q)  # [max_q]
+        query_valid = query_idx.unsqueeze(0) < query_lens.unsqueeze(1)  # [S, max_q]
+        query_pos = starts.unsqueeze(1) + query_idx.unsqueeze(0)  # [S, max_q]
+        mask = key_pos.view(1, 1, -1) <= query_pos.unsqueeze(-1)  # [S, max_q, max_ctx]
+        # padded query rows attend to key 0 only, so no row is fully masked (which would give NaN)
+        mask &= query_valid.unsqueeze(-1)
+        mask[:, :, 0] |= ~query_valid
+        kv_slots = kv_slots.masked_fill(key_pos.unsqueeze(0) >= context_lens.unsqueeze(1), 0)
+        padded = bool((query_lens != max_q).any())
+        query_index = None
+        valid_flat = None
+        if padded:
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), query_lens.cumsum(0)[:-1]])  # [S]
+            query_index = (offsets.unsqueeze(1) + query_idx.unsqueeze(0)).masked_fill(~query_valid, 0).to(dev)
+            valid_flat = query_valid.reshape(-1).to(dev)
+        return AttentionGroup(
+            token_start=token_start,
+            token_end=token_start + int(query_lens.sum()),
+            num_seqs=num_seqs,
+            max_query_len=max_q,
+            kv_slots=kv_slots.to(dev),
+            mask=mask.unsqueeze(1).to(dev),
+            query_index=query_index,
+            query_valid=valid_flat,
+        )

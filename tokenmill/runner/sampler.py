@@ -1,0 +1,178 @@
+"""Turn logits into tokens, vectorized over the batch, each row with its own parameters.
+
+Order (as in vLLM): logit bias and the min_tokens ban, then repetition / frequency / presence penalties; greedy
+rows take the argmax; the others are divided by their temperature, cut by top-k, top-p and min-p, and sampled
+with the exponential-race trick (argmax of p / q, q ~ Exp(1)), where a seeded row draws q from its own
+generator, so its tokens do not depend on what else is in the batch. Log-probabilities are those of the raw
+model distribution.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one sequence."""
+
+    seq_id: int
+    logits_row: int  # which row of the logits tensor (several samples of one prompt share a row)
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    banned_token_ids: list[int]  # EOS / stop tokens while fewer than min_tokens were generated
+    seed: int | None
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float
+    rank: int  # rank of the sampled token in the raw distribution (1 = most likely)
+    top_logprobs: list[tuple[int, float]] | None  # the `logprobs` most likely tokens, best first
+
+
+class Sampler:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._generators: dict[int, torch.Generator] = {}
+        self._unseeded = torch.Generator(device=device)
+        self._unseeded.seed()
+
+    def release(self, seq_id: int) -> None:
+        self._generators.pop(seq_id, None)
+
+    def _generator(self, row: SamplingRow) -> torch.Generator:
+        if row.seed is None:
+            return self._unseeded
+        gen = self._generators.get(row.seq_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(row.seed % (2**64))
+            self._generators[row.seq_id] = gen
+        return gen
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        """logits [num_logits_rows, vocab] float32 -> one SampledToken per row of `rows`."""
+        index = torch.tensor([r.logits_row for r in rows], device=logits.device)
+        raw = logits.index_select(0, index).float()  # [R, V]
+        processed = self._apply_biases_and_penalties(raw.clone(), rows)
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=raw.device)
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        random = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if greedy:
+            g = torch.tensor(greedy, device=raw.device)
+            tokens[g] = processed[g].argmax(dim=-1)
+        if random:
+            rnd = torch.tensor(random, device=raw.device)
+            tokens[rnd] = self._sample_random(processed[rnd], [rows[i] for i in random])
+        return self._logprobs(raw, tokens, rows)
+
+    def _apply_biases_and_penalties(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        bias_rows, bias_cols, bias_vals = [], [], []
+        for i, r in enumerate(rows):
+            for token, value in (r.params.logit_bias or {}).items():
+                bias_rows.append(i)
+                bias_cols.append(token)
+                bias_vals.append(value)
+        if bias_rows:
+            logits.index_put_(
+                (torch.tensor(bias_rows), torch.tensor(bias_cols)),
+                torch.tensor(bias_vals, dtype=logits.dtype),
+                accumulate=True,
+            )
+        ban_rows = [i for i, r in enumerate(rows) for _ in r.banned_token_ids]
+        ban_cols = [t for r in rows for t in r.banned_token_ids]
+        if ban_rows:
+            logits[torch.tensor(ban_rows), torch.tensor(ban_cols)] = float("-inf")
+
+        needs = [
+            r.params.repetition_penalty != 1.0 or r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
+            for r in rows
+        ]
+        if not any(needs):
+            return logits
+        dev = logits.device
+        counts = torch.zeros_like(logits)  # [R, V] occurrences of each token in the generated text
+        seen = torch.zeros(logits.shape, dtype=torch.bool, device=dev)  # [R, V] in prompt or output
+        for i, r in enumerate(rows):
+            if not needs[i]:
+                continue
+            out_ids = torch.tensor(r.output_token_ids, dtype=torch.int64, device=dev)
+            if out_ids.numel():
+                counts[i].index_add_(0, out_ids, torch.ones(out_ids.numel(), device=dev))
+            if r.params.repetition_penalty != 1.0:
+                seen[i, torch.tensor(r.prompt_token_ids + r.output_token_ids, dtype=torch.int64, device=dev)] = True
+        rep = torch.tensor([r.params.repetition_penalty for r in rows], device=dev).unsqueeze(1)
+        freq = torch.tensor([r.params.frequency_penalty for r in rows], device=dev).unsqueeze(1)
+        pres = torch.tensor([r.params.presence_penalty for r in rows], device=dev).unsqueeze(1)
+        penalized = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalized, logits)
+        logits = logits - freq * counts - pres * (counts > 0).to(logits.dtype)
+        return logits
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        dev = logits.device
+        temperature = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
+        logits = logits / temperature
+        top_k = [r.params.top_k for r in rows]
+        top_p = [r.params.top_p for r in rows]
+        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+            sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+            vocab = logits.shape[-1]
+            ranks = torch.arange(vocab, device=dev).unsqueeze(0)
+            k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=dev).unsqueeze(1)
+            remove = ranks >= k
+            probs_sorted = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+            cumulative = probs_sorted.cumsum(dim=-1)
+            p = torch.tensor(top_p, device=dev).unsqueeze(1)
+            remove |= (cumulative - probs_sorted) >= p  # keep the smallest prefix whose mass reaches p
+            remove[:, 0] = False
+            logits = torch.full_like(logits, float("-inf")).scatter(
+                -1, sorted_idx, sorted_logits.masked_fill(remove, float("-inf"))
+            )
+        probs = logits.softmax(dim=-1)
+        min_p = torch.tensor([r.params.min_p for r in rows], device=dev).unsqueeze(1)
+        if bool((min_p > 0).any()):
+            probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        noise = torch.empty_like(probs)
+        for i, r in enumerate(rows):
+            noise[i].exponential_(generator=self._generator(r))
+        return (probs / noise).argmax(dim=-1)
+
+    def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        logprobs = raw.log_softmax(dim=-1)  # [R, V]
+        chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [R]
+        ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1  # [R]
+        max_k = max((r.params.logprobs or 0) for r in rows)
+        top_vals = top_ids = None
+        if max_k > 0:
+            top_vals, top_ids = logprobs.topk(max_k, dim=-1)
+            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        token_list, chosen_list, rank_list = tokens.tolist(), chosen.tolist(), ranks.tolist()
+        out = []
+        for i, r in enumerate(rows):
+            top = None
+            if r.params.logprobs is not None:
+                k = r.params.logprobs
+                top = list(zip(top_ids[i][:k], top_vals[i][:k], strict=True)) if k else []  # type: ignore[index]
+            out.append(SampledToken(token_list[i], chosen_list[i], rank_list[i], top))
+        return out
+
+
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], k: int) -> list[tuple[float, int, list]]:
+    """Logits after each prompt position [N, V] and the prompt tokens that follow them -> per position:
+    (logprob of the actual next token, its rank, top-k [(id, logprob)])."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    target = torch.tensor(next_token_ids, dtype=torch.int64, device=logits.device)
+    chosen = logprobs.gather(1, target.unsqueeze(1)).squeeze(1)
+    ranks = ((logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1).tolist()
+    tops: list[list] = [[] for _ in next_token_ids]
+    if k > 0:
+        vals, ids = logprobs.topk(k, dim=-1)
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)]
+    return [(c, r, t) for c, r, t in zip(chosen.tolist(), ranks, tops, strict=True)]

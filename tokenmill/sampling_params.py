@@ -1,0 +1,113 @@
+"""Per-request sampling parameters (vLLM's names and defaults), validated when made. No torch here."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.errors import InvalidParameterError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no limit
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or output
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to the model's length limit
+    min_tokens: int = 0  # EOS and stop tokens are banned until this many tokens were generated
+    logprobs: int | None = None  # top-k log-probabilities per generated token (the sampled one always included)
+    prompt_logprobs: int | None = None  # the same for every prompt token
+    skip_special_tokens: bool = True
+    stop_strings: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _int_range("n", self.n, 1, 128)
+        _float_range("temperature", self.temperature, 0.0, 100.0)
+        _float_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _int_range("top_k", self.top_k, -1, None)
+        _float_range("min_p", self.min_p, 0.0, 1.0)
+        _float_range("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
+        _float_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _float_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if self.max_tokens is not None:
+            _int_range("max_tokens", self.max_tokens, 1, None)
+        _int_range("min_tokens", self.min_tokens, 0, None)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidParameterError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", "min_tokens"
+            )
+        if self.seed is not None:
+            _int_range("seed", self.seed, -(2**63), 2**64 - 1)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _int_range(name, value, 0, MAX_LOGPROBS)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise InvalidParameterError("logit_bias must map token ids to biases", "logit_bias")
+            bias = {}
+            for key, value in self.logit_bias.items():
+                try:
+                    token = int(key)
+                except (TypeError, ValueError) as exc:
+                    raise InvalidParameterError(f"logit_bias key {key!r} is not a token id", "logit_bias") from exc
+                _float_range("logit_bias", value, -100.0, 100.0)
+                bias[token] = float(value)
+            self.logit_bias = bias
+        if self.stop is None:
+            self.stop_strings = []
+        elif isinstance(self.stop, str):
+            self.stop_strings = [self.stop]
+        elif isinstance(self.stop, list) and all(isinstance(s, str) for s in self.stop):
+            self.stop_strings = list(self.stop)
+        else:
+            raise InvalidParameterError("stop must be a string or a list of strings", "stop")
+        if any(s == "" for s in self.stop_strings):
+            raise InvalidParameterError("stop strings must not be empty", "stop")
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, list) or not all(_is_int(t) for t in self.stop_token_ids):
+                raise InvalidParameterError("stop_token_ids must be a list of token ids", "stop_token_ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate_token_ids(self, vocab_size: int) -> None:
+        """Token ids named by the parameters must exist in the model's vocabulary."""
+        for name, ids in (("logit_bias", list(self.logit_bias or ())), ("stop_token_ids", self.stop_token_ids or [])):
+            for token in ids:
+                if not 0 <= token < vocab_size:
+                    raise InvalidParameterError(
+                        f"{name}: token id {token} is outside the vocabulary 0..{vocab_size - 1}", name
+                    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_range(name: str, value: Any, low: int, high: int | None) -> None:
+    if not _is_int(value):
+        raise InvalidParameterError(f"{name} must be an integer, got {value!r}", name)
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise InvalidParameterError(f"{name} must be {bound}, got {value}", name)
+
+
+def _float_range(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise InvalidParameterError(f"{name} must be a number, got {value!r}", name)
+    if value < low or value > high or (low_open and value == low):
+        left = "(" if low_open else "["
+        raise InvalidParameterError(f"{name} must be in {left}{low}, {high}], got {value}", name)

@@ -1,0 +1,250 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, per-sequence block tables, reference counts, prefix caching.
+
+Prefix caching: when a block fills up, it gets a hash chained from its parent block's hash and its own token
+ids, and goes into `cached`. A later sequence whose prompt starts with the same tokens walks its own full
+blocks through `cached` and reuses the longest chain it finds. A hit is verified, not trusted: the cached
+block's token ids must equal the sequence's and its parent must be the block matched just before (at the
+same generation), so neither a hash collision nor a reused parent block can serve wrong K/V.
+
+    seq tokens:  [t0 .. t15][t16 .. t31][t32 t33 t34]
+    blocks:      [  b7 (h1) ][  b2 (h2) ][  b9 (partial, not hashed)]
+                 h1 = hash((None, t0..t15)), h2 = hash((h1, t16..t31))
+
+Blocks whose reference count drops to zero stay in the cache (LRU order) until a new allocation needs them;
+never-hashed free blocks are used first. A hit never covers a sequence's last token: its logits are needed.
+"""
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from tokenmill.scheduler.sequence import Sequence
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set once the block is full and registered in the prefix cache
+    token_ids: tuple[int, ...] = ()
+    parent: "Block | None" = None
+    parent_generation: int = 0
+    generation: int = 0  # bumped every time the block is reset for new contents
+
+
+@dataclass
+class BlockUsage:
+    total: int
+    free: int  # never hashed (or reset) and unused
+    cached: int  # unused, but holding a reusable prefix-cache entry
+    in_use: int  # referenced by at least one sequence
+
+
+@dataclass
+class _SeqBlockState:
+    hashes: list[int] = field(default_factory=list)  # hash of each registered full block of the sequence
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: deque[int] = deque(range(num_blocks))  # unused, no cache entry
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # unused, cached; least recently used first
+        self._cached: dict[int, Block] = {}  # block hash -> block
+        self._seq_state: dict[int, _SeqBlockState] = {}
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # ---- capacity -----------------------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now (free or evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def usage(self) -> BlockUsage:
+        in_use = sum(1 for b in self.blocks if b.ref_count > 0)
+        return BlockUsage(self.num_blocks, len(self._free), len(self._evictable), in_use)
+
+    def check_integrity(self) -> None:
+        """free + cached + in use == total, and every structure agrees with the reference counts."""
+        usage = self.usage()
+        if usage.free + usage.cached + usage.in_use != usage.total:
+            raise AssertionError(f"block accounting broken: {usage}")
+        for block_id in self._free:
+            b = self.blocks[block_id]
+            if b.ref_count or b.block_hash is not None:
+                raise AssertionError(f"free block {block_id} is referenced or hashed: {b}")
+        for block_id in self._evictable:
+            b = self.blocks[block_id]
+            if b.ref_count or b.block_hash is None or self._cached.get(b.block_hash) is not b:
+                raise AssertionError(f"evictable block {block_id} is inconsistent: {b}")
+
+    # ---- prefix cache -------------------------------------------------------------------------------------------
+
+    def _chain_hash(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+        return hash((parent_hash, token_ids))
+
+    def lookup_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks matching the start of `seq` (at most num_tokens - 1 tokens), without taking them."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        matched: list[int] = []
+        parent: Block | None = None
+        parent_hash: int | None = None
+        for i in range(max_blocks):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            h = self._chain_hash(parent_hash, tokens)
+            block = self._cached.get(h)
+            if (
+                block is None
+                or block.token_ids != tokens
+                or block.parent is not parent
+                or (parent is not None and block.parent_generation != parent.generation)
+            ):
+                break
+            matched.append(block.block_id)
+            parent, parent_hash = block, h
+        return matched
+
+    def allocate_prefix(self, seq: Sequence, block_ids: list[int], count_query: bool = True) -> int:
+        """Give `seq` the cached blocks found by lookup_prefix; returns the number of tokens they cover."""
+        if count_query:
+            self.prefix_query_tokens += seq.num_tokens
+        state = self._seq_state.setdefault(seq.seq_id, _SeqBlockState())
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            self._take(block)
+            seq.block_table.append(block_id)
+            state.hashes.append(block.block_hash)  # type: ignore[arg-type]
+        hit = len(block_ids) * self.block_size
+        self.prefix_hit_tokens += hit
+        return hit
+
+    def _take(self, block: Block) -> None:
+        if block.ref_count == 0:
+            self._evictable.pop(block.block_id, None)
+        block.ref_count += 1
+
+    # ---- allocation ---------------------------------------------------------------------------------------------
+
+    def _new_block(self) -> Block:
+        if self._free:
+            block = self.blocks[self._free.popleft()]
+        elif self._evictable:
+            block_id, _ = self._evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            del self._cached[block.block_hash]  # type: ignore[arg-type]
+            self._reset(block)
+        else:
+            raise NoFreeBlocksError("no free KV blocks")
+        block.ref_count = 1
+        return block
+
+    def _reset(self, block: Block) -> None:
+        block.block_hash = None
+        block.token_ids = ()
+        block.parent = None
+        block.generation += 1
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """Make the block table cover num_computed_tokens + num_new_tokens.
+
+        Returns the block copies (src, dst) needed first (copy-on-write of a shared, partly filled last block),
+        or None, with nothing changed, when there are not enough free blocks.
+        """
+        bs = self.block_size
+        needed_total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        new_blocks = max(0, needed_total - len(seq.block_table))
+        # writing into a shared last block that already holds tokens needs a private copy of it
+        write_block = seq.num_computed_tokens // bs
+        cow = (
+            num_new_tokens > 0
+            and seq.num_computed_tokens % bs != 0
+            and write_block < len(seq.block_table)
+            and self.blocks[seq.block_table[write_block]].ref_count > 1
+        )
+        if new_blocks + int(cow) > self.num_free_blocks:
+            return None
+        copies = []
+        if cow:
+            old = self.blocks[seq.block_table[write_block]]
+            new = self._new_block()
+            old.ref_count -= 1
+            seq.block_table[write_block] = new.block_id
+            copies.append((old.block_id, new.block_id))
+        for _ in range(new_blocks):
+            seq.block_table.append(self._new_block().block_id)
+        self._seq_state.setdefault(seq.seq_id, _SeqBlockState())
+        return copies
+
+    def commit_computed(self, seq: Sequence) -> None:
+        """Register the sequence's newly filled blocks in the prefix cache (after their K/V were written)."""
+        if not self.enable_prefix_caching:
+            return
+        state = self._seq_state.setdefault(seq.seq_id, _SeqBlockState())
+        bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        for i in range(len(state.hashes), num_full):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent_hash = state.hashes[i - 1] if i else None
+            h = self._chain_hash(parent_hash, tokens)
+            state.hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is not None or h in self._cached:
+                continue  # already registered (shared) or the same content is cached in another block
+            parent = self.blocks[seq.block_table[i - 1]] if i else None
+            block.block_hash = h
+            block.token_ids = tokens
+            block.parent = parent
+            block.parent_generation = parent.generation if parent is not None else 0
+            self._cached[h] = block
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` shares every block of `parent` (copy-on-write on the partly filled last one)."""
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        for block_id in child.block_table:
+            self.blocks[block_id].ref_count += 1
+        state = self._seq_state.get(parent.seq_id, _SeqBlockState())
+        self._seq_state[child.seq_id] = _SeqBlockState(list(state.hashes))
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references; its blocks become free or stay cached for reuse."""
+        # the tail first, so that a sequence's last blocks are evicted before its first ones
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block_id} freed twice")
+            if block.ref_count == 0:
+                if block.block_hash is not None and self._cached.get(block.block_hash) is block:
+                    self._evictable[block_id] = None
+                else:
+                    self._reset(block)
+                    self._free.append(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        self._seq_state.pop(seq.seq_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block that no sequence uses."""
+        while self._evictable:
+            block_id, _ = self._evictable.popitem(last=False)
+            block = self.blocks[block_id]
+            del self._cached[block.block_hash]  # type: ignore[arg-type]
+            self._reset(block)
+            self._free.append(block_id)

@@ -1,0 +1,159 @@
+"""Continuous batching with chunked prefill, after vLLM v1's scheduler.
+
+There are no prefill and decode phases: every sequence has `num_computed_tokens` catching up with its tokens.
+Each step has a token budget (max_num_batched_tokens) and a sequence cap (max_num_seqs):
+
+1. running sequences first, oldest first: a decode takes 1 token of the budget, an unfinished prompt takes
+   the rest of its prompt or what is left of the budget (a chunk). When the KV cache is out of blocks, the
+   newest running sequence is preempted: its blocks are freed and it goes back to the head of the queue, to be
+   recomputed later (its generated tokens are kept, so nothing is lost).
+2. then waiting sequences, first come first served, while budget, sequence slots and blocks last; a waiting
+   sequence first takes whatever prefix of it the prefix cache holds.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 8192
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    start: int  # num_computed_tokens when scheduled
+    num_new_tokens: int
+
+    @property
+    def completes_sequence(self) -> bool:
+        """After this chunk every token of the sequence is computed, so it samples a new token."""
+        return self.start + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) before the forward
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running one (n > 1) joins the running set directly."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+
+        # 1. running sequences, oldest first
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                copies = self.block_manager.allocate_slots(seq, num_new)
+                if copies is not None:
+                    break
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:  # preempted itself: nothing more fits
+                break
+            out.block_copies.extend(copies)
+            out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+            i += 1
+
+        # 2. waiting sequences, first come first served (none while we had to preempt)
+        while self.waiting and budget > 0 and not out.preempted:
+            seq = self.waiting[0]
+            slots_needed = seq.params.n if not seq.ever_scheduled else 1
+            if len(self.running) + slots_needed > self.config.max_num_seqs:
+                break
+            prefix_blocks: list[int] = []
+            if seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:
+                prefix_blocks = self.block_manager.lookup_prefix(seq)
+            hit_tokens = len(prefix_blocks) * self.block_manager.block_size
+            num_new = min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget)
+            needed = self.block_manager.blocks_needed(seq.num_computed_tokens + hit_tokens + num_new)
+            newly_taken = sum(1 for b in prefix_blocks if self.block_manager.blocks[b].ref_count == 0)
+            if needed - len(prefix_blocks) + newly_taken > self.block_manager.num_free_blocks:
+                break
+            if seq.num_computed_tokens == 0:
+                hit = self.block_manager.allocate_prefix(seq, prefix_blocks, count_query=not seq.wants_prompt_logprobs)
+                seq.num_computed_tokens = hit
+                if not seq.ever_scheduled:
+                    seq.num_cached_tokens = hit
+            copies = self.block_manager.allocate_slots(seq, num_new)
+            if copies is None:  # cannot happen after the check above, but never lose a sequence
+                self.block_manager.free(seq)
+                break
+            out.block_copies.extend(copies)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            seq.ever_scheduled = True
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
+            budget -= num_new
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """The forward pass wrote the K/V of every scheduled token."""
+        for s in out.scheduled:
+            s.seq.num_computed_tokens = s.start + s.num_new_tokens
+            self.block_manager.commit_computed(s.seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence wherever it is and free its blocks at once."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

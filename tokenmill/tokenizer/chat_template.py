@@ -1,0 +1,93 @@
+"""Chat templates (`tokenizer.chat_template`) rendered with jinja2 the way HF transformers renders them.
+
+Same environment as HF: sandboxed, `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson`
+filter that keeps non-ASCII text, and `raise_exception` / `strftime_now` globals. A model without a template
+gets a plain "Role: text" layout.
+"""
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from tokenmill.errors import InvalidParameterError
+
+FALLBACK_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
+        self.is_fallback = not source
+        self.source = source or FALLBACK_TEMPLATE
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(self.source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise InvalidParameterError(f"the chat template does not parse: {exc}", "chat_template") from exc
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """Messages ({"role", "content"}) -> prompt text. Content may be a string or a list of text parts."""
+        normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
+        if not normalized:
+            raise InvalidParameterError("messages must not be empty", "messages")
+        try:
+            return self._template.render(
+                messages=normalized,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                **extra,
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidParameterError(f"the chat template rejected the messages: {exc}", "messages") from exc
+
+
+def _normalize_message(message: Any, index: int) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise InvalidParameterError(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
+    role = message.get("role")
+    if role not in ROLES:
+        raise InvalidParameterError(
+            f"messages[{index}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages"
+        )
+    content = message.get("content")
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidParameterError(
+                    f"messages[{index}].content parts must be {{'type': 'text', 'text': ...}}", "messages"
+                )
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    elif not isinstance(content, str):
+        raise InvalidParameterError(f"messages[{index}].content must be a string or a list of parts", "messages")
+    return {**message, "content": content}

@@ -1,0 +1,176 @@
+"""A `tokenizers.Tokenizer` assembled from GGUF metadata, wrapped with BOS/EOS handling.
+
+- `gpt2` (byte-level BPE): vocabulary + merges, the pre-tokenizer that `tokenizer.ggml.pre` names, byte-level
+  decoding.
+- `llama` (SentencePiece-style BPE with scores): the merges SentencePiece would apply are derived from the scores
+  (a merge ranks by the score of the token it makes), with byte fallback, "▁" for spaces and an optional "▁"
+  prefix (`tokenizer.ggml.add_space_prefix`).
+
+Control and user-defined tokens are added tokens, matched in the raw text before anything else, so special
+tokens written in a prompt are parsed as special (as HF's tokenizers and llama.cpp with parse_special do).
+"""
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.tokenizer.pretokenizers import PRE_TOKENIZERS
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+SPIECE_SPACE = "\u2581"  # "▁"
+
+
+class Tokenizer:
+    """Text <-> token ids for one model. `encode` parses special tokens written in the text as special."""
+
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        bos_token_id: int | None,
+        eos_token_id: int | None,
+        add_bos: bool,
+        add_eos: bool = False,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ):
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        # every token that ends generation (the EOS and, e.g., an end-of-turn token)
+        self.stop_token_ids = eos_token_ids | ({eos_token_id} if eos_token_id is not None else set())
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":
+        return build_tokenizer(gguf)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Text -> ids. With `add_special_tokens`, BOS (and EOS) are added when the model's metadata says so."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens:
+            if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
+                ids = [self.bos_token_id, *ids]
+            if self.add_eos and self.eos_token_id is not None:
+                ids = [*ids, self.eos_token_id]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    @property
+    def bos_token(self) -> str:
+        return (self.id_to_token(self.bos_token_id) or "") if self.bos_token_id is not None else ""
+
+    @property
+    def eos_token(self) -> str:
+        return (self.id_to_token(self.eos_token_id) or "") if self.eos_token_id is not None else ""
+
+
+def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
+    kind = gguf.require("tokenizer.ggml.model")
+    tokens: list[str] = gguf.require("tokenizer.ggml.tokens")
+    types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise ModelFileError(f"{gguf.path}: {len(tokens)} tokens but {len(types)} token types")
+    if kind == "gpt2":
+        backend = _byte_level_bpe(gguf, tokens)
+        default_add_bos = False
+    elif kind == "llama":
+        backend = _sentencepiece_bpe(gguf, tokens, types)
+        default_add_bos = True
+    else:
+        raise UnsupportedModelError(
+            f"{gguf.path}: tokenizer model {kind!r} is not supported (supported: 'gpt2', 'llama')"
+        )
+    special = [
+        AddedToken(tok, special=(t != TOKEN_USER_DEFINED), normalized=False)
+        for tok, t in zip(tokens, types, strict=True)
+        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
+    ]
+    backend.add_special_tokens([t for t in special if t.special])
+    backend.add_tokens([t for t in special if not t.special])
+    bos = gguf.get("tokenizer.ggml.bos_token_id")
+    eos = gguf.get("tokenizer.ggml.eos_token_id")
+    eot = gguf.get("tokenizer.ggml.eot_token_id")
+    eog = {int(eos)} if eos is not None else set()
+    if eot is not None:
+        eog.add(int(eot))
+    return Tokenizer(
+        backend,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_id=None if eos is None else int(eos),
+        add_bos=bool(gguf.get("tokenizer.ggml.add_bos_token", default_add_bos)),
+        add_eos=bool(gguf.get("tokenizer.ggml.add_eos_token", False)),
+        eos_token_ids=frozenset(eog),
+    )
+
+
+def _byte_level_bpe(gguf: GGUFFile, tokens: list[str]) -> HFTokenizer:
+    merges_raw: list[str] = gguf.require("tokenizer.ggml.merges")
+    pre_name = gguf.get("tokenizer.ggml.pre", "default")
+    if pre_name not in PRE_TOKENIZERS:
+        raise UnsupportedModelError(
+            f"{gguf.path}: pre-tokenizer {pre_name!r} (tokenizer.ggml.pre) is not supported "
+            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+        )
+    regexes, ignore_merges = PRE_TOKENIZERS[pre_name]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = []
+    for m in merges_raw:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ModelFileError(f"{gguf.path}: malformed BPE merge {m!r}")
+        merges.append((left, right))
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_bpe(gguf: GGUFFile, tokens: list[str], types: list[int]) -> HFTokenizer:
+    scores: list[float] = gguf.require("tokenizer.ggml.scores")
+    if len(scores) != len(tokens):
+        raise ModelFileError(f"{gguf.path}: {len(tokens)} tokens but {len(scores)} scores")
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    # SentencePiece BPE repeatedly merges the adjacent pair whose merged piece has the highest score; the
+    # equivalent ranked merge list has every (left, right) split of every piece, ordered by the piece's score.
+    candidates = []
+    for piece, piece_id in vocab.items():
+        if types[piece_id] == TOKEN_BYTE or len(piece) < 2:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                candidates.append((-scores[piece_id], vocab[left], vocab[right], left, right))
+    candidates.sort()
+    merges = [(left, right) for _, _, _, left, right in candidates]
+    unk_id = gguf.get("tokenizer.ggml.unknown_token_id")
+    backend = HFTokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            unk_token=None if unk_id is None else tokens[int(unk_id)],
+            byte_fallback=True,
+            fuse_unk=True,
+        )
+    )
+    add_prefix = bool(gguf.get("tokenizer.ggml.add_space_prefix", True))
+    steps = [normalizers.Prepend(SPIECE_SPACE)] if add_prefix else []
+    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPIECE_SPACE)])
+    decode_steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_prefix:
+        decode_steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(decode_steps)
+    return backend
