@@ -88,9 +88,7 @@ class LLM:
             if not done:
                 engine.abort(request_id)
 
-    def _run(
-        self, prompts: list[PromptInput], params: list[SamplingParams], use_tqdm: bool
-    ) -> list[RequestOutput]:
+    def _run(self, prompts: list[PromptInput], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.engine
         ids: list[str] = []
         try:

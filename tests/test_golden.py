@@ -1,0 +1,109 @@
+"""The bundled model in float32 against HF transformers float32 on the same GGUF: the shared reference data,
+then other prompts and texts computed live with transformers.
+
+HF's reference continuations never stop at EOS (generation was forced to 32 tokens), so we ask for
+min_tokens=32, which bans EOS the same way; llama.cpp's continuations instead run on past EOS (ignore_eos)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenmill import LLM, SamplingParams
+
+OTHER_CHATS = [
+    "Explain what a KV cache is in one paragraph.",
+    "Write a Python function that reverses a string.",
+    "What is the capital of France?",
+    "List three uses of magnets.",
+]
+OTHER_RAW = [
+    "The three primary colors are",
+    "def fibonacci(n):\n",
+    "In 1969, humans first",
+]
+SCORED_TEXT = "Tokenizers split text into pieces; the model then predicts the next piece, one at a time. 🚀"
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, logprobs=10)
+
+
+def agreeing_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def check_greedy(ours: list[list[int]], expected: list[list[int]]) -> None:
+    prefixes = [agreeing_prefix(a, b) for a, b in zip(ours, expected, strict=True)]
+    assert all(p >= 1 for p in prefixes), f"first token differs: {prefixes}"
+    assert sum(p < 16 for p in prefixes) <= 1, f"tokens agreeing per prompt: {prefixes}"
+
+
+def test_reference_greedy_and_logprobs(llm: LLM, smollm2_reference: dict) -> None:
+    gens = smollm2_reference["generations"]
+    outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(32), use_tqdm=False)
+    check_greedy([o.outputs[0].token_ids for o in outs], [g["hf_fp32_greedy"] for g in gens])
+    for g, out in zip(gens, outs, strict=True):
+        first = out.outputs[0].logprobs[0]  # raw log-probabilities after the prompt
+        for token, expected in zip(g["hf_fp32_top10_ids"], g["hf_fp32_top10_logprobs"], strict=True):
+            assert token in first, f"{token} not in our top 10"
+            assert abs(first[token].logprob - expected) < 2e-3
+
+
+def test_reference_prompts_from_text(llm: LLM, smollm2_reference: dict) -> None:
+    """The same prompts given as text (chat through LLM.chat) produce the same tokens."""
+    for g in smollm2_reference["generations"][:3]:
+        if g["kind"] == "chat":
+            out = llm.chat([{"role": "user", "content": g["prompt"]}], greedy(16))[0]
+        else:
+            out = llm.generate(g["prompt"], greedy(16), use_tqdm=False)[0]
+        assert out.prompt_token_ids == g["prompt_ids"]
+        assert out.outputs[0].token_ids == g["hf_fp32_greedy"][:16]
+
+
+@pytest.fixture(scope="module")
+def hf_model(bundled_path: Path):
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_other_prompts_against_hf(llm: LLM, hf_model) -> None:
+    tokenizer = llm.get_tokenizer()
+    prompts = [llm.engine.encode_chat([{"role": "user", "content": c}]) for c in OTHER_CHATS]
+    prompts += [tokenizer.encode(r, add_special_tokens=True) for r in OTHER_RAW]
+    n = 24
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n), use_tqdm=False)
+    expected_tokens = []
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            logits = hf_model(ids).logits[0, -1]
+            hf = hf_model.generate(
+                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=tokenizer.eos_token_id
+            )
+        expected_tokens.append(hf[0, len(prompt) :].tolist())
+        hf_logprobs = torch.log_softmax(logits.float(), -1)
+        top = torch.topk(hf_logprobs, 10)
+        ours = out.outputs[0].logprobs[0]
+        for token, expected in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+            assert abs(ours[token].logprob - expected) < 2e-3
+    check_greedy([o.outputs[0].token_ids for o in outs], expected_tokens)
+
+
+@pytest.mark.slow
+def test_prompt_logprobs_against_hf(llm: LLM, hf_model) -> None:
+    ids = llm.get_tokenizer().encode(SCORED_TEXT)
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    with torch.no_grad():
+        expected = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), -1)
+    assert out.prompt_logprobs[0] is None
+    for pos in range(1, len(ids)):
+        ours = out.prompt_logprobs[pos][ids[pos]].logprob
+        assert abs(ours - expected[pos - 1, ids[pos]].item()) < 2e-3, pos
