@@ -120,6 +120,21 @@ class BlockManager:
             parent, parent_hash = block, h
         return matched
 
+    def block_hashes(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Chain hashes of the full blocks within the first num_tokens tokens of seq (registered ones reused).
+
+        Lets the scheduler see which blocks a step is about to fill, so that a waiting request with the same
+        prefix can wait one step and hit them instead of computing them a second time.
+        """
+        bs = self.block_size
+        state = self._seq_state.get(seq.seq_id)
+        out = list(state.hashes[: num_tokens // bs]) if state else []
+        parent_hash = out[-1] if out else None
+        for i in range(len(out), num_tokens // bs):
+            parent_hash = self._chain_hash(parent_hash, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+            out.append(parent_hash)
+        return out
+
     def allocate_prefix(self, seq: Sequence, block_ids: list[int], count_query: bool = True) -> int:
         """Give `seq` the cached blocks found by lookup_prefix; returns the number of tokens they cover."""
         if count_query:

@@ -30,11 +30,11 @@ class ScheduledSequence:
     seq: Sequence
     start: int  # num_computed_tokens when scheduled
     num_new_tokens: int
+    # after this chunk every token of the sequence is computed, so it samples a new token
+    completes_sequence: bool = field(init=False)
 
-    @property
-    def completes_sequence(self) -> bool:
-        """After this chunk every token of the sequence is computed, so it samples a new token."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+    def __post_init__(self) -> None:
+        self.completes_sequence = self.start + self.num_new_tokens == self.seq.num_tokens
 
 
 @dataclass
@@ -75,7 +75,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        scheduled_ids: set[int] = set()
+        bm = self.block_manager
+        in_flight: set[int] = set()  # hashes of prompt blocks this step fills (prefix caching only)
 
         # 1. running sequences, oldest first
         i = 0
@@ -86,7 +87,7 @@ class Scheduler:
                 i += 1
                 continue
             while True:
-                copies = self.block_manager.allocate_slots(seq, num_new)
+                copies = bm.allocate_slots(seq, num_new)
                 if copies is not None:
                     break
                 victim = self.running[-1]
@@ -98,7 +99,7 @@ class Scheduler:
                 break
             out.block_copies.extend(copies)
             out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
-            scheduled_ids.add(seq.seq_id)
+            self._note_in_flight(seq, num_new, in_flight)
             budget -= num_new
             i += 1
 
@@ -110,21 +111,23 @@ class Scheduler:
                 break
             prefix_blocks: list[int] = []
             if seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:
-                prefix_blocks = self.block_manager.lookup_prefix(seq)
-            hit_tokens = len(prefix_blocks) * self.block_manager.block_size
+                prefix_blocks = bm.lookup_prefix(seq)
+                if in_flight and self._next_block_in_flight(seq, len(prefix_blocks), in_flight):
+                    break  # another sequence is computing this prefix right now: hit it next step
+            hit_tokens = len(prefix_blocks) * bm.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget)
-            needed = self.block_manager.blocks_needed(seq.num_computed_tokens + hit_tokens + num_new)
-            newly_taken = sum(1 for b in prefix_blocks if self.block_manager.blocks[b].ref_count == 0)
-            if needed - len(prefix_blocks) + newly_taken > self.block_manager.num_free_blocks:
+            needed = bm.blocks_needed(seq.num_computed_tokens + hit_tokens + num_new)
+            newly_taken = sum(1 for b in prefix_blocks if bm.blocks[b].ref_count == 0)
+            if needed - len(prefix_blocks) + newly_taken > bm.num_free_blocks:
                 break
             if seq.num_computed_tokens == 0:
-                hit = self.block_manager.allocate_prefix(seq, prefix_blocks, count_query=not seq.wants_prompt_logprobs)
+                hit = bm.allocate_prefix(seq, prefix_blocks, count_query=not seq.wants_prompt_logprobs)
                 seq.num_computed_tokens = hit
                 if not seq.ever_scheduled:
                     seq.num_cached_tokens = hit
-            copies = self.block_manager.allocate_slots(seq, num_new)
+            copies = bm.allocate_slots(seq, num_new)
             if copies is None:  # cannot happen after the check above, but never lose a sequence
-                self.block_manager.free(seq)
+                bm.free(seq)
                 break
             out.block_copies.extend(copies)
             self.waiting.popleft()
@@ -132,8 +135,21 @@ class Scheduler:
             seq.ever_scheduled = True
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
+            self._note_in_flight(seq, num_new, in_flight)
             budget -= num_new
         return out
+
+    def _note_in_flight(self, seq: Sequence, num_new: int, in_flight: set[int]) -> None:
+        bm = self.block_manager
+        if bm.enable_prefix_caching and num_new > 1:
+            first_new_block = seq.num_computed_tokens // bm.block_size
+            in_flight.update(bm.block_hashes(seq, seq.num_computed_tokens + num_new)[first_new_block:])
+
+    def _next_block_in_flight(self, seq: Sequence, num_hit_blocks: int, in_flight: set[int]) -> bool:
+        bs = self.block_manager.block_size
+        if (num_hit_blocks + 1) * bs > seq.num_tokens - 1:
+            return False  # no further full block could be a hit anyway
+        return self.block_manager.block_hashes(seq, (num_hit_blocks + 1) * bs)[-1] in in_flight
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -1,0 +1,107 @@
+"""The asyncio front: streaming, many requests at once, aborts on disconnect, a responsive event loop."""
+
+import asyncio
+import time
+
+import pytest
+
+from tokenmill import LLM, SamplingParams
+from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.errors import InvalidParameterError
+
+
+@pytest.fixture(scope="module")
+def async_engine():
+    engine = AsyncEngine(LLM().engine)  # its own engine: the engine thread owns it
+    yield engine
+    engine.shutdown()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_stream_matches_offline_generate(llm: LLM, async_engine: AsyncEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+    async def collect():
+        return [out async for out in async_engine.generate("Once upon a time", params)]
+
+    outs = run(collect())
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert "".join(o.outputs[0].delta_text for o in outs) == outs[-1].outputs[0].text
+    assert (
+        outs[-1].outputs[0].token_ids
+        == llm.generate("Once upon a time", params, use_tqdm=False)[0].outputs[0].token_ids
+    )
+
+
+def test_concurrent_requests_and_a_responsive_loop(async_engine: AsyncEngine) -> None:
+    async def main():
+        lags = []
+        stop = asyncio.Event()
+
+        async def ticker():
+            while not stop.is_set():
+                t = time.monotonic()
+                await asyncio.sleep(0.01)
+                lags.append(time.monotonic() - t - 0.01)
+
+        async def one(i: int):
+            n = 0
+            async for out in async_engine.generate(f"Fact {i}:", SamplingParams(max_tokens=12, ignore_eos=True)):
+                n = len(out.outputs[0].token_ids)
+            return n
+
+        tick = asyncio.create_task(ticker())
+        counts = await asyncio.gather(*(one(i) for i in range(8)))
+        stop.set()
+        await tick
+        return counts, lags
+
+    counts, lags = run(main())
+    assert counts == [12] * 8
+    assert max(lags) < 0.25, f"the event loop stalled for {max(lags):.3f} s"
+
+
+def test_leaving_the_stream_aborts_and_frees_blocks(async_engine: AsyncEngine) -> None:
+    async def main():
+        agen = async_engine.generate("A very long story:", SamplingParams(max_tokens=500, ignore_eos=True))
+        async for out in agen:
+            if len(out.outputs[0].token_ids) >= 3:
+                break
+        await agen.aclose()
+        for _ in range(100):
+            stats = await async_engine.run_on_engine(lambda e: e.stats())
+            if stats["num_running"] == 0 and stats["kv_blocks_in_use"] == 0:
+                return stats
+            await asyncio.sleep(0.02)
+        return stats
+
+    stats = run(main())
+    assert stats["num_running"] == 0 and stats["kv_blocks_in_use"] == 0
+    run(async_engine.run_on_engine(lambda e: e.check_integrity()))
+
+
+def test_validation_errors_reach_the_caller(async_engine: AsyncEngine) -> None:
+    async def main():
+        async for _ in async_engine.generate({"prompt_token_ids": [-1]}, SamplingParams()):
+            pass
+
+    with pytest.raises(InvalidParameterError):
+        run(main())
+    assert async_engine.is_alive
+
+
+def test_abort_by_id(async_engine: AsyncEngine) -> None:
+    async def main():
+        outs = []
+        async for out in async_engine.generate("Count:", SamplingParams(max_tokens=400, ignore_eos=True), "abort-me"):
+            outs.append(out)
+            if len(outs) == 2:
+                await async_engine.abort("abort-me")
+        return outs
+
+    outs = run(main())
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert len(outs[-1].outputs[0].token_ids) < 400

@@ -1,0 +1,280 @@
+"""The batching engine on the bundled model: batch invariance, prefix caching, preemption, sampling features,
+streaming, aborts, limits, stats and timings. Every test ends with the block accounting intact."""
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+from tests.conftest import SHARED
+from tokenmill import LLM, SamplingParams
+from tokenmill.errors import InvalidParameterError, PromptTooLongError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def blocks_accounted(llm: LLM):
+    yield
+    llm.engine.check_integrity()
+    usage = llm.engine.block_manager.usage()
+    assert usage.free + usage.cached + usage.in_use == usage.total
+    assert usage.in_use == 0, "a finished test left blocks in use"
+
+
+def offline_workload(n: int = 32) -> list[tuple[list[int], int]]:
+    spec = importlib.util.spec_from_file_location("workload", SHARED / "bench" / "workload.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_workload(**{**module.DEFAULT, "n": n})
+
+
+def mixed_prompts(llm: LLM, reference: dict) -> list[list[int]]:
+    """32 prompts: the 6 reference ones, text prompts, and random-token prompts from 3 to 400 tokens."""
+    prompts = [g["prompt_ids"] for g in reference["generations"]]
+    tok = llm.get_tokenizer()
+    for text in ["Why is the sky blue?", "List the planets.", "def quicksort(xs):", "Dear diary, today"]:
+        prompts.append(llm.engine.encode_chat([{"role": "user", "content": text}]))
+        prompts.append(tok.encode(text))
+    rng = np.random.default_rng(1)
+    while len(prompts) < 32:
+        prompts.append(rng.integers(100, 10000, size=int(rng.integers(3, 400))).tolist())
+    return prompts
+
+
+def token_lists(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.slow
+def test_batch_invariance(llm: LLM, smollm2_reference: dict) -> None:
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(llm, smollm2_reference)]
+    together = token_lists(llm.generate(prompts, GREEDY, use_tqdm=False))
+    alone_engine = LLM(enable_prefix_caching=False)
+    alone = [token_lists(alone_engine.generate(p, GREEDY, use_tqdm=False))[0] for p in prompts]
+    mismatched = [i for i in range(len(prompts)) if together[i] != alone[i]]
+    assert not mismatched, f"prompts {mismatched} differ when batched"
+
+
+@pytest.mark.slow
+def test_prefix_caching_shares_a_long_prefix() -> None:
+    rng = np.random.default_rng(7)
+    prefix = rng.integers(100, 10000, size=200).tolist()
+    prompts = [{"prompt_token_ids": prefix + rng.integers(100, 10000, size=5 + i).tolist()} for i in range(16)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    cached = LLM()
+    with_cache = token_lists(cached.generate(prompts, params, use_tqdm=False))
+    stats = cached.stats()
+    assert stats["prefix_cache_hit_tokens"] >= 15 * 192, stats
+    without = LLM(enable_prefix_caching=False)
+    assert token_lists(without.generate(prompts, params, use_tqdm=False)) == with_cache
+    assert without.stats()["prefix_cache_hit_tokens"] == 0
+    cached.engine.check_integrity()
+
+
+@pytest.mark.slow
+def test_preemption_completes_the_offline_workload_unchanged() -> None:
+    workload = offline_workload()
+    prompts = [{"prompt_token_ids": p} for p, _ in workload]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in workload]
+    roomy = LLM(num_kv_blocks=1024, max_num_batched_tokens=1024)
+    expected = token_lists(roomy.generate(prompts, params, use_tqdm=False))
+    assert roomy.stats()["num_preemptions"] == 0
+    tight = LLM(num_kv_blocks=64, max_num_batched_tokens=1024)  # 1024 token slots for 32 requests of <= 384
+    got = token_lists(tight.generate(prompts, params, use_tqdm=False))
+    assert tight.stats()["num_preemptions"] > 0
+    assert [len(g) for g in got] == [m for _, m in workload]
+    assert got == expected
+    tight.engine.check_integrity()
+
+
+def test_chunked_prefill_gives_the_same_tokens(llm: LLM) -> None:
+    prompt = {"prompt_token_ids": np.random.default_rng(3).integers(100, 10000, size=700).tolist()}
+    small_chunks = LLM(max_num_batched_tokens=64, enable_prefix_caching=False)
+    assert token_lists(small_chunks.generate(prompt, GREEDY, use_tqdm=False)) == token_lists(
+        llm.generate(prompt, GREEDY, use_tqdm=False)
+    )
+
+
+def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(llm: LLM) -> None:
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=1234, ignore_eos=True)
+    prompt = "Write a short poem about rivers."
+    alone = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    again = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert alone == again
+    others = [
+        SamplingParams(temperature=t, max_tokens=10 + i, seed=None if i % 2 else i, ignore_eos=True)
+        for i, t in enumerate([0.0, 0.5, 1.0, 1.3] * 5)
+    ]
+    prompts = [f"Tell me about the number {i}." for i in range(20)]
+    outs = llm.generate(prompts[:10] + [prompt] + prompts[10:], others[:10] + [params] + others[10:], use_tqdm=False)
+    assert outs[10].outputs[0].token_ids == alone
+    other_seed = llm.generate(prompt, SamplingParams(**{**_kwargs(params), "seed": 99}), use_tqdm=False)[0]
+    assert other_seed.outputs[0].token_ids != alone
+
+
+def _kwargs(params: SamplingParams) -> dict:
+    return {k: v for k, v in vars(params).items() if k != "stop_strings"}
+
+
+def test_stop_strings_end_generation_and_are_cut(llm: LLM) -> None:
+    prompt = "Once upon a time"
+    full = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0]
+    stop = full.text[20:26]  # a piece in the middle, likely spanning tokens
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24, stop=[stop]), use_tqdm=False)[0]
+    o = out.outputs[0]
+    assert o.finish_reason == "stop" and o.stop_reason == stop
+    assert o.text == full.text[: full.text.index(stop)]
+    assert stop not in o.text
+
+
+def test_stop_token_ids_min_tokens_and_ignore_eos(llm: LLM) -> None:
+    prompt = {"prompt_token_ids": llm.engine.encode_chat([{"role": "user", "content": "What is 2+2?"}])}
+    natural = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)[0].outputs[0]
+    assert natural.finish_reason == "stop" and len(natural.token_ids) < 30  # the model ends with <|im_end|>
+    assert natural.token_ids[-1] == 2 and natural.stop_reason is None
+    longer = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64, min_tokens=40), use_tqdm=False)[0]
+    assert len(longer.outputs[0].token_ids) >= 40
+    forced = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)[0]
+    assert len(forced.outputs[0].token_ids) == 50 and forced.outputs[0].finish_reason == "length"
+    third = natural.token_ids[2]
+    stopped = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64, stop_token_ids=[third]), use_tqdm=False)
+    assert stopped[0].outputs[0].token_ids == natural.token_ids[:3]
+    assert stopped[0].outputs[0].stop_reason == third
+
+
+def test_utf8_streaming_never_splits_a_character(llm: LLM) -> None:
+    deltas = []
+    final = None
+    for out in llm.generate_stream(
+        "日本語のテキスト、日本語のテキスト、日本語の", SamplingParams(temperature=0, max_tokens=16)
+    ):
+        deltas.append(out.outputs[0].delta_text)
+        final = out
+    tok = llm.get_tokenizer()
+    pieces = [tok.decode([t]) for t in final.outputs[0].token_ids]
+    assert any("\ufffd" in p for p in pieces), "the answer should contain characters spread over tokens"
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == final.outputs[0].text
+    assert any(ord(c) > 0x3000 for c in final.outputs[0].text)
+
+
+def test_n_samples_share_the_prompt_blocks(llm: LLM) -> None:
+    engine = llm.engine
+    prompt = np.random.default_rng(5).integers(100, 10000, size=100).tolist()  # 6 full blocks + 4 tokens
+    before = engine.block_manager.usage().in_use
+    rid = engine.add_request(
+        None, {"prompt_token_ids": prompt}, SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=8)
+    )
+    engine.step()  # the prompt, once
+    assert len(engine.scheduler.running) == 3
+    assert engine.block_manager.usage().in_use - before == 7
+    engine.step()  # two of the three copy the partly filled last block before writing into it
+    assert engine.block_manager.usage().in_use - before == 9
+    final = None
+    while final is None:
+        final = next((o for o in engine.step() if o.request_id == rid and o.finished), None)
+    assert [o.index for o in final.outputs] == [0, 1, 2]
+    assert all(len(o.token_ids) == 8 for o in final.outputs)
+    assert len({tuple(o.token_ids) for o in final.outputs}) > 1
+
+
+def test_logprobs_agree_with_prompt_logprobs(llm: LLM) -> None:
+    prompt = llm.get_tokenizer().encode("The capital of France is")
+    out = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=6, logprobs=5), use_tqdm=False
+    )
+    o = out[0].outputs[0]
+    assert len(o.logprobs) == 6
+    for token, position in zip(o.token_ids, o.logprobs, strict=True):
+        assert token in position and len(position) >= 5
+        assert position[token].rank == 1  # greedy picks the top token
+        assert sum(math.exp(lp.logprob) for lp in position.values()) <= 1.0 + 1e-5
+    assert math.isclose(
+        o.cumulative_logprob, sum(p[t].logprob for t, p in zip(o.token_ids, o.logprobs, strict=True)), abs_tol=1e-4
+    )
+    scored = llm.generate(
+        {"prompt_token_ids": prompt + o.token_ids}, SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False
+    )[0]
+    assert scored.prompt_logprobs[0] is None and len(scored.prompt_logprobs) == len(prompt) + 6
+    for i, token in enumerate(o.token_ids):
+        assert abs(scored.prompt_logprobs[len(prompt) + i][token].logprob - o.logprobs[i][token].logprob) < 1e-3
+
+
+def test_penalties_change_the_output(llm: LLM) -> None:
+    prompt = {"prompt_token_ids": llm.engine.encode_chat([{"role": "user", "content": "How do GPUs work?"}])}
+
+    def most_repeated(**kw) -> int:
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, **kw), use_tqdm=False)
+        ids = out[0].outputs[0].token_ids
+        return max(ids.count(t) for t in set(ids))
+
+    plain = most_repeated()
+    assert most_repeated(repetition_penalty=1.5) < plain
+    assert most_repeated(frequency_penalty=1.0) < plain
+    assert most_repeated(presence_penalty=1.5) < plain
+
+
+def test_abort_frees_blocks_at_once(llm: LLM) -> None:
+    engine = llm.engine
+    ids = [
+        engine.add_request(None, f"Story number {i}:", SamplingParams(max_tokens=50, ignore_eos=True)) for i in range(3)
+    ]
+    engine.step()
+    engine.step()
+    in_use = engine.block_manager.usage().in_use
+    out = engine.abort(ids[1])
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert engine.block_manager.usage().in_use < in_use
+    engine.check_integrity()
+    assert engine.abort("no-such-request") is None
+    finished = set()
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id for o in engine.step() if o.finished}
+    assert finished == {ids[0], ids[2]}
+
+
+def test_requests_that_cannot_fit_are_rejected(llm: LLM) -> None:
+    limit = llm.engine.max_model_len
+    with pytest.raises(PromptTooLongError, match="max_model_len"):
+        llm.generate({"prompt_token_ids": [100] * limit}, use_tqdm=False)
+    with pytest.raises(PromptTooLongError, match="lower max_tokens"):
+        llm.generate({"prompt_token_ids": [100] * 100}, SamplingParams(max_tokens=limit), use_tqdm=False)
+    small = LLM(num_kv_blocks=4, max_model_len=1024)
+    with pytest.raises(PromptTooLongError, match="more than the whole cache"):
+        small.generate({"prompt_token_ids": [100] * 60}, SamplingParams(max_tokens=10), use_tqdm=False)
+    with pytest.raises(InvalidParameterError, match="outside the vocabulary"):
+        llm.generate({"prompt_token_ids": [10**6]}, use_tqdm=False)
+    with pytest.raises(InvalidParameterError, match="empty"):
+        llm.generate({"prompt_token_ids": []}, use_tqdm=False)
+    with pytest.raises(InvalidParameterError, match="unknown engine option"):
+        LLM(block_sise=16)
+    assert not llm.engine.has_unfinished_requests()  # a rejected call leaves nothing behind
+
+
+def test_stats_and_timings(llm: LLM) -> None:
+    stats = llm.stats()
+    for key in (
+        "kv_blocks_total",
+        "kv_blocks_free",
+        "prefix_cache_query_tokens",
+        "prefix_cache_hit_tokens",
+        "num_preemptions",
+        "num_running",
+        "num_waiting",
+    ):
+        assert key in stats
+    out = llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)[0]
+    m = out.metrics
+    assert m.queue_time is not None and m.queue_time >= 0
+    assert 0 < m.time_to_first_token <= m.end_to_end
+    assert len(m.inter_token_latencies) == 11 and all(x >= 0 for x in m.inter_token_latencies)
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
+def test_tokenizer_api(llm: LLM) -> None:
+    tok = llm.get_tokenizer()
+    assert tok.encode("How do GPUs work?") == [2020, 536, 45742, 746, 47]
+    assert tok.encode("<|im_start|>user", add_special_tokens=False)[0] == 1
+    assert tok.decode([19556, 905]) == "Hello world"

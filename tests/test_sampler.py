@@ -1,0 +1,114 @@
+"""The sampler on synthetic logits: every parameter changes the outcome the way it should."""
+
+import math
+from collections import Counter
+
+import torch
+
+from tokenmill.runner.sampler import Sampler, SamplingRow
+from tokenmill.sampling_params import SamplingParams
+
+V = 8
+
+
+def row(i: int = 0, logits_row: int = 0, prompt=(), output=(), banned=(), seed=None, **params) -> SamplingRow:
+    return SamplingRow(i, logits_row, SamplingParams(**params), list(prompt), list(output), list(banned), seed)
+
+
+def logits_from_probs(probs: list[float]) -> torch.Tensor:
+    return torch.tensor([[math.log(p) if p > 0 else -1e9 for p in probs]])
+
+
+def draw(sampler: Sampler, logits: torch.Tensor, n: int, **params) -> Counter:
+    """n independent draws from one logits row (n rows with distinct seeds)."""
+    rows = [row(i, seed=i, **params) for i in range(n)]
+    return Counter(t.token_id for t in sampler.sample(logits, rows))
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.tensor([[0.1, 3.0, 2.0, -1.0], [5.0, 0.0, 0.0, 0.0]])
+    out = Sampler(torch.device("cpu")).sample(logits, [row(0, 0, temperature=0), row(1, 1, temperature=0)])
+    assert [t.token_id for t in out] == [1, 0]
+
+
+def test_temperature_sampling_follows_the_distribution() -> None:
+    probs = [0.5, 0.3, 0.15, 0.05, 0, 0, 0, 0]
+    counts = draw(Sampler(torch.device("cpu")), logits_from_probs(probs), 4000, temperature=1.0)
+    for token, p in enumerate(probs[:4]):
+        assert abs(counts[token] / 4000 - p) < 4 * math.sqrt(p * (1 - p) / 4000) + 1e-3
+
+
+def test_low_temperature_sharpens() -> None:
+    counts = draw(Sampler(torch.device("cpu")), logits_from_probs([0.4, 0.35, 0.25] + [0] * 5), 500, temperature=0.01)
+    assert counts[0] > 490
+
+
+def test_top_k_top_p_min_p_cut_the_tail() -> None:
+    sampler = Sampler(torch.device("cpu"))
+    logits = logits_from_probs([0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0])
+    assert set(draw(sampler, logits, 400, top_k=2)) == {0, 1}
+    assert set(draw(sampler, logits, 400, top_p=0.65)) == {0, 1}  # 0.4 + 0.3 reaches 0.65
+    assert set(draw(sampler, logits, 400, top_p=0.7)) == {0, 1}  # exactly reached: the third is not needed
+    assert set(draw(sampler, logits, 400, top_p=0.71)) == {0, 1, 2}
+    assert set(draw(sampler, logits, 400, min_p=0.6)) == {0, 1}  # keeps p >= 0.6 * 0.4
+    assert set(draw(sampler, logits, 400, top_k=1)) == {0}
+
+
+def test_logit_bias_and_bans() -> None:
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0, 0, 0, 0, 0]])
+    assert sampler.sample(logits, [row(temperature=0, logit_bias={0: -100})])[0].token_id == 1
+    assert sampler.sample(logits, [row(temperature=0, logit_bias={7: 100})])[0].token_id == 7
+    assert sampler.sample(logits, [row(temperature=0, banned=[0, 1])])[0].token_id == 2
+    assert set(draw(sampler, logits, 200, logit_bias={0: -100, 1: -100, 2: -100})) <= {3, 4, 5, 6, 7}
+
+
+def test_penalties() -> None:
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.tensor([[2.0, 1.5, 1.0, -1.0, 0, 0, 0, 0]])
+    # repetition: 2.0 / 2 = 1.0 < 1.5
+    assert sampler.sample(logits, [row(temperature=0, prompt=[0], repetition_penalty=2.0)])[0].token_id == 1
+    # frequency counts occurrences in the output: 2.0 - 3 * 0.3 = 1.1 < 1.5
+    out = sampler.sample(logits, [row(temperature=0, output=[0, 0, 0], frequency_penalty=0.3)])
+    assert out[0].token_id == 1
+    assert sampler.sample(logits, [row(temperature=0, output=[0], frequency_penalty=0.3)])[0].token_id == 0
+    # presence counts once: 2.0 - 0.6 = 1.4 < 1.5, however often it appeared
+    assert sampler.sample(logits, [row(temperature=0, output=[0], presence_penalty=0.6)])[0].token_id == 1
+    # the prompt does not count for presence/frequency
+    assert sampler.sample(logits, [row(temperature=0, prompt=[0], presence_penalty=2.0)])[0].token_id == 0
+    # a negative logit is multiplied by the repetition penalty
+    logits2 = torch.tensor([[-1.0, -1.5, -9.0, -9, -9, -9, -9, -9]])
+    assert sampler.sample(logits2, [row(temperature=0, output=[0], repetition_penalty=2.0)])[0].token_id == 1
+
+
+def test_seed_makes_a_row_independent_of_its_batch() -> None:
+    logits = torch.randn(1, 1000)
+    alone = Sampler(torch.device("cpu"))
+    tokens_alone = [alone.sample(logits, [row(7, seed=1234)])[0].token_id for _ in range(10)]
+    mixed = Sampler(torch.device("cpu"))
+    tokens_mixed = []
+    for step in range(10):
+        others = [row(100 + j, seed=None) for j in range(step % 4)]
+        rows = others + [row(7, seed=1234)] + [row(200 + j, seed=j) for j in range(3)]
+        tokens_mixed.append(mixed.sample(logits, rows)[len(others)].token_id)
+    assert tokens_alone == tokens_mixed
+    assert len(set(tokens_alone)) > 1  # it is really sampling
+
+
+def test_logprobs_are_the_raw_distribution() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.5, 0, 0, 0, 0]])
+    out = Sampler(torch.device("cpu")).sample(
+        logits, [row(temperature=0, logprobs=3, repetition_penalty=2.0, prompt=[1])]
+    )[0]
+    expected = torch.log_softmax(logits[0], -1)
+    assert out.token_id == 2  # the penalty moved 3.0 to 1.5, below 2.0
+    assert out.rank == 2 and abs(out.logprob - expected[2].item()) < 1e-6
+    assert [t for t, _ in out.top_logprobs] == [1, 2, 0]
+    assert all(abs(lp - expected[t].item()) < 1e-6 for t, lp in out.top_logprobs)
+
+
+def test_rows_can_share_logits() -> None:
+    """n samples of one prompt read the same logits row."""
+    logits = torch.tensor([[0.0] * 8, [0.0, 0, 0, 0, 0, 0, 0, 10.0]])
+    out = Sampler(torch.device("cpu")).sample(logits, [row(0, 1, temperature=0), row(1, 1, temperature=0)])
+    assert [t.token_id for t in out] == [7, 7]

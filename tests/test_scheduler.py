@@ -1,0 +1,142 @@
+"""Continuous batching, chunked prefill and preemption, driven by a fake runner (no torch)."""
+
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+
+
+class FakeEngine:
+    """Steps the scheduler; each sequence that completes its tokens 'samples' token 1000 + its output length."""
+
+    def __init__(self, num_blocks=64, block_size=4, max_num_seqs=8, budget=16, prefix_caching=True):
+        self.bm = BlockManager(num_blocks, block_size, prefix_caching)
+        self.sched = Scheduler(SchedulerConfig(max_num_seqs, budget, 4096), self.bm)
+        self.next_id = 0
+        self.finished: list[Sequence] = []
+
+    def add(self, prompt_len: int, max_tokens: int, first_token: int = 0) -> Sequence:
+        s = Sequence(
+            self.next_id,
+            f"r{self.next_id}",
+            list(range(first_token, first_token + prompt_len)),
+            SamplingParams(max_tokens=max_tokens),
+        )
+        self.next_id += 1
+        self.sched.add(s)
+        return s
+
+    def step(self) -> SchedulerOutput:
+        out = self.sched.schedule()
+        self.sched.update_after_step(out)
+        for s in out.scheduled:
+            if s.completes_sequence:
+                s.seq.append_token(1000 + s.seq.num_output_tokens)
+                if s.seq.num_output_tokens >= s.seq.max_tokens:
+                    self.sched.finish(s.seq)
+                    self.finished.append(s.seq)
+        self.bm.check_integrity()
+        return out
+
+    def run(self, max_steps: int = 1000) -> int:
+        steps = 0
+        while self.sched.has_unfinished():
+            self.step()
+            steps += 1
+            assert steps < max_steps
+        return steps
+
+
+def test_decodes_first_then_prefill_fills_the_budget() -> None:
+    e = FakeEngine(budget=16)
+    a = e.add(10, 5)
+    e.step()  # a's prompt in one go
+    b = e.add(40, 5, first_token=500)
+    out = e.step()
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1), (b, 15)]  # decode + a chunk of b
+    out = e.step()
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1), (b, 15)]
+    out = e.step()
+    assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(a, 1), (b, 10)]
+    assert out.scheduled[1].completes_sequence  # b's last chunk samples its first token
+
+
+def test_chunked_prefill_only_samples_at_the_end() -> None:
+    e = FakeEngine(budget=8)
+    a = e.add(20, 1)
+    samples = []
+    while e.sched.has_unfinished():
+        out = e.step()
+        samples.append([s.completes_sequence for s in out.scheduled])
+    assert samples == [[False], [False], [True]]
+    assert a.output_token_ids == [1000]
+
+
+def test_first_come_first_served_and_seq_cap() -> None:
+    e = FakeEngine(max_num_seqs=2, budget=100)
+    a, b, c = e.add(5, 3), e.add(5, 3, first_token=100), e.add(5, 3, first_token=200)
+    out = e.step()
+    assert [s.seq for s in out.scheduled] == [a, b]
+    assert c.status == SequenceStatus.WAITING
+    e.run()
+    assert [s.seq_id for s in e.finished[:2]] == [a.seq_id, b.seq_id]
+    assert c.num_output_tokens == 3
+
+
+def test_finished_sequences_free_blocks_and_waiting_ones_join() -> None:
+    e = FakeEngine(num_blocks=6, block_size=4, budget=64)
+    a = e.add(8, 2)
+    b = e.add(12, 2)  # 2 + 3 blocks: both fit, the third does not
+    c = e.add(12, 2)
+    e.step()
+    assert c.status == SequenceStatus.WAITING
+    e.run()
+    assert all(s.is_finished for s in (a, b, c))
+    assert e.bm.usage().in_use == 0
+
+
+def test_preemption_recomputes_and_loses_nothing() -> None:
+    e = FakeEngine(num_blocks=6, block_size=4, budget=64, prefix_caching=False)
+    a = e.add(8, 12)  # grows to 20 tokens: 5 blocks
+    b = e.add(4, 12)  # grows to 16 tokens: 4 blocks -- both cannot finish together
+    e.run()
+    assert e.sched.num_preemptions > 0
+    assert a.output_token_ids == [1000 + i for i in range(12)]
+    assert b.output_token_ids == [1000 + i for i in range(12)]
+    assert b.num_preemptions > 0 and a.num_preemptions == 0  # the newest is the victim
+    assert e.bm.usage().in_use == 0
+
+
+def test_preempted_sequence_goes_back_to_the_head_of_the_queue() -> None:
+    e = FakeEngine(num_blocks=5, block_size=4, budget=64, prefix_caching=False)
+    e.add(8, 10)
+    b = e.add(4, 10)
+    e.add(4, 1)
+    for _ in range(20):
+        e.step()
+        if b.num_preemptions:
+            break
+    assert e.sched.waiting[0] is b
+
+
+def test_prefix_hits_skip_computation() -> None:
+    e = FakeEngine(num_blocks=64, block_size=4, budget=64)
+    a = e.add(17, 1)
+    e.run()
+    b = e.add(17, 1)
+    out = e.step()
+    assert out.scheduled[0].start == 16 and out.scheduled[0].num_new_tokens == 1
+    assert b.num_cached_tokens == 16 and a.num_cached_tokens == 0
+
+
+def test_same_prefix_arriving_together_is_computed_once() -> None:
+    """A request whose prefix another request is computing in this very step waits one step and hits it."""
+    e = FakeEngine(num_blocks=64, block_size=4, budget=100)
+    first = e.add(17, 1)
+    others = [e.add(17, 1) for _ in range(3)]
+    out = e.step()
+    assert [s.seq for s in out.scheduled] == [first]
+    out = e.step()
+    assert [s.seq for s in out.scheduled] == others
+    assert all(s.num_new_tokens == 1 for s in out.scheduled)
+    assert e.bm.prefix_hit_tokens == 3 * 16

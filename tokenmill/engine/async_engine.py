@@ -1,0 +1,167 @@
+"""The asyncio front of the engine: `generate()` streams RequestOutputs while a background thread runs steps.
+
+The step loop runs in its own thread, so a forward pass never blocks the event loop. Every engine mutation
+(add, abort, step) happens on that thread: callers send commands through a queue and get results back through
+futures; outputs go to each request's asyncio.Queue with loop.call_soon_threadsafe.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Any
+
+from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.errors import TokenmillError
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(TokenmillError):
+    """The engine thread failed; no request can be served any more."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stats: dict[str, Any] = engine.stats()
+        self.error: BaseException | None = None
+        self.step_listeners: list[Callable[[dict[str, Any]], None]] = []  # called on the engine thread
+        self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
+        self._thread.start()
+
+    # ---- engine thread ------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._stats = self.engine.stats()
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                for out in self.engine.step():
+                    self._deliver(out.request_id, out)
+                self._stats = self.engine.stats()
+                for listener in self.step_listeners:
+                    listener(self._stats)
+        except BaseException as exc:  # the engine is broken: fail every stream, refuse new work
+            logger.exception("engine step loop failed")
+            self.error = exc
+            for request_id in list(self._streams):
+                self._deliver(request_id, EngineDeadError(f"the engine failed: {exc!r}"))
+            self._drain_commands()
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        loop, q = target
+        if isinstance(item, BaseException) or item.finished:
+            self._streams.pop(request_id, None)
+        loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn on the engine thread; the future carries its result or exception."""
+        future: Future = Future()
+
+        def command() -> None:
+            if self.error is not None:
+                future.set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self._commands.put(command)
+        self._wake.set()
+        return future
+
+    # ---- event loop side ----------------------------------------------------------------------------------------
+
+    @property
+    def is_alive(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's stats as of the last step (a snapshot; safe from any thread)."""
+        return dict(self._stats)
+
+    async def add_request(
+        self, prompt: PromptInput, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> tuple[str, asyncio.Queue]:
+        """Queue a request; raises its validation error here. Returns its id and its output queue."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine failed: {self.error!r}")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def add() -> str:
+            rid = self.engine.add_request(request_id, prompt, params)
+            self._streams[rid] = (loop, q)
+            return rid
+
+        rid = await asyncio.wrap_future(self._call(add))
+        return rid, q
+
+    async def generate(
+        self, prompt: PromptInput, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's output after every step that changed it; the last one has finished=True.
+
+        Leaving the loop early (or a cancelled task) aborts the request and frees its blocks.
+        """
+        rid, q = await self.add_request(prompt, params, request_id)
+        finished = False
+        try:
+            while not finished:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort_nowait(rid)
+
+    def _abort_command(self, request_id: str) -> Callable[[], None]:
+        def abort() -> None:
+            out = self.engine.abort(request_id)
+            if out is not None:
+                self._deliver(request_id, out)
+
+        return abort
+
+    def abort_nowait(self, request_id: str) -> None:
+        """Abort from any thread; the engine frees the request's blocks before its next step."""
+        self._call(self._abort_command(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.wrap_future(self._call(self._abort_command(request_id)))
+
+    async def run_on_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run fn(engine) on the engine thread between steps (for consistent reads such as integrity checks)."""
+        return await asyncio.wrap_future(self._call(lambda: fn(self.engine)))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
