@@ -6,6 +6,10 @@ block manager, sampling parameters) can be imported without torch.
 
 from typing import TYPE_CHECKING, Any
 
+from tokenmill.log import setup_logging
+
+setup_logging()
+
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 

@@ -6,6 +6,7 @@ import sys
 import time
 
 from tokenmill.errors import TokenmillError
+from tokenmill.log import setup_logging
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
@@ -88,10 +89,7 @@ def format_timings(out, start: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     try:
         if args.command == "generate":
             return run_generate(args)
