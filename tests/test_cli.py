@@ -56,3 +56,29 @@ def _greedy(n: int):
     from tokenmill import SamplingParams
 
     return SamplingParams(temperature=0, max_tokens=n)
+
+
+@pytest.mark.slow
+def test_chat_is_multi_turn() -> None:
+    out = subprocess.run(
+        [*TOKENMILL, "chat", "--max-tokens", "8"],
+        input="Hello!\nWhat did I say?\n/reset\nHello!\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    timings = [line for line in out.stderr.splitlines() if "time to first token" in line]
+    assert len(timings) == 3 and all("tokens/s" in t for t in timings)
+    prompts = [int(t.split()[0].lstrip("[")) for t in timings]
+    assert prompts[1] > prompts[0] + 8  # the second turn carries the first question and answer
+    assert prompts[2] == prompts[0]  # /reset forgot them
+    answers = [a for a in out.stdout.split("\n") if a]
+    assert answers[0] == answers[-1]  # same question, fresh conversation, greedy: same answer
+
+
+def test_every_command_has_help() -> None:
+    for command in ("serve", "generate", "chat"):
+        out = run(command, "--help")
+        assert out.returncode == 0 and "--model" in out.stdout
+    assert "--api-key" in run("serve", "--help").stdout

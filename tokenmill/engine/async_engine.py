@@ -106,13 +106,18 @@ class AsyncEngine:
         return dict(self._stats)
 
     async def add_request(
-        self, prompt: PromptInput, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        out_queue: asyncio.Queue | None = None,
     ) -> tuple[str, asyncio.Queue]:
-        """Queue a request; raises its validation error here. Returns its id and its output queue."""
+        """Queue a request; raises its validation error here. Returns its id and the queue its outputs go to
+        (`out_queue` lets several requests share one queue; outputs carry their request_id)."""
         if self.error is not None:
             raise EngineDeadError(f"the engine failed: {self.error!r}")
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue = out_queue if out_queue is not None else asyncio.Queue()
 
         def add() -> str:
             rid = self.engine.add_request(request_id, prompt, params)

@@ -1,4 +1,4 @@
-"""The `tokenmill` command: `generate` streams one answer to the terminal."""
+"""The `tokenmill` command: `serve` (OpenAI-compatible server), `generate` (one answer), `chat` (interactive)."""
 
 import argparse
 import logging
@@ -12,23 +12,90 @@ DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled 
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="path of a .gguf file (default: the bundled SmolLM2-135M)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default=None, help="path of a .gguf file (default: the bundled SmolLM2-135M)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available, else CPU)")
+    g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256, help="stop after this many tokens (default 256)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block (default 16)")
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
+    g.add_argument(
+        "--kv-cache-memory", default=None, help="KV-cache size in bytes, e.g. 1GiB (default: from free memory)"
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV blocks of shared prompt prefixes (default: on)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (default 64)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default 512)")
+    g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
+    g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
+
+
+ENGINE_OPTIONS = (
+    "block_size",
+    "num_kv_blocks",
+    "kv_cache_memory",
+    "enable_prefix_caching",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "seed",
+    "device",
+)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ENGINE_OPTIONS if getattr(args, k, None) is not None}
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = parser.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"stop after this many tokens ({max_tokens})")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="seed of this generation")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP server",
+        description="Serve the model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), "
+        "with /health, /metrics (Prometheus), /tokenize, /detokenize and /tokenizer_info. "
+        "Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--served-model-name", default=None, help="model name clients use (default: from the file)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or TOKENMILL_API_KEY)")
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="answer 503 with Retry-After when more requests than this are waiting",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="seconds requests in flight may finish after SIGTERM (default 30)",
+    )
+    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    add_model_args(serve)
+    add_engine_args(serve)
+
     gen = sub.add_parser(
         "generate",
         help="stream an answer to one prompt",
@@ -39,7 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="send the text as is, without the chat template")
     gen.add_argument("--system", default=None, help="a system message (chat mode)")
     add_model_args(gen)
-    add_sampling_args(gen)
+    add_engine_args(gen)
+    add_sampling_args(gen, 256)
+
+    chat = sub.add_parser(
+        "chat",
+        help="talk with the model in the terminal",
+        description="An interactive, multi-turn chat: type a message and press Enter; the answer streams, "
+        "followed by its time to first token and tokens/s. Commands: /reset forgets the conversation, "
+        "/system TEXT sets the system message, /exit (or Ctrl-D) quits.",
+    )
+    chat.add_argument("--system", default=None, help="a system message for the whole conversation")
+    add_model_args(chat)
+    add_engine_args(chat)
+    add_sampling_args(chat, 512)
     return parser
 
 
@@ -47,22 +127,23 @@ def sampling_params_from(args: argparse.Namespace):
     from tokenmill.sampling_params import SamplingParams
 
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=args.seed
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        max_tokens=args.max_tokens,
+        seed=args.sampling_seed,
     )
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def make_llm(args: argparse.Namespace):
     from tokenmill.entrypoints.llm import LLM
 
-    params = sampling_params_from(args)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
-    if args.raw:
-        prompt = args.prompt
-    else:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
-        ]
-        prompt = {"prompt_token_ids": llm.engine.encode_chat(messages)}
+    return LLM(args.model, dtype=args.dtype, **engine_options(args))
+
+
+def stream_answer(llm, prompt, params) -> tuple[str, str]:
+    """Print the answer as it streams; returns (answer text, timings line)."""
     start = time.monotonic()
     last = None
     for out in llm.generate_stream(prompt, params):
@@ -71,8 +152,7 @@ def run_generate(args: argparse.Namespace) -> int:
         last = out
     sys.stdout.write("\n")
     assert last is not None
-    print(format_timings(last, start), file=sys.stderr)
-    return 0
+    return last.outputs[0].text, format_timings(last, start)
 
 
 def format_timings(out, start: float) -> str:
@@ -87,18 +167,92 @@ def format_timings(out, start: float) -> str:
     )
 
 
+def run_generate(args: argparse.Namespace) -> int:
+    params = sampling_params_from(args)
+    llm = make_llm(args)
+    if args.raw:
+        prompt = args.prompt
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        prompt = {"prompt_token_ids": llm.engine.encode_chat(messages)}
+    _, timings = stream_answer(llm, prompt, params)
+    print(timings, file=sys.stderr)
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    params = sampling_params_from(args)
+    llm = make_llm(args)
+    system = args.system
+    history: list[dict] = []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"tokenmill chat with {llm.engine.model_name}. /reset, /system TEXT, /exit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            history = []
+            print("[conversation cleared]", file=sys.stderr)
+            continue
+        if text.startswith("/system"):
+            system = text[len("/system") :].strip() or None
+            history = []
+            print("[system message set; conversation cleared]", file=sys.stderr)
+            continue
+        history.append({"role": "user", "content": text})
+        messages = ([{"role": "system", "content": system}] if system else []) + history
+        try:
+            ids = llm.engine.encode_chat(messages)
+            answer, timings = stream_answer(llm, {"prompt_token_ids": ids}, params)
+        except TokenmillError as exc:
+            history.pop()
+            print(f"[error: {exc}]", file=sys.stderr)
+            continue
+        history.append({"role": "assistant", "content": answer})
+        print(timings, file=sys.stderr)
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from tokenmill.server.serve import serve
+    from tokenmill.server.state import ServerSettings
+
+    settings = ServerSettings(
+        model=args.model,
+        dtype=args.dtype,
+        engine_options=engine_options(args),
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        shutdown_grace_s=args.shutdown_grace,
+    )
+    return serve(settings, args.host, args.port, args.access_log)
+
+
+COMMANDS = {"serve": run_serve, "generate": run_generate, "chat": run_chat}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+    quiet = args.command != "serve" and not args.verbose
+    setup_logging(logging.WARNING if quiet else logging.INFO)
     try:
-        if args.command == "generate":
-            return run_generate(args)
+        return COMMANDS[args.command](args)
     except TokenmillError as exc:
         print(f"tokenmill: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 1
 
 
 if __name__ == "__main__":

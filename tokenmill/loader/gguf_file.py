@@ -83,7 +83,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        _check_magic(self.path)
+        check_gguf_magic(self.path)
         try:
             reader = _FastArrayReader(self.path)
         except (ValueError, IndexError, KeyError, OverflowError, struct.error) as exc:
@@ -130,7 +130,7 @@ class GGUFFile:
         return tensor
 
 
-def _check_magic(path: Path) -> None:
+def check_gguf_magic(path: Path) -> None:
     try:
         with path.open("rb") as f:
             head = f.read(8)

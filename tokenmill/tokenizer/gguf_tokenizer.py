@@ -22,6 +22,22 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 SPIECE_SPACE = "\u2581"  # "▁"
 
 
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte value."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars = list(printable)
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_DECODER = _gpt2_byte_decoder()
+
+
 class Tokenizer:
     """Text <-> token ids for one model. `encode` parses special tokens written in the text as special."""
 
@@ -33,8 +49,10 @@ class Tokenizer:
         add_bos: bool,
         add_eos: bool = False,
         eos_token_ids: frozenset[int] = frozenset(),
+        kind: str = "gpt2",
     ):
         self.backend = backend
+        self.kind = kind
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.add_bos = add_bos
@@ -42,6 +60,7 @@ class Tokenizer:
         # every token that ends generation (the EOS and, e.g., an end-of-turn token)
         self.stop_token_ids = eos_token_ids | ({eos_token_id} if eos_token_id is not None else set())
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._added_ids = set(backend.get_added_tokens_decoder())  # special and user-defined tokens
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":
@@ -59,6 +78,17 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes a token stands for (a byte-level piece may be part of a UTF-8 character)."""
+        piece = self.backend.id_to_token(token_id) or ""
+        if token_id in self._added_ids:
+            return piece.encode()
+        if self.kind == "gpt2":
+            return bytes(_BYTE_DECODER.get(c, 0) for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace(SPIECE_SPACE, " ").encode()
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
@@ -111,6 +141,7 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
         add_bos=bool(gguf.get("tokenizer.ggml.add_bos_token", default_add_bos)),
         add_eos=bool(gguf.get("tokenizer.ggml.add_eos_token", False)),
         eos_token_ids=frozenset(eog),
+        kind=kind,
     )
 
 

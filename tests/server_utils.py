@@ -1,0 +1,68 @@
+"""Start a real `tokenmill serve` process on a free port of 127.0.0.1 for tests."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    port: int
+    health_codes: list[int] = field(default_factory=list)  # /health answers seen while starting
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def output(self) -> str:
+        return self.process.stdout.read() if self.process.stdout else ""
+
+
+def start_server(*args: str, timeout: float = 120) -> ServerProcess:
+    port = free_port()
+    env = {**os.environ, "TOKENMILL_LOG_LEVEL": "INFO"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    server = ServerProcess(process, port)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.output()}")
+        try:
+            code = httpx.get(f"{server.url}/health", timeout=2).status_code
+            server.health_codes.append(code)
+            if code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.02)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError("server did not become healthy in time")

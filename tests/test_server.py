@@ -1,0 +1,444 @@
+"""The OpenAI-compatible server, driven through the official `openai` client against a real process."""
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server_utils import ServerProcess, start_server
+from tokenmill import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = start_server()
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id
+
+
+def metrics(server: ServerProcess) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics").text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name + (json.dumps(sample.labels, sort_keys=True) if sample.labels else "")
+            values[key] = sample.value
+    return values
+
+
+def wait_idle(server: ServerProcess, timeout: float = 10) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(server)
+        if m["tokenmill:num_requests_running"] == 0 and m["tokenmill:kv_cache_usage_perc"] == 0:
+            return m
+        if time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_health_was_503_while_loading(server: ServerProcess) -> None:
+    assert 503 in server.health_codes and server.health_codes[-1] == 200
+
+
+def test_models(client: openai.OpenAI, model: str) -> None:
+    assert model == "SmolLM2-135M-Instruct"
+    assert client.models.list().data[0].owned_by == "tokenmill"
+
+
+def test_chat_matches_offline_greedy(client: openai.OpenAI, model: str, llm: LLM) -> None:
+    messages = [{"role": "user", "content": "How do GPUs work?"}]
+    resp = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
+    offline = llm.chat(messages, SamplingParams(temperature=0, max_tokens=24))[0]
+    assert resp.choices[0].message.content == offline.outputs[0].text
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].finish_reason == offline.outputs[0].finish_reason
+    assert resp.usage.prompt_tokens == len(offline.prompt_token_ids)
+    assert resp.usage.completion_tokens == len(offline.outputs[0].token_ids)
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+
+
+def test_completion_matches_offline_greedy(client: openai.OpenAI, model: str, llm: LLM) -> None:
+    resp = client.completions.create(
+        model=model, prompt="The best way to learn programming is", max_tokens=20, temperature=0
+    )
+    offline = llm.generate(
+        "The best way to learn programming is", SamplingParams(temperature=0, max_tokens=20), use_tqdm=False
+    )[0]
+    assert resp.choices[0].text == offline.outputs[0].text
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 20 and resp.usage.prompt_tokens == len(offline.prompt_token_ids)
+
+
+def test_streaming_chat_with_usage(client: openai.OpenAI, model: str, llm: LLM) -> None:
+    messages = [{"role": "user", "content": "Name three colors."}]
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert all(c.usage is None for c in chunks[:-1])
+    offline = llm.chat(messages, SamplingParams(temperature=0, max_tokens=20))[0].outputs[0]
+    assert text == offline.text
+    assert chunks[-1].usage.completion_tokens == len(offline.token_ids)
+
+
+def test_streaming_completion(client: openai.OpenAI, model: str) -> None:
+    stream = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    full = client.completions.create(model=model, prompt="Once upon a time", max_tokens=16, temperature=0)
+    assert text == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 16
+
+
+def test_n_and_seed(client: openai.OpenAI, model: str) -> None:
+    resp = client.completions.create(
+        model=model, prompt="My favourite animal is", max_tokens=10, n=3, temperature=1.0, seed=7
+    )
+    assert sorted(c.index for c in resp.choices) == [0, 1, 2]
+    assert len({c.text for c in resp.choices}) > 1
+    again = client.completions.create(
+        model=model, prompt="My favourite animal is", max_tokens=10, n=3, temperature=1.0, seed=7
+    )
+    assert [c.text for c in again.choices] == [c.text for c in resp.choices]
+    assert resp.usage.completion_tokens == sum(1 for _ in resp.choices) * 10
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=5, temperature=1.0, seed=3
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+
+
+def test_multiple_prompts(client: openai.OpenAI, model: str) -> None:
+    resp = client.completions.create(model=model, prompt=["One", "Two"], max_tokens=4, n=2, temperature=0)
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    assert resp.choices[0].text == resp.choices[1].text  # greedy samples of one prompt agree
+    assert resp.usage.completion_tokens == 16
+
+
+def test_stop(client: openai.OpenAI, model: str) -> None:
+    full = client.completions.create(model=model, prompt="Once upon a time", max_tokens=24, temperature=0)
+    stop = full.choices[0].text[15:19]
+    resp = client.completions.create(model=model, prompt="Once upon a time", max_tokens=24, temperature=0, stop=[stop])
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].text == full.choices[0].text[: full.choices[0].text.index(stop)]
+
+
+def test_logprobs(client: openai.OpenAI, model: str) -> None:
+    resp = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=3
+    )
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert "".join(lp.tokens) == resp.choices[0].text
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == logprob and logprob == max(top.values())  # greedy: the best one
+        assert len(top) >= 3
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    assert bytes(sum((c.bytes for c in content), [])).decode() == chat.choices[0].message.content
+
+
+@pytest.mark.parametrize("max_tokens", [1, 0])
+def test_echo_logprobs_on_token_ids_like_lm_eval(client: openai.OpenAI, model: str, llm: LLM, max_tokens: int) -> None:
+    """lm-evaluation-harness scores a continuation with echo + logprobs on a token-id prompt."""
+    ids = llm.get_tokenizer().encode("Paris is the capital of France")
+    resp = client.completions.create(
+        model=model, prompt=ids, max_tokens=max_tokens, temperature=0, echo=True, logprobs=1
+    )
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + max_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    expected = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)[
+        0
+    ].prompt_logprobs
+    for i in range(1, len(ids)):
+        assert abs(lp.token_logprobs[i] - expected[i][ids[i]].logprob) < 1e-3
+    assert resp.choices[0].text.startswith("Paris is the capital of France")
+    assert resp.usage.prompt_tokens == len(ids) and resp.usage.completion_tokens == max_tokens
+
+
+def test_extra_sampling_parameters(client: openai.OpenAI, model: str) -> None:
+    resp = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=30,
+        temperature=0,
+        extra_body={"ignore_eos": True, "min_tokens": 30, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.3},
+    )
+    assert resp.usage.completion_tokens == 30
+    plain = client.completions.create(model=model, prompt="Once upon a time", max_tokens=30, temperature=0)
+    assert resp.choices[0].text != plain.choices[0].text  # the repetition penalty changed the text
+
+
+def test_logit_bias(client: openai.OpenAI, model: str, llm: LLM) -> None:
+    token = llm.get_tokenizer().encode(" banana")[0]
+    resp = client.completions.create(
+        model=model, prompt="I like", max_tokens=3, temperature=0, logit_bias={str(token): 100}
+    )
+    assert resp.choices[0].text == " banana" * 3
+
+
+def test_32_concurrent_streaming_clients(server: ServerProcess, model: str, llm: LLM) -> None:
+    results: dict[int, tuple[str, int, int]] = {}
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            c = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
+            stream = c.completions.create(
+                model=model,
+                prompt=f"Fact number {i}:",
+                max_tokens=8 + i % 9,
+                temperature=0.8,
+                seed=i,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            text, usage = "", None
+            for chunk in stream:
+                if chunk.choices:
+                    text += chunk.choices[0].text
+                if chunk.usage:
+                    usage = chunk.usage
+            results[i] = (text, usage.prompt_tokens, usage.completion_tokens)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    tok = llm.get_tokenizer()
+    for i in range(32):
+        text, prompt_tokens, completion_tokens = results[i]
+        assert completion_tokens == 8 + i % 9
+        assert prompt_tokens == len(tok.encode(f"Fact number {i}:"))
+    wait_idle(server)
+
+
+def test_client_disconnect_frees_blocks(server: ServerProcess, model: str) -> None:
+    body = {"model": model, "prompt": "A very long story:", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = 0
+        for line in response.iter_lines():
+            lines += bool(line)
+            if lines == 3:
+                m = metrics(server)
+                assert m["tokenmill:num_requests_running"] == 1 and m["tokenmill:kv_cache_usage_perc"] > 0
+                break  # leaving the stream closes the connection
+    m = wait_idle(server)
+    assert m["tokenmill:num_requests_running"] == 0 and m["tokenmill:kv_cache_usage_perc"] == 0
+
+
+def test_non_streaming_disconnect_aborts(server: ServerProcess, model: str) -> None:
+    body = {"model": model, "prompt": "Another long story:", "max_tokens": 3000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.0)
+    m = wait_idle(server)
+    assert m["tokenmill:num_requests_running"] == 0
+
+
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+        ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ({"prompt": "x", "n": 0}, 400, "n"),
+        ({"prompt": "x", "logprobs": 50}, 400, "logprobs"),
+        ({"prompt": [1, 2, 3], "max_tokens": 100000}, 400, "max_tokens"),
+        ({"prompt": [100] * 9000}, 400, "prompt"),
+        ({"prompt": [10**7]}, 400, "prompt"),
+        ({"prompt": []}, 400, "prompt"),
+        ({"max_tokens": 5}, 400, "prompt"),
+        ({"prompt": "x", "model": "gpt-4o"}, 404, "model"),
+    ],
+)
+def test_completion_errors(server: ServerProcess, body: dict, status: int, param: str) -> None:
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["message"]
+
+
+def test_chat_errors(server: ServerProcess) -> None:
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": "hello"})
+    assert r.status_code == 400
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_openai_client_sees_errors(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt="x", temperature=5000)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_metrics_parse_and_move(server: ServerProcess, client: openai.OpenAI, model: str) -> None:
+    before = metrics(server)
+    client.completions.create(
+        model=model, prompt="Count to three:", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
+    after = metrics(server)
+    assert after["tokenmill:generation_tokens_total"] - before["tokenmill:generation_tokens_total"] == 6
+    assert after["tokenmill:prompt_tokens_total"] > before["tokenmill:prompt_tokens_total"]
+    key = 'tokenmill:request_success_total{"finished_reason": "length"}'
+    assert after[key] - before.get(key, 0) == 1
+    assert after["tokenmill:time_to_first_token_seconds_count"] > before["tokenmill:time_to_first_token_seconds_count"]
+    assert (
+        after["tokenmill:inter_token_latency_seconds_count"] - before["tokenmill:inter_token_latency_seconds_count"]
+        == 5
+    )
+    assert after["tokenmill:e2e_request_latency_seconds_count"] > before["tokenmill:e2e_request_latency_seconds_count"]
+    assert after["tokenmill:request_queue_time_seconds_count"] > before["tokenmill:request_queue_time_seconds_count"]
+    assert after["tokenmill:prefix_cache_queries_total"] > before["tokenmill:prefix_cache_queries_total"]
+    for name in (
+        "tokenmill:num_preemptions_total",
+        "tokenmill:prefix_cache_hits_total",
+        "tokenmill:num_requests_waiting",
+        "tokenmill:kv_cache_usage_perc",
+    ):
+        assert name in after
+
+
+def test_tokenizer_endpoints(server: ServerProcess, llm: LLM) -> None:
+    tok = llm.get_tokenizer()
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": "How do GPUs work?", "add_special_tokens": False}).json()
+    assert r["tokens"] == tok.encode("How do GPUs work?") and r["count"] == 5 and r["max_model_len"] > 0
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert r["tokens"] == llm.engine.encode_chat([{"role": "user", "content": "Hi"}])
+    r = httpx.post(f"{server.url}/detokenize", json={"tokens": [19556, 905]}).json()
+    assert r == {"prompt": "Hello world"}
+    info = httpx.get(f"{server.url}/tokenizer_info").json()
+    assert info["eos_token"] == "<|im_end|>" and info["bos_token"] == "<|im_start|>"
+    assert "<|im_start|>" in info["chat_template"] and info["tokenizer_class"]
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": [-5]}).status_code == 400
+
+
+def test_api_key_and_queue_limit() -> None:
+    proc = start_server("--api-key", "sekret", "--max-num-seqs", "1", "--max-queue", "1")
+    try:
+        url = proc.url
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401
+        assert httpx.get(f"{url}/health").status_code == 200  # health needs no key
+        good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0)
+        assert good.completions.create(model="SmolLM2-135M-Instruct", prompt="x", max_tokens=2).usage
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+
+        # one request running (max_num_seqs 1), one waiting (max_queue 1): the next is refused with 503
+        headers = {"Authorization": "Bearer sekret"}
+        long_body = {"prompt": "Story:", "max_tokens": 400, "ignore_eos": True}
+        running = threading.Thread(
+            target=httpx.post,
+            args=(f"{url}/v1/completions",),
+            kwargs={"json": long_body, "headers": headers, "timeout": 300},
+        )
+        waiting = threading.Thread(
+            target=httpx.post,
+            args=(f"{url}/v1/completions",),
+            kwargs={"json": {**long_body, "max_tokens": 2}, "headers": headers, "timeout": 300},
+        )
+        running.start()
+        time.sleep(1.0)
+        waiting.start()
+        time.sleep(1.0)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "overloaded"
+    finally:
+        proc.stop(timeout=60)
+
+
+def test_sigterm_drains_then_aborts_with_an_error_event() -> None:
+    proc = start_server("--shutdown-grace", "3")
+    url = proc.url
+    results: dict[str, object] = {}
+
+    def stream(name: str, max_tokens: int) -> None:
+        body = {"prompt": f"{name}:", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+        events = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        results[name] = events
+
+    short = threading.Thread(target=stream, args=("short", 20))
+    long = threading.Thread(target=stream, args=("long", 5000))
+    long.start()
+    short.start()
+    time.sleep(0.5)
+    proc.process.send_signal(15)  # SIGTERM
+    time.sleep(0.3)
+    try:
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": "new", "max_tokens": 2}, timeout=5).status_code
+    except httpx.TransportError:
+        refused = "connection refused"
+    assert refused in (503, "connection refused")
+    short.join(30)
+    long.join(30)
+    code = proc.process.wait(30)
+    assert code == 0
+    short_events, long_events = results["short"], results["long"]
+    assert short_events[-1] == "[DONE]" and json.loads(short_events[-2])["choices"][0]["finish_reason"] == "length"
+    assert long_events[-1] == "[DONE]"
+    error = json.loads(long_events[-2])["error"]
+    assert error["code"] == "server_shutdown"
+    assert len(long_events) > 3  # it streamed until the grace period ran out
+    log = proc.output()
+    assert "shutting down" in log and "aborting 1" in log

@@ -1,0 +1,173 @@
+"""POST /v1/completions: prompts as text, token ids or lists of either; streaming or not; echo and logprobs."""
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tokenmill.engine.llm_engine import PromptInput
+from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import ClientDisconnected, Generation
+from tokenmill.server.logprobs_format import CompletionLogprobs
+from tokenmill.server.protocol import CompletionRequest
+from tokenmill.server.state import ServerState
+from tokenmill.tokenizer import Tokenizer
+
+SHUTDOWN_ERROR = APIError(
+    503, "the server is shutting down; the request was stopped", "server_error", code="server_shutdown"
+)
+
+
+def split_prompts(prompt: str | list) -> list[PromptInput]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [{"prompt_token_ids": list(prompt)}]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) for p in prompt):
+        return [{"prompt_token_ids": p} for p in prompt]
+    raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", param="prompt")
+
+
+class CompletionFormatter:
+    """Per-choice state for building responses and stream chunks."""
+
+    def __init__(self, req: CompletionRequest, tokenizer: Tokenizer, drop_generated: bool):
+        self.req = req
+        self.tokenizer = tokenizer
+        self.drop_generated = drop_generated  # max_tokens=0 with echo: one token is generated, then dropped
+        self.k = req.logprobs
+        self.logprob_builders: dict[int, CompletionLogprobs] = {}
+        self.started: set[int] = set()
+
+    def choice_index(self, prompt_index: int, sample_index: int) -> int:
+        return prompt_index * self.req.n + sample_index
+
+    def prompt_part(self, out: RequestOutput, index: int) -> tuple[str, dict | None]:
+        """Echoed prompt text (and its logprobs) for a choice's first chunk."""
+        builder = self._builder(index)
+        text = out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
+        if self.k is None:
+            return text, None
+        return text, builder.build(out.prompt_token_ids, list(out.prompt_logprobs or []))
+
+    def _builder(self, index: int) -> CompletionLogprobs:
+        if index not in self.logprob_builders:
+            self.logprob_builders[index] = CompletionLogprobs(self.tokenizer, self.k or 0)
+        return self.logprob_builders[index]
+
+    def choice(self, prompt_index: int, out: RequestOutput, o: CompletionOutput, delta: bool) -> dict:
+        index = self.choice_index(prompt_index, o.index)
+        text = "" if self.drop_generated else (o.delta_text if delta else o.text)
+        token_ids = [] if self.drop_generated else (o.delta_token_ids if delta else o.token_ids)
+        first = len(o.token_ids) - len(token_ids)
+        logprobs = None
+        echo_text, echo_logprobs = "", None
+        if self.req.echo and index not in self.started:
+            echo_text, echo_logprobs = self.prompt_part(out, index)
+        self.started.add(index)
+        if self.k is not None:
+            gen = self._builder(index).build(token_ids, list((o.logprobs or [])[first : first + len(token_ids)]))
+            logprobs = gen if echo_logprobs is None else {k: echo_logprobs[k] + gen[k] for k in gen}
+        return {"index": index, "text": echo_text + text, "logprobs": logprobs, "finish_reason": o.finish_reason}
+
+    def completion_tokens(self, outs: list[RequestOutput]) -> int:
+        return 0 if self.drop_generated else sum(len(o.token_ids) for out in outs for o in out.outputs)
+
+
+async def create_completion(req: CompletionRequest, http_request: Request, state: ServerState):
+    state.check_model(req.model)
+    engine = state.require_engine()
+    if req.suffix:
+        raise APIError(400, "suffix is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of must equal n (other values are not supported)", param="best_of")
+    drop_generated = req.max_tokens == 0
+    if drop_generated and not req.echo:
+        raise APIError(400, "max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
+    prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
+    params = req.sampling_params(1 if drop_generated else req.max_tokens, req.logprobs, prompt_logprobs)
+    prompts = split_prompts(req.prompt)
+    generation = Generation(state, prompts, params)
+    await generation.start()
+    tokenizer = engine.engine.tokenizer
+    fmt = CompletionFormatter(req, tokenizer, drop_generated)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if req.stream:
+        return StreamingResponse(_stream(generation, fmt, state, request_id, created), media_type="text/event-stream")
+    try:
+        finals = await generation.collect(http_request)
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    if any(o.finish_reason == "abort" for out in finals for o in out.outputs):
+        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+    choices = [fmt.choice(i, out, o, delta=False) for i, out in enumerate(finals) for o in out.outputs]
+    if drop_generated:
+        for c in choices:
+            c["finish_reason"] = "length"
+    prompt_tokens = sum(len(out.prompt_token_ids) for out in finals)
+    completion_tokens = fmt.completion_tokens(finals)
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": sorted(choices, key=lambda c: c["index"]),
+        "usage": _usage(prompt_tokens, completion_tokens),
+    }
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def _stream(
+    generation: Generation, fmt: CompletionFormatter, state: ServerState, request_id: str, created: int
+) -> AsyncIterator[str]:
+    include_usage = fmt.req.include_usage
+    prompt_tokens = 0
+    completion_tokens = 0
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
+    try:
+        async for i, out in generation.stream():
+            for o in out.outputs:
+                if not (
+                    o.delta_text
+                    or o.delta_token_ids
+                    or o.finish_reason
+                    or (fmt.req.echo and fmt.choice_index(i, o.index) not in fmt.started)
+                ):
+                    continue
+                if o.finish_reason == "abort":
+                    yield (SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error")).sse()
+                    yield "data: [DONE]\n\n"
+                    return
+                choice = fmt.choice(i, out, o, delta=True)
+                if fmt.drop_generated and o.finish_reason:
+                    choice["finish_reason"] = "length"
+                chunk = {**head, "choices": [choice]}
+                if include_usage:
+                    chunk["usage"] = None
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if out.finished:
+                prompt_tokens += len(out.prompt_token_ids)
+                completion_tokens += fmt.completion_tokens([out])
+    except APIError as exc:
+        yield exc.sse()
+        yield "data: [DONE]\n\n"
+        return
+    if include_usage:
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': _usage(prompt_tokens, completion_tokens)})}\n\n"
+    yield "data: [DONE]\n\n"

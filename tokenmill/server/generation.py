@@ -1,0 +1,104 @@
+"""One API call's engine requests (one per prompt), merged into a single stream of (prompt index, output).
+
+Every request is added before anything is returned, so a bad prompt fails the whole call with a 400 and leaves
+nothing running. Leaving the stream early (client gone, task cancelled) aborts whatever is still running.
+"""
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from tokenmill.engine.async_engine import EngineDeadError
+from tokenmill.engine.llm_engine import PromptInput
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.errors import APIError
+from tokenmill.server.state import ServerState
+
+_call_ids = itertools.count()
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class Generation:
+    def __init__(self, state: ServerState, prompts: list[PromptInput], params: SamplingParams):
+        self.state = state
+        self.prompts = prompts
+        self.params = params
+        self.call_id = f"call-{next(_call_ids)}"
+        self.request_ids: list[str] = []
+        self._index: dict[str, int] = {}
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._pending: set[str] = set()
+
+    async def start(self) -> None:
+        engine = self.state.require_engine()
+        self.state.check_queue()
+        self.state.in_flight[self.call_id] = self._pending
+        try:
+            for i, prompt in enumerate(self.prompts):
+                rid, _ = await engine.add_request(prompt, self.params, None, out_queue=self._queue)
+                self.request_ids.append(rid)
+                self._index[rid] = i
+                self._pending.add(rid)
+        except BaseException:
+            self.abort()
+            self.state.in_flight.pop(self.call_id, None)
+            raise
+
+    async def stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs as they come, each with the index of its prompt; ends when every request finished."""
+        try:
+            while self._pending:
+                item: Any = await self._queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise APIError(500, str(item), "server_error", code="engine_dead")
+                if item.finished:
+                    self._pending.discard(item.request_id)
+                    self.state.metrics.observe(item)
+                yield self._index[item.request_id], item
+        finally:
+            self.abort()
+            self.state.in_flight.pop(self.call_id, None)
+
+    async def collect(self, http_request: Request | None = None) -> list[RequestOutput]:
+        """The final output of every prompt, in prompt order; aborts if the client goes away meanwhile."""
+        finals: dict[int, RequestOutput] = {}
+
+        async def consume() -> None:
+            async for i, out in self.stream():
+                if out.finished:
+                    finals[i] = out
+
+        task = asyncio.create_task(consume())
+        watcher = asyncio.create_task(_wait_for_disconnect(http_request)) if http_request is not None else None
+        try:
+            await asyncio.wait({task, watcher} - {None}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if not task.done():
+            task.cancel()
+            raise ClientDisconnected()
+        task.result()
+        return [finals[i] for i in range(len(self.prompts))]
+
+    def abort(self) -> None:
+        engine = self.state.engine
+        if engine is None:
+            return
+        for rid in list(self._pending):
+            engine.abort_nowait(rid)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the request body was already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

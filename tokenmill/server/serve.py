@@ -1,0 +1,87 @@
+"""`tokenmill serve`: uvicorn with a graceful SIGTERM.
+
+On SIGTERM (or Ctrl-C) the server stops accepting connections and new requests, lets requests in flight finish
+for `--shutdown-grace` seconds, then aborts what is left (a stream gets a final error event) and exits.
+"""
+
+import asyncio
+import logging
+import os
+import time
+
+import uvicorn
+
+from tokenmill.loader.gguf_file import check_gguf_magic
+from tokenmill.loader.model_path import resolve_model_path
+from tokenmill.server.app import create_app
+from tokenmill.server.state import ServerSettings, ServerState
+
+logger = logging.getLogger("tokenmill.server")
+
+
+class TokenmillServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        c = self.config
+        logger.info("listening on http://%s:%d (the model loads now; /health answers 200 when ready)", c.host, c.port)
+        self._loop.create_task(self._watch_load())
+
+    async def _watch_load(self) -> None:
+        start = time.monotonic()
+        while not self.state.ready.is_set():
+            if self.state.load_error is not None:
+                logger.error("exiting: the model could not be loaded")
+                self.exit_code = 1
+                self.should_exit = True
+                return
+            await asyncio.sleep(0.05)
+        logger.info("ready to serve %r after %.1f s", self.state.model_name, time.monotonic() - start)
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.state.shutting_down and self._loop is not None:
+            self.state.shutting_down = True
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal after shutting down, so the process would die of it; a drained server
+        # exits normally (status 0) instead
+        self._captured_signals.clear()
+
+    async def _drain(self) -> None:
+        grace = self.state.settings.shutdown_grace_s
+        n = sum(len(ids) for ids in self.state.in_flight.values())
+        logger.info("shutting down: no new requests; waiting up to %.0f s for %d in flight", grace, n)
+        if not await self.state.wait_idle(grace):
+            logger.warning("grace period over: aborting %d requests", len(self.state.in_flight))
+            self.state.abort_all()
+
+
+def serve(
+    settings: ServerSettings,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    access_log: bool = False,
+) -> int:
+    # fail fast, before listening, on a model file that cannot be right
+    check_gguf_magic(resolve_model_path(settings.model))
+    if settings.api_key is None:
+        settings.api_key = os.environ.get("TOKENMILL_API_KEY") or None
+    state = ServerState(settings)
+    app = create_app(state)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+    )
+    server = TokenmillServer(config, state)
+    server.run()
+    return server.exit_code

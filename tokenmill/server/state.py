@@ -1,0 +1,109 @@
+"""What the server knows: settings, the engine once loaded, requests in flight, and whether it is stopping."""
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.server.errors import APIError
+from tokenmill.server.metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerSettings:
+    model: str | None = None
+    dtype: str = "float32"
+    quantization: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_queue: int | None = None  # waiting sequences above which new requests get 503
+    shutdown_grace_s: float = 30.0
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.engine: AsyncEngine | None = None
+        self.load_error: BaseException | None = None
+        self.model_name = settings.served_model_name or "loading"
+        self.model_path = ""
+        self.created = int(time.time())
+        self.shutting_down = False
+        self.in_flight: dict[str, set[str]] = {}  # call id -> its engine request ids
+        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
+        self.ready = threading.Event()
+
+    def load(self) -> None:
+        """Build the engine (runs in a thread while the server already answers /health with 503)."""
+        from tokenmill.config import EngineConfig
+        from tokenmill.engine.llm_engine import LLMEngine
+
+        s = self.settings
+        try:
+            engine = LLMEngine(s.model, s.dtype, s.quantization, EngineConfig.from_options(s.engine_options))
+        except BaseException as exc:
+            self.load_error = exc
+            logger.error("loading the model failed: %s", exc)
+            raise
+        self.model_name = s.served_model_name or engine.model_name
+        self.model_path = str(engine.model_path)
+        self.engine = AsyncEngine(engine)
+        self.ready.set()
+        logger.info("ready: serving %r", self.model_name)
+
+    @property
+    def healthy(self) -> bool:
+        return self.engine is not None and self.engine.is_alive and not self.shutting_down
+
+    def require_engine(self) -> AsyncEngine:
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down", "server_error", code="server_shutdown")
+        if self.engine is None:
+            if self.load_error is not None:
+                raise APIError(503, f"the model failed to load: {self.load_error}", "server_error")
+            raise APIError(
+                503, "the model is still loading", "server_error", code="loading", headers={"Retry-After": "1"}
+            )
+        if not self.engine.is_alive:
+            raise APIError(503, f"the engine failed: {self.engine.error!r}", "server_error", code="engine_dead")
+        return self.engine
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_queue(self) -> None:
+        limit = self.settings.max_queue
+        if limit is not None and self.engine is not None and self.engine.stats()["num_waiting"] >= limit:
+            raise APIError(
+                503,
+                f"the server is busy: {limit} or more requests are waiting; retry shortly",
+                "server_error",
+                code="overloaded",
+                headers={"Retry-After": "1"},
+            )
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (the grace period of a shutdown has passed)."""
+        if self.engine is None:
+            return
+        for request_ids in list(self.in_flight.values()):
+            for rid in list(request_ids):
+                self.engine.abort_nowait(rid)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self.in_flight
