@@ -81,14 +81,16 @@ class Sampler:
                 bias_vals.append(value)
         if bias_rows:
             logits.index_put_(
-                (torch.tensor(bias_rows), torch.tensor(bias_cols)),
-                torch.tensor(bias_vals, dtype=logits.dtype),
+                (torch.tensor(bias_rows, device=logits.device), torch.tensor(bias_cols, device=logits.device)),
+                torch.tensor(bias_vals, dtype=logits.dtype, device=logits.device),
                 accumulate=True,
             )
         ban_rows = [i for i, r in enumerate(rows) for _ in r.banned_token_ids]
         ban_cols = [t for r in rows for t in r.banned_token_ids]
         if ban_rows:
-            logits[torch.tensor(ban_rows), torch.tensor(ban_cols)] = float("-inf")
+            logits[torch.tensor(ban_rows, device=logits.device), torch.tensor(ban_cols, device=logits.device)] = float(
+                "-inf"
+            )
 
         needs = [
             r.params.repetition_penalty != 1.0 or r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
