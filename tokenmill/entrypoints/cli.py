@@ -120,6 +120,53 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(chat)
     add_engine_args(chat)
     add_sampling_args(chat, 512)
+    bench = sub.add_parser(
+        "bench",
+        help="measure throughput and latency",
+        description="Benchmarks that print one JSON line with --json (a readable summary otherwise).",
+    )
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    offline = bench_sub.add_parser(
+        "offline",
+        help="the offline workload through LLM.generate",
+        description="All requests at once; generation time excludes load and warm-up.",
+    )
+    latency = bench_sub.add_parser(
+        "latency",
+        help="one request at a time: TTFT, prefill and decode tokens/s",
+        description="Median over --runs requests of --input-len random tokens.",
+    )
+    serve_bench = bench_sub.add_parser(
+        "serve",
+        help="a streaming load generator against a running server",
+        description="Sends the offline workload to --url over /v1/completions.",
+    )
+    for p in (offline, serve_bench):
+        p.add_argument("--num-prompts", type=int, default=32)
+        p.add_argument("--input-len", default="32:256", help="prompt length range, inclusive (default 32:256)")
+        p.add_argument("--output-len", default="16:128", help="output length range, inclusive (default 16:128)")
+    for p in (offline, latency, serve_bench):
+        p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+        p.add_argument("--json", action="store_true", help="print one JSON line")
+    latency.add_argument("--input-len", type=int, default=128)
+    latency.add_argument("--output-len", type=int, default=128)
+    latency.add_argument("--runs", type=int, default=5)
+    serve_bench.add_argument("--url", default="http://127.0.0.1:8000")
+    serve_bench.add_argument("--concurrency", type=int, default=16)
+    for p in (offline, latency):
+        add_model_args(p)
+        p.add_argument("--quantization", default=None, help="None (dequantize, exact), int8, int4 or auto")
+        g = p.add_argument_group("engine")
+        for flag in (
+            "--block-size",
+            "--num-kv-blocks",
+            "--max-num-seqs",
+            "--max-num-batched-tokens",
+            "--max-model-len",
+        ):
+            g.add_argument(flag, type=int, default=None)
+        g.add_argument("--kv-cache-memory", default=None)
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     return parser
 
 
@@ -239,12 +286,49 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(settings, args.host, args.port, args.access_log)
 
 
-COMMANDS = {"serve": run_serve, "generate": run_generate, "chat": run_chat}
+def run_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from tokenmill.bench.workload import parse_range
+
+    if args.bench == "serve":
+        from tokenmill.bench.serve import run_serve_bench
+
+        result = run_serve_bench(
+            args.url,
+            args.concurrency,
+            args.num_prompts,
+            parse_range(args.input_len),
+            parse_range(args.output_len),
+            args.seed,
+        )
+    else:
+        options = {k: getattr(args, k) for k in ENGINE_OPTIONS if k != "seed" and getattr(args, k, None) is not None}
+        llm_kwargs = {"model": args.model, "dtype": args.dtype, "quantization": args.quantization, **options}
+        if args.bench == "offline":
+            from tokenmill.bench.offline import run_offline
+
+            result = run_offline(
+                llm_kwargs, args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.seed
+            )
+        else:
+            from tokenmill.bench.latency import run_latency
+
+            result = run_latency(llm_kwargs, args.input_len, args.output_len, args.runs, args.seed)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>20}: {value}")
+    return 0
+
+
+COMMANDS = {"serve": run_serve, "generate": run_generate, "chat": run_chat, "bench": run_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet = args.command != "serve" and not args.verbose
+    quiet = args.command != "serve" and not getattr(args, "verbose", False)
     setup_logging(logging.WARNING if quiet else logging.INFO)
     try:
         return COMMANDS[args.command](args)
