@@ -1,15 +1,16 @@
 """Attention over a paged KV cache, for a flattened batch of sequences.
 
-The runner lays out one step's new tokens as a flat list [T] (all sequences back to back) and describes how they
-attend in `AttentionMetadata`, built once per step and shared by every layer:
+The runner lays out one step's new tokens as a flat list [T] (decodes first, then prefill chunks) and
+describes how they attend in `AttentionMetadata`, built once per step and shared by every layer:
 
-    new tokens:   | seq0 q0 q1 q2 | seq1 q0 | seq2 q0 |          (T = 5 rows of q, k, v)
-    slot_mapping: |  17  18  19   |   40    |   65    |          (cache slot = block * block_size + offset)
+    new tokens:   | dec0 | dec1 | chunk A: q0 q1 q2 q3 | chunk B: q0 q1 |     (T = 8 rows of q, k, v)
+    slot_mapping: |  17  |  40  |  64  65  66  67      |   90  91       |     (slot = block * block_size + offset)
 
-Sequences are grouped (decodes together, prefill chunks together); each group is attended as a padded batch:
-queries [S, max_q], keys gathered from the cache through `kv_slots` [S, max_ctx], and a boolean mask that lets
-query i of a sequence see cache positions 0 .. (context_len - query_len + i), so prefix-cache hits and earlier
-chunks are read from the cache like any other context.
+- Decodes (one query each) attend together: their context is gathered from the cache with one index_select
+  into a padded [S, max_ctx] batch, with a mask for the padding.
+- A prefill chunk with no earlier context (a fresh prompt) attends to its own new K/V: plain causal attention,
+  nothing gathered. A chunk that continues earlier tokens (a later chunk, or after a prefix-cache hit) gathers
+  its context from the cache, and its causal mask is aligned to the end of that context.
 """
 
 from dataclasses import dataclass
@@ -19,23 +20,27 @@ import torch.nn.functional as F
 
 
 @dataclass
-class AttentionGroup:
-    """Sequences attended together. Their query rows are the contiguous range [token_start, token_end)."""
+class DecodeBatch:
+    token_start: int
+    num_seqs: int
+    max_context: int
+    kv_index: torch.Tensor  # [S * max_ctx] int64: cache slot of each context position (padding: slot 0)
+    mask: torch.Tensor  # [S, 1, 1, max_ctx] bool: True for real context positions
 
+
+@dataclass
+class PrefillChunk:
     token_start: int
     token_end: int
-    num_seqs: int
-    max_query_len: int
-    kv_slots: torch.Tensor  # [S, max_ctx] int64: cache slot of each context position (padding: 0, masked)
-    mask: torch.Tensor  # [S, 1, max_q, max_ctx] bool: True where the query may attend the key
-    query_index: torch.Tensor | None  # [S, max_q] int64 rows within the group (padding: 0); None when unpadded
-    query_valid: torch.Tensor | None  # [S * max_q] bool: which padded rows are real queries; None when unpadded
+    kv_index: torch.Tensor | None  # [context_len] int64 slots of the whole context; None for a fresh prompt
+    mask: torch.Tensor | None  # [1, 1, q_len, context_len] bool causal mask aligned to the end; None when fresh
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot where each new token's K and V are written
-    groups: list[AttentionGroup]
+    decode: DecodeBatch | None
+    prefills: list[PrefillChunk]
 
 
 def paged_attention(
@@ -50,23 +55,29 @@ def paged_attention(
     """q [T, H, D], k/v [T, KVH, D]; caches [num_slots, KVH, D] (written in place) -> output [T, H, D]."""
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    heads, dim = q.shape[1], q.shape[2]
+    kv_heads = k.shape[1]
     outputs = []
-    for group in meta.groups:
-        q_group = q[group.token_start : group.token_end]
-        if group.query_index is None:
-            q_group = q_group.view(group.num_seqs, group.max_query_len, *q.shape[1:])
-        else:
-            q_group = q_group[group.query_index]  # [S, max_q, H, D]
-        keys = k_cache[group.kv_slots]  # [S, max_ctx, KVH, D]
-        values = v_cache[group.kv_slots]
+    d = meta.decode
+    if d is not None:
+        q_dec = q[d.token_start : d.token_start + d.num_seqs].unsqueeze(2)  # [S, H, 1, D]
+        keys = k_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim)
+        values = v_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim)
         out = F.scaled_dot_product_attention(
-            q_group.transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=group.mask,
-            scale=scale,
-            enable_gqa=True,
-        )  # [S, H, max_q, D]
-        out = out.transpose(1, 2).reshape(-1, *q.shape[1:])
-        outputs.append(out if group.query_valid is None else out[group.query_valid])
+            q_dec, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=d.mask, scale=scale, enable_gqa=True
+        )  # [S, H, 1, D]
+        outputs.append(out.view(d.num_seqs, heads, dim))
+    for chunk in meta.prefills:
+        q_c = q[chunk.token_start : chunk.token_end].transpose(0, 1)  # [H, q_len, D]
+        if chunk.kv_index is None:
+            keys = k[chunk.token_start : chunk.token_end].transpose(0, 1)  # [KVH, q_len, D]
+            values = v[chunk.token_start : chunk.token_end].transpose(0, 1)
+            out = F.scaled_dot_product_attention(q_c, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            keys = k_cache.index_select(0, chunk.kv_index).transpose(0, 1)  # [KVH, ctx, D]
+            values = v_cache.index_select(0, chunk.kv_index).transpose(0, 1)
+            out = F.scaled_dot_product_attention(
+                q_c, keys, values, attn_mask=chunk.mask[0], scale=scale, enable_gqa=True
+            )
+        outputs.append(out.transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -5,6 +5,7 @@ sees a padded batch. Q/K/V and gate/up projections are fused into one matmul eac
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,13 @@ from tokenmill.model.config import ModelConfig
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
 
+class RopeTables(NamedTuple):
+    """The step's rotary tables, computed once in the model's forward and shared by every layer."""
+
+    rotary: RotaryEmbedding
+    cos_sin: tuple[torch.Tensor, torch.Tensor]
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
@@ -33,17 +41,14 @@ class LlamaAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, dtype)
         self.o_proj = Linear(self.q_size, config.hidden_size, dtype)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, rope: RopeTables, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = rope.rotary(rope.cos_sin, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(tokens, self.q_size))
 
@@ -67,9 +72,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, dtype)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+        self, rope: RopeTables, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, meta)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -79,6 +84,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, dtype)
@@ -92,8 +98,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
         hidden = F.embedding(input_ids, self.embed_tokens)
+        rope = RopeTables(self.rotary, self.rotary.cos_sin(positions))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, kv_cache, meta)
+            hidden = layer(rope, hidden, kv_cache, meta)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.layers.attention import AttentionGroup, AttentionMetadata
+from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model import ModelConfig, build_model
 
@@ -105,70 +105,72 @@ class ModelRunner:
         return StepOutput(last_logits, all_logits)
 
     def _prepare(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat step tensors and attention metadata; `chunks` come decodes first (see execute)."""
         bs = self.block_size
+        dev = self.device
         token_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         for c in chunks:
             token_ids.extend(c.token_ids)
-            for pos in range(c.start_position, c.start_position + len(c.token_ids)):
-                positions.append(pos)
-                slots.append(c.block_table[pos // bs] * bs + pos % bs)
-        groups = []
-        num_decodes = sum(1 for c in chunks if len(c.token_ids) == 1)
-        start = 0
-        for members in (chunks[:num_decodes], chunks[num_decodes:]):
-            if members:
-                group = self._group(members, start)
-                groups.append(group)
-                start = group.token_end
-        dev = self.device
-        meta = AttentionMetadata(torch.tensor(slots, dtype=torch.int64, device=dev), groups)
-        return (
-            torch.tensor(token_ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev),
-            meta.slot_mapping,
-            meta,
+            positions.extend(range(c.start_position, c.start_position + len(c.token_ids)))
+        pos = torch.tensor(positions, dtype=torch.int64)  # [T]
+        # the block of each new token, from its sequence's block table
+        block_of = torch.tensor(
+            [
+                c.block_table[p // bs]
+                for c in chunks
+                for p in range(c.start_position, c.start_position + len(c.token_ids))
+            ],
+            dtype=torch.int64,
         )
+        slot_mapping = (block_of * bs + pos % bs).to(dev)
+        decodes = [c for c in chunks if len(c.token_ids) == 1]
+        decode = self._decode_batch(decodes) if decodes else None
+        prefills = []
+        start = len(decodes)
+        for c in chunks[len(decodes) :]:
+            end = start + len(c.token_ids)
+            prefills.append(self._prefill_chunk(c, start, end))
+            start = end
+        meta = AttentionMetadata(slot_mapping, decode, prefills)
+        input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
+        return input_ids, pos.to(dev), slot_mapping, meta
 
-    def _group(self, chunks: list[StepChunk], token_start: int) -> AttentionGroup:
+    def _context_slots(self, block_table: list[int], context_len: int) -> torch.Tensor:
+        """[context_len] cache slots of positions 0 .. context_len - 1."""
         bs = self.block_size
-        dev = self.device
-        query_lens = torch.tensor([len(c.token_ids) for c in chunks])  # [S]
-        starts = torch.tensor([c.start_position for c in chunks])  # [S]
-        context_lens = starts + query_lens  # [S]
-        num_seqs = len(chunks)
-        max_q = int(query_lens.max())
+        blocks = torch.tensor(block_table[: (context_len + bs - 1) // bs], dtype=torch.int64)
+        return (blocks.unsqueeze(1) * bs + torch.arange(bs)).reshape(-1)[:context_len]
+
+    def _decode_batch(self, chunks: list[StepChunk]) -> DecodeBatch:
+        bs = self.block_size
+        context_lens = torch.tensor([c.start_position + 1 for c in chunks])  # [S]
         max_ctx = int(context_lens.max())
         max_blocks = (max_ctx + bs - 1) // bs
-        tables = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)  # [S, max_blocks]
+        tables = torch.zeros(len(chunks), max_blocks, dtype=torch.int64)  # [S, max_blocks]; padding -> block 0
         for i, c in enumerate(chunks):
             n = min(len(c.block_table), max_blocks)
             tables[i, :n] = torch.tensor(c.block_table[:n])
         key_pos = torch.arange(max_ctx)  # [max_ctx]
-        kv_slots = tables[:, key_pos // bs] * bs + key_pos % bs  # [S, max_ctx]
-        query_idx = torch.arange(max_q)  # [max_q]
-        query_valid = query_idx.unsqueeze(0) < query_lens.unsqueeze(1)  # [S, max_q]
-        query_pos = starts.unsqueeze(1) + query_idx.unsqueeze(0)  # [S, max_q]
-        mask = key_pos.view(1, 1, -1) <= query_pos.unsqueeze(-1)  # [S, max_q, max_ctx]
-        # padded query rows attend to key 0 only, so no row is fully masked (which would give NaN)
-        mask &= query_valid.unsqueeze(-1)
-        mask[:, :, 0] |= ~query_valid
-        kv_slots = kv_slots.masked_fill(key_pos.unsqueeze(0) >= context_lens.unsqueeze(1), 0)
-        padded = bool((query_lens != max_q).any())
-        query_index = None
-        valid_flat = None
-        if padded:
-            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), query_lens.cumsum(0)[:-1]])  # [S]
-            query_index = (offsets.unsqueeze(1) + query_idx.unsqueeze(0)).masked_fill(~query_valid, 0).to(dev)
-            valid_flat = query_valid.reshape(-1).to(dev)
-        return AttentionGroup(
-            token_start=token_start,
-            token_end=token_start + int(query_lens.sum()),
-            num_seqs=num_seqs,
-            max_query_len=max_q,
-            kv_slots=kv_slots.to(dev),
-            mask=mask.unsqueeze(1).to(dev),
-            query_index=query_index,
-            query_valid=valid_flat,
+        valid = key_pos.unsqueeze(0) < context_lens.unsqueeze(1)  # [S, max_ctx]
+        slots = (tables[:, key_pos // bs] * bs + key_pos % bs).masked_fill(~valid, 0)
+        return DecodeBatch(
+            token_start=0,
+            num_seqs=len(chunks),
+            max_context=max_ctx,
+            kv_index=slots.reshape(-1).to(self.device),
+            mask=valid.view(len(chunks), 1, 1, max_ctx).to(self.device),
+        )
+
+    def _prefill_chunk(self, c: StepChunk, start: int, end: int) -> PrefillChunk:
+        if c.start_position == 0:
+            return PrefillChunk(start, end, None, None)
+        context_len = c.start_position + len(c.token_ids)
+        query_pos = torch.arange(c.start_position, context_len)  # [q]
+        mask = torch.arange(context_len).unsqueeze(0) <= query_pos.unsqueeze(1)  # [q, ctx]
+        return PrefillChunk(
+            start,
+            end,
+            self._context_slots(c.block_table, context_len).to(self.device),
+            mask.view(1, 1, len(c.token_ids), context_len).to(self.device),
         )
