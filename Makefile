@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve generate test lint clean
+PEERS := .venv-peers
+
+.PHONY: install serve generate test lint clean bench-peers bench
 
 install: $(STAMP)
 
@@ -29,5 +31,19 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 
+# the peers (llama.cpp through llama-cpp-python, built from source), in their own venv; not part of `make test`
+bench-peers: $(PEERS)/.installed
+
+$(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/llama_cmake_args.sh
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="$$(benchmarks/peers/llama_cmake_args.sh)" $(PEERS)/bin/python -m pip install --quiet --no-cache-dir \
+		-r benchmarks/peers/requirements.txt
+	touch $@
+
+# tokenmill beside llama.cpp, in one run (see benchmarks/README.md)
+bench: install bench-peers
+	$(BIN)/python benchmarks/side_by_side.py --peers-python $(PEERS)/bin/python
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS) .pytest_cache .ruff_cache *.egg-info

@@ -32,7 +32,7 @@ from tokenmill.tokenizer import ChatTemplate, Tokenizer
 logger = logging.getLogger(__name__)
 
 PromptInput = str | dict[str, Any] | list[int]
-SUPPORTED_QUANTIZATION = (None,)
+QUANTIZATION_MODES = (None, "int8", "int4", "auto")
 
 
 class LLMEngine:
@@ -45,11 +45,14 @@ class LLMEngine:
     ):
         start = time.monotonic()
         self.config = config or EngineConfig()
-        if quantization not in SUPPORTED_QUANTIZATION:
+        if quantization == "none":
+            quantization = None
+        if quantization not in QUANTIZATION_MODES:
             raise InvalidParameterError(
-                f"quantization {quantization!r} is not supported (use None: weights dequantized to dtype)",
+                f"quantization {quantization!r} is not supported (use None to dequantize, 'int8', 'int4' or 'auto')",
                 "quantization",
             )
+        self.quantization = quantization
         path = resolve_model_path(model)
         self.model_path = path
         self.model_name = BUNDLED_NAME if model is None else path.stem
@@ -59,7 +62,12 @@ class LLMEngine:
             gguf.get("tokenizer.chat_template"), self.tokenizer.bos_token, self.tokenizer.eos_token
         )
         self.device = select_device(self.config.device)
-        self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size)
+        if quantization is not None and self.device.type != "cpu":
+            raise InvalidParameterError(
+                f"quantization {quantization!r} uses CPU kernels; on {self.device.type} use quantization=None",
+                "quantization",
+            )
+        self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
         self.model_config = self.runner.model_config
         num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
         self.runner.allocate_kv_cache(num_blocks)

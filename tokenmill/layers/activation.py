@@ -6,5 +6,5 @@ import torch.nn.functional as F
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2 * I] (gate then up) -> [..., I]."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    half = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :half]) * gate_up[..., half:]

@@ -1,11 +1,17 @@
 """Rotary position embedding, "neox" layout: the two halves of each head are rotated against each other.
 
 GGUF llama files store Q/K rows permuted for ggml's interleaved rope; the loader undoes that permutation
-(loader/llama_weights.py), so every architecture goes through this one implementation.
+(model/llama.py), so every architecture goes through this one implementation.
+
+Per step the tables are looked up once for all layers: cos_full = [cos | cos] and sin_signed = [-sin | sin],
+so that rotating x = [x1 | x2] is x * cos_full + roll(x, half) * sin_signed = [x1 cos - x2 sin | x2 cos + x1 sin]:
+three tensor ops per layer, for Q and K together.
 """
 
 import torch
 from torch import nn
+
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos_full, sin_signed: [T, 1, rotary_dim]
 
 
 class RotaryEmbedding(nn.Module):
@@ -14,24 +20,22 @@ class RotaryEmbedding(nn.Module):
         if rotary_dim > head_dim or rotary_dim % 2:
             raise ValueError(f"rotary dimension {rotary_dim} must be even and at most the head size {head_dim}")
         self.rotary_dim = rotary_dim
+        self.half = rotary_dim // 2
         inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
         angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)  # [max_pos, rot/2]
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        cos, sin = angles.cos(), angles.sin()
+        self.register_buffer("cos_full", torch.cat([cos, cos], dim=-1), persistent=False)  # [max_pos, rot]
+        self.register_buffer("sin_signed", torch.cat([-sin, sin], dim=-1), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] -> cos, sin [T, 1, rot/2]; computed once per step and shared by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    def tables(self, positions: torch.Tensor) -> RopeTables:
+        """positions [T] -> the step's tables, [T, 1, rot] each."""
+        return self.cos_full[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
 
-    def forward(
-        self, cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, H, D], k [T, KVH, D] -> rotated q, k (same shapes and dtype)."""
-        cos, sin = cos_sin
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, tables: RopeTables, x: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] (Q and K heads together) -> rotated copy."""
+        cos, sin = tables
+        if self.rotary_dim == x.shape[-1]:
+            return torch.addcmul(x * cos.to(x.dtype), x.roll(self.half, dims=-1), sin.to(x.dtype))
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        x1, x2 = rot.float().chunk(2, dim=-1)
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-        return rotated if rest.shape[-1] == 0 else torch.cat([rotated, rest], dim=-1)
+        rotated = torch.addcmul(rot * cos.to(x.dtype), rot.roll(self.half, dims=-1), sin.to(x.dtype))
+        return torch.cat([rotated, rest], dim=-1)

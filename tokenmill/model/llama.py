@@ -15,19 +15,22 @@ from tokenmill.layers.activation import silu_and_mul
 from tokenmill.layers.attention import AttentionMetadata, paged_attention
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.rotary import RotaryEmbedding
+from tokenmill.layers.quantized_linear import BFloat16Head, quantized_linear
+from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
 
+AUTO_MAX_INT4_ROWS = 4  # "auto" mode: int4 up to this many rows, a dense GEMM above (benchmarks/README.md)
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
 
-class RopeTables(NamedTuple):
-    """The step's rotary tables, computed once in the model's forward and shared by every layer."""
+class StepContext(NamedTuple):
+    """What every layer of one forward shares: the rotary embedding and the step's tables, and the metadata."""
 
     rotary: RotaryEmbedding
-    cos_sin: tuple[torch.Tensor, torch.Tensor]
+    rope: RopeTables
+    meta: AttentionMetadata
 
 
 class LlamaAttention(nn.Module):
@@ -38,19 +41,20 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        self.qk_heads = config.num_heads + config.num_kv_heads
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, dtype)
         self.o_proj = Linear(self.q_size, config.hidden_size, dtype)
 
-    def forward(self, rope: RopeTables, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, step: StepContext, x: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        # submodules are called through .forward: the nn.Module call machinery costs ~1 ms per decoded token
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = rope.rotary(rope.cos_sin, q, k)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, H, D]
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        qkv = self.qkv_proj.forward(x)  # [T, (H + 2 KVH) * D]
+        qk = qkv[:, : self.q_size + self.kv_size].view(tokens, self.qk_heads, self.head_dim)
+        q, k = step.rotary.forward(step.rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.meta, self.scale)  # [T, H, D]
+        return self.o_proj.forward(out.reshape(tokens, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -60,7 +64,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -71,11 +75,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config, dtype)
 
-    def forward(
-        self, rope: RopeTables, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, step: StepContext, hidden: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
+        hidden = hidden + self.self_attn.forward(step, self.input_layernorm.forward(hidden), kv_cache)
+        return hidden + self.mlp.forward(self.post_attention_layernorm.forward(hidden))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -87,7 +89,8 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, dtype)
+        # with tied embeddings the head's weight is the embedding table itself (set in load_gguf)
+        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, dtype)
 
     def forward(
         self,
@@ -98,15 +101,27 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
         hidden = F.embedding(input_ids, self.embed_tokens)
-        rope = RopeTables(self.rotary, self.rotary.cos_sin(positions))
+        step = StepContext(self.rotary, self.rotary.tables(positions), meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(rope, hidden, kv_cache, meta)
-        return self.norm(hidden)
+            hidden = layer.forward(step, hidden, kv_cache)
+        return self.norm.forward(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
-        weight = self.embed_tokens if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.lm_head(hidden).float()
+
+    def quantize(self, mode: str) -> None:
+        """Replace every projection by a quantized layer and the LM head by a bfloat16 one; the embedding
+        lookup stays as it is."""
+        self.lm_head = BFloat16Head(self.lm_head.weight.data)
+        for layer in self.layers:
+            for parent, name in (
+                (layer.self_attn, "qkv_proj"),
+                (layer.self_attn, "o_proj"),
+                (layer.mlp, "gate_up_proj"),
+                (layer.mlp, "down_proj"),
+            ):
+                setattr(parent, name, quantized_linear(getattr(parent, name).weight.data, mode, AUTO_MAX_INT4_ROWS))
 
     # ---- weights -------------------------------------------------------------------------------------------------
 
@@ -125,7 +140,9 @@ class LlamaForCausalLM(nn.Module):
 
         copy(self.embed_tokens, load("token_embd.weight"), "token_embd.weight")
         copy(self.norm.weight, load("output_norm.weight").float(), "output_norm.weight")
-        if self.lm_head is not None:
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
+        else:
             copy(self.lm_head.weight, load("output.weight"), "output.weight")
         for i, layer in enumerate(self.layers):
             p = f"blk.{i}."

@@ -14,8 +14,10 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURES))
 
 
-def build_model(gguf: GGUFFile, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, ModelConfig]:
-    """Instantiate the architecture of `gguf`, load its weights and move it to `device`."""
+def build_model(
+    gguf: GGUFFile, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+) -> tuple[nn.Module, ModelConfig]:
+    """Instantiate the architecture of `gguf`, load its weights (quantized in `quantization` mode) onto `device`."""
     arch = gguf.architecture
     model_class = _ARCHITECTURES.get(arch)
     if model_class is None:
@@ -25,4 +27,6 @@ def build_model(gguf: GGUFFile, dtype: torch.dtype, device: torch.device) -> tup
     config = model_config_from_gguf(gguf)
     model = model_class(config, dtype)
     model.load_gguf(gguf)
+    if quantization is not None:
+        model.quantize(quantization)
     return model.to(device).eval(), config

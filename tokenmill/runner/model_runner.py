@@ -36,11 +36,13 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, gguf: GGUFFile, dtype: torch.dtype, device: torch.device, block_size: int):
+    def __init__(
+        self, gguf: GGUFFile, dtype: torch.dtype, device: torch.device, block_size: int, quantization: str | None = None
+    ):
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
-        self.model, self.config = build_model(gguf, dtype, device)
+        self.model, self.config = build_model(gguf, dtype, device, quantization)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
 

@@ -31,7 +31,7 @@ class SamplingRow:
 class SampledToken:
     token_id: int
     logprob: float
-    rank: int  # rank of the sampled token in the raw distribution (1 = most likely)
+    rank: int  # rank of the sampled token in the raw distribution (1 = most likely; 0 = not computed)
     top_logprobs: list[tuple[int, float]] | None  # the `logprobs` most likely tokens, best first
 
 
@@ -147,22 +147,21 @@ class Sampler:
         return (probs / noise).argmax(dim=-1)
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        # the sampled token's log-probability always (for cumulative_logprob); ranks and top-k only when asked
+        chosen = (raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(raw, dim=-1)).tolist()  # [R]
+        max_k = max((r.params.logprobs if r.params.logprobs is not None else -1) for r in rows)
+        token_list = tokens.tolist()
+        if max_k < 0:
+            return [SampledToken(t, lp, 0, None) for t, lp in zip(token_list, chosen, strict=True)]
         logprobs = raw.log_softmax(dim=-1)  # [R, V]
-        chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [R]
-        ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1  # [R]
-        max_k = max((r.params.logprobs or 0) for r in rows)
-        top_vals = top_ids = None
-        if max_k > 0:
-            top_vals, top_ids = logprobs.topk(max_k, dim=-1)
-            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
-        token_list, chosen_list, rank_list = tokens.tolist(), chosen.tolist(), ranks.tolist()
+        ranks = ((logprobs > logprobs.gather(1, tokens.unsqueeze(1))).sum(dim=-1) + 1).tolist()
+        top_vals, top_ids = logprobs.topk(max(max_k, 1), dim=-1)
+        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
         out = []
         for i, r in enumerate(rows):
-            top = None
-            if r.params.logprobs is not None:
-                k = r.params.logprobs
-                top = list(zip(top_ids[i][:k], top_vals[i][:k], strict=True)) if k else []  # type: ignore[index]
-            out.append(SampledToken(token_list[i], chosen_list[i], rank_list[i], top))
+            k = r.params.logprobs
+            top = None if k is None else list(zip(top_ids[i][:k], top_vals[i][:k], strict=True))
+            out.append(SampledToken(token_list[i], chosen[i], ranks[i], top))
         return out
 
 

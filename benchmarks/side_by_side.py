@@ -1,0 +1,176 @@
+"""tokenmill beside llama.cpp on the same GGUF, in one run, alternating, so both see the same machine state.
+
+    .venv/bin/python benchmarks/side_by_side.py --peers-python .venv-peers/bin/python [--reps 3] [--with-hf]
+
+Each repetition runs, in turn: the offline workload (tokenmill auto, tokenmill float32, llama.cpp), one request
+of 128 + 128 tokens, one 512-token prefill, and, for tokenmill, `serve` from start to ready plus a streaming load
+(`tokenmill bench serve`, 16 clients) with the server's peak resident memory. It prints every result as a JSON
+line, then the medians and the ratios as a markdown table for benchmarks/README.md.
+"""
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def model_path() -> str:
+    from tokenmill.loader.model_path import bundled_model_path
+
+    return str(bundled_model_path())
+
+
+def run_json(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_run(quantization: str) -> dict:
+    """Start `tokenmill serve`, time it to ready, put the streaming load on it, read its peak memory."""
+    port = free_port()
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [str(BIN / "tokenmill"), "serve", "--port", str(port), "--quantization", quantization],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() - start > 120:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    ready_s = time.monotonic() - start
+    load = run_json([str(BIN / "tokenmill"), "bench", "serve", "--url", url, "--concurrency", "16", "--json"])
+    peak_kib = 0
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            peak_kib = int(line.split()[1])
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    result = {
+        "bench": "serve-start",
+        "engine": f"tokenmill {quantization}",
+        "ready_s": round(ready_s, 3),
+        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "serve": load,
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def median(results: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--with-hf", action="store_true", help="also HF transformers, one request at a time")
+    args = parser.parse_args()
+    model = model_path()
+    tm = [str(BIN / "tokenmill"), "bench"]
+    peer = [args.peers_python, str(ROOT / "benchmarks" / "peers" / "llamacpp_peer.py"), "--model", model]
+    runs: dict[str, list[dict]] = {}
+
+    def add(name: str, result: dict) -> None:
+        runs.setdefault(name, []).append(result)
+
+    for _ in range(args.reps):
+        add("offline auto", run_json([*tm, "offline", "--quantization", "auto", "--json"]))
+        add("offline llama.cpp", run_json([*peer, "offline"]))
+        add("offline float32", run_json([*tm, "offline", "--json"]))
+        add("latency auto", run_json([*tm, "latency", "--quantization", "auto", "--json"]))
+        add("latency llama.cpp", run_json([*peer, "latency"]))
+        add(
+            "prefill auto",
+            run_json([*tm, "latency", "--quantization", "auto", "--input-len", "512", "--output-len", "1", "--json"]),
+        )
+        add("prefill float32", run_json([*tm, "latency", "--input-len", "512", "--output-len", "1", "--json"]))
+        add("prefill llama.cpp", run_json([*peer, "latency", "--input-len", "512", "--output-len", "1"]))
+        add("serve auto", serve_run("auto"))
+    if args.with_hf:
+        hf = [args.peers_python, str(ROOT / "benchmarks" / "peers" / "hf_peer.py"), "--model", model]
+        add("latency hf", run_json(hf))
+
+    off_llama = median(runs["offline llama.cpp"], "seconds")
+    dec_llama = median(runs["latency llama.cpp"], "decode_tok_s")
+    pre_llama = median(runs["prefill llama.cpp"], "prefill_tok_s")
+    rows = [
+        (
+            "offline-32 seconds (auto)",
+            median(runs["offline auto"], "seconds"),
+            off_llama,
+            f"{off_llama / median(runs['offline auto'], 'seconds'):.2f}x faster",
+        ),
+        (
+            "offline-32 seconds (float32, exact)",
+            median(runs["offline float32"], "seconds"),
+            off_llama,
+            f"{off_llama / median(runs['offline float32'], 'seconds'):.2f}x faster",
+        ),
+        (
+            "decode tok/s, 1 request, 128+128 (auto)",
+            median(runs["latency auto"], "decode_tok_s"),
+            dec_llama,
+            f"{median(runs['latency auto'], 'decode_tok_s') / dec_llama:.2f}x",
+        ),
+        (
+            "prefill tok/s, 512-token prompt (auto)",
+            median(runs["prefill auto"], "prefill_tok_s"),
+            pre_llama,
+            f"{median(runs['prefill auto'], 'prefill_tok_s') / pre_llama:.2f}x",
+        ),
+        (
+            "prefill tok/s, 512-token prompt (float32)",
+            median(runs["prefill float32"], "prefill_tok_s"),
+            pre_llama,
+            f"{median(runs['prefill float32'], 'prefill_tok_s') / pre_llama:.2f}x",
+        ),
+        (
+            "serve: start to ready, s (auto)",
+            median(runs["serve auto"], "ready_s"),
+            median(runs["offline llama.cpp"], "load_seconds"),
+            "llama.cpp: model load only",
+        ),
+        ("serve: peak resident memory, MiB (auto)", median(runs["serve auto"], "peak_rss_mib"), None, ""),
+    ]
+    print()
+    print(
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {date.today()}; "
+        f"{args.reps} repetitions, medians"
+    )
+    print("| measure | tokenmill | llama.cpp | ratio |")
+    print("| --- | --- | --- | --- |")
+    for name, ours, theirs, ratio in rows:
+        print(f"| {name} | {ours} | {'' if theirs is None else theirs} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

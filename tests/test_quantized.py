@@ -1,0 +1,69 @@
+"""Quantized modes: kernels agree with float32, and the bundled model keeps the reference's greedy tokens."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.test_golden import greedy
+from tokenmill import LLM
+from tokenmill.errors import InvalidParameterError
+from tokenmill.layers.quantized_linear import AutoLinear, BFloat16Head, Int4Linear, Int8Linear
+
+
+def q4_1_grid_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    """Weights on a Q4_1 grid (q * d + m per block of 32, every block using codes 0 and 15), with d and m
+    exactly representable in bfloat16, as GGUF Q4_1 blocks are after conversion."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, cols // 32, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(rows, cols // 32, 1, generator=g) * 0.05 + 0.01).bfloat16().float()
+    m = (-torch.rand(rows, cols // 32, 1, generator=g) * 0.3).bfloat16().float()
+    return (q * d + m).reshape(rows, cols)
+
+
+def test_int4_keeps_q4_1_weights_exactly() -> None:
+    w = q4_1_grid_weight(64, 128)
+    layer = Int4Linear(w)
+    eye = torch.eye(128)
+    recovered = layer(eye).T  # each unit vector reads one column of the weight
+    assert torch.allclose(recovered, w, atol=1e-2, rtol=0)  # bfloat16 activations: the rest is output rounding
+    x = torch.randn(3, 128)
+    assert torch.allclose(layer(x), F.linear(x, w), rtol=0.02, atol=0.05)
+
+
+def test_int8_and_bf16_head_are_close_to_float32() -> None:
+    w = torch.randn(96, 64) * 0.1
+    x = torch.randn(5, 64)
+    ref = F.linear(x, w)
+    assert (Int8Linear(w)(x) - ref).abs().max() < 0.02
+    assert (BFloat16Head(w)(x) - ref).abs().max() < 0.02
+    assert (BFloat16Head(w)(x[:1]) - ref[:1]).abs().max() < 0.02  # the single-row torch.mv path
+
+
+@pytest.mark.parametrize("dense_bfloat16", [False, True])
+def test_auto_linear_picks_int4_for_few_rows_and_dense_for_more(dense_bfloat16: bool) -> None:
+    w = q4_1_grid_weight(64, 128, seed=1)
+    auto = AutoLinear(w, max_int4_rows=4, dense_bfloat16=dense_bfloat16)
+    int4 = Int4Linear(w)
+    few, many = torch.randn(4, 128), torch.randn(5, 128)
+    assert torch.equal(auto(few), int4(few))
+    dense = F.linear(many.bfloat16(), w.bfloat16()).float() if dense_bfloat16 else F.linear(many, w)
+    assert torch.equal(auto(many), dense)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["int8", "int4", "auto"])
+def test_quantized_modes_keep_the_reference_tokens(mode: str, smollm2_reference: dict) -> None:
+    """First token equal to HF float32's after every reference prompt; the first 8 agree on all but one."""
+    llm = LLM(quantization=mode)
+    gens = smollm2_reference["generations"]
+    outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(8), use_tqdm=False)
+    tokens = [o.outputs[0].token_ids for o in outs]
+    expected = [g["hf_fp32_greedy"][:8] for g in gens]
+    assert all(t[0] == e[0] for t, e in zip(tokens, expected, strict=True))
+    assert sum(t != e for t, e in zip(tokens, expected, strict=True)) <= 1
+
+
+def test_unknown_quantization_is_rejected() -> None:
+    with pytest.raises(InvalidParameterError, match="quantization 'fp8'"):
+        LLM(quantization="fp8")

@@ -1,0 +1,125 @@
+"""Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
+
+- Int4Linear: 4-bit weights in groups of 32 along the input (the layout of GGUF's Q4_0/Q4_1 blocks, so those
+  convert without further loss, up to bfloat16 scales) through `_weight_int4pack_mm_for_cpu`, which computes in
+  bfloat16. Fastest at a few rows, slower than float32 from about 32 rows on.
+- Int8Linear: int8 weights with one scale per output row through `_weight_int8pack_mm` (bfloat16 activations).
+- AutoLinear: int4 for decode-sized batches; for more rows a dense GEMM, in bfloat16 where the CPU has it in
+  hardware and in float32 where it does not.
+
+- BFloat16Head: the LM head in bfloat16 (int8 and int4 heads cost far more accuracy: the tied embedding is Q8_0,
+  per-row int8 moved top log-probabilities by 0.2 and int4 by 1.1).
+
+(fbgemm's dynamic int8 linear is faster still at every batch size, but it quantizes activations per tensor;
+on SmolLM2 that moved the top log-probabilities by up to 2.8 and broke greedy agreement at the first token,
+so it is not used.) These are CPU kernels; on CUDA tokenmill runs the dequantized weights.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INT4_GROUP_SIZE = 32
+
+
+class Int8Linear(nn.Module):
+    """int8 weights, one scale per output row, through `_weight_int8pack_mm` (bfloat16 activations)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [out]
+        self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), persistent=False)
+        self.register_buffer("scale", scale.to(torch.bfloat16), persistent=False)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() + 2 * self.scale.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scale).to(x.dtype)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % INT4_GROUP_SIZE:
+            raise ValueError(f"int4 needs in_features divisible by {INT4_GROUP_SIZE}, got {self.in_features}")
+        groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)  # [out, in/32, 32]
+        low = groups.amin(dim=-1, keepdim=True)
+        high = groups.amax(dim=-1, keepdim=True)
+        scale = ((high - low) / 15.0).clamp(min=1e-12)  # asymmetric, like Q4_1: w = q * scale + low
+        q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1), persistent=False)
+        # the kernel computes (q - 8) * scale + zero, so zero = low + 8 * scale; [in/32, out, 2]
+        zero = low + 8 * scale
+        scales_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1).transpose(0, 1)
+        self.register_buffer("scales_zeros", scales_zeros.contiguous().to(torch.bfloat16), persistent=False)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.out_features * self.in_features // 2 + self.scales_zeros.numel() * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP_SIZE, self.scales_zeros)
+        return out.to(x.dtype)
+
+
+def cpu_has_native_bfloat16() -> bool:
+    """AVX512-BF16 or AMX: bfloat16 GEMMs run in hardware (on this project's Xeon, 3x float32 at 512 rows)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+class AutoLinear(nn.Module):
+    """The fastest kernel for each batch size, as measured (benchmarks/README.md): int4 for up to
+    `max_int4_rows` rows (decode reads every weight once per token, so fewer bytes win), then a dense GEMM:
+    bfloat16 where the CPU has native bfloat16 (AVX512-BF16/AMX), float32 elsewhere."""
+
+    def __init__(self, weight: torch.Tensor, max_int4_rows: int, dense_bfloat16: bool | None = None):
+        super().__init__()
+        self.int4 = Int4Linear(weight)
+        self.max_int4_rows = max_int4_rows
+        use_bf16 = cpu_has_native_bfloat16() if dense_bfloat16 is None else dense_bfloat16
+        self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
+        self.register_buffer("dense", weight.to(self.dense_dtype).contiguous(), persistent=False)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.dense.numel() * self.dense.element_size() + self.int4.weight_bytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= self.max_int4_rows:
+            return self.int4.forward(x)
+        return F.linear(x.to(self.dense_dtype), self.dense).to(x.dtype)
+
+
+class BFloat16Head(nn.Module):
+    """The LM head in bfloat16: half the bytes of float32 to read per decoded token. One row goes through
+    torch.mv, which is about 3x faster than float32 here (1.6 ms against 4.6 ms for 49152 x 576)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight.to(torch.bfloat16).contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if x.shape[0] == 1:
+            return torch.mv(self.weight, xb[0]).unsqueeze(0).float()
+        return F.linear(xb, self.weight).float()
+
+
+QUANTIZATION_MODES = ("int8", "int4", "auto")
+
+
+def quantized_linear(weight: torch.Tensor, mode: str, max_int4_rows: int = 1) -> nn.Module:
+    if mode == "int8":
+        return Int8Linear(weight)
+    if mode == "int4":
+        return Int4Linear(weight)
+    if mode == "auto":
+        return AutoLinear(weight, max_int4_rows)
+    raise ValueError(f"unknown quantization mode {mode!r}")
