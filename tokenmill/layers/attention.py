@@ -25,7 +25,8 @@ class DecodeBatch:
     num_seqs: int
     max_context: int
     kv_index: torch.Tensor  # [S * max_ctx] int64: cache slot of each context position (padding: slot 0)
-    mask: torch.Tensor  # [S, 1, 1, max_ctx] bool: True for real context positions
+    mask: torch.Tensor | None  # [S, 1, 1, max_ctx] bool: True for real context positions; None: no padding
+    context_lens: torch.Tensor  # [S] int64
 
 
 @dataclass

@@ -19,7 +19,88 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill import native
+
 INT4_GROUP_SIZE = 32
+
+
+def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[out, in] -> (codes uint8 [out, in/32, 32] in 0..15, scale [out, in/32], min [out, in/32]) with
+    w = code * scale + min per block of 32 (Q4_1's scheme: exact for weights that came from Q4_1 or Q4_0)."""
+    out_features, in_features = weight.shape
+    if in_features % INT4_GROUP_SIZE:
+        raise ValueError(f"4-bit weights need in_features divisible by {INT4_GROUP_SIZE}, got {in_features}")
+    groups = weight.float().reshape(out_features, -1, INT4_GROUP_SIZE)
+    low = groups.amin(dim=-1)
+    scale = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=1e-12)
+    codes = ((groups - low.unsqueeze(-1)) / scale.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
+    return codes, scale, low
+
+
+class Q4Linear(nn.Module):
+    """4-bit weights in GGUF's Q4_1 layout (float32 block scales and minimums) through tokenmill's native kernel,
+    with float32 activations."""
+
+    def __init__(self, weight: torch.Tensor, lib):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        codes, scale, low = q4_blocks(weight)
+        # two codes per byte, as GGUF packs Q4 blocks: byte i holds code i (low nibble) and code i + 16 (high)
+        self.register_buffer("qs", (codes[..., :16] | (codes[..., 16:] << 4)).contiguous(), persistent=False)
+        self.register_buffer("scale", scale.contiguous(), persistent=False)
+        self.register_buffer("low", low.contiguous(), persistent=False)
+        self._lib = lib
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.qs.numel() + 4 * (self.scale.numel() + self.low.numel())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float().contiguous()
+        rows = x32.shape[0]
+        out = torch.empty(rows, self.out_features, dtype=torch.float32)
+        self._lib.tm_q4_matmul(
+            x32.data_ptr(),
+            rows,
+            self.in_features,
+            self.qs.data_ptr(),
+            self.scale.data_ptr(),
+            self.low.data_ptr(),
+            self.out_features,
+            out.data_ptr(),
+        )
+        return out.to(x.dtype)
+
+
+class Q8Head(nn.Module):
+    """The LM head as GGUF's Q8_0 (int8 codes, one scale per 32 inputs; exact for a Q8_0 embedding, as the
+    bundled model's is) through the native kernel: 32 MB read per decoded token instead of 113."""
+
+    def __init__(self, weight: torch.Tensor, lib):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)
+        # Q8_0's scales are half floats; rounding them so recovers a Q8_0 embedding's codes exactly
+        scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16).float()  # [out, in/32]
+        safe = scale.clamp(min=1e-30).unsqueeze(-1)
+        codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
+        self.register_buffer("qs", codes.contiguous(), persistent=False)
+        self.register_buffer("scale", scale.contiguous(), persistent=False)
+        self._lib = lib
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float().contiguous()
+        out = torch.empty(x32.shape[0], self.out_features, dtype=torch.float32)
+        self._lib.tm_q8_matmul(
+            x32.data_ptr(),
+            x32.shape[0],
+            self.in_features,
+            self.qs.data_ptr(),
+            self.scale.data_ptr(),
+            self.out_features,
+            out.data_ptr(),
+        )
+        return out
 
 
 class Int8Linear(nn.Module):
@@ -81,7 +162,7 @@ class AutoLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, max_int4_rows: int, dense_bfloat16: bool | None = None):
         super().__init__()
-        self.int4 = Int4Linear(weight)
+        self.q4 = four_bit_linear(weight)
         self.max_int4_rows = max_int4_rows
         use_bf16 = cpu_has_native_bfloat16() if dense_bfloat16 is None else dense_bfloat16
         self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
@@ -89,11 +170,11 @@ class AutoLinear(nn.Module):
 
     @property
     def weight_bytes(self) -> int:
-        return self.dense.numel() * self.dense.element_size() + self.int4.weight_bytes
+        return self.dense.numel() * self.dense.element_size() + self.q4.weight_bytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.max_int4_rows:
-            return self.int4.forward(x)
+            return self.q4.forward(x)
         return F.linear(x.to(self.dense_dtype), self.dense).to(x.dtype)
 
 
@@ -115,11 +196,23 @@ class BFloat16Head(nn.Module):
 QUANTIZATION_MODES = ("int8", "int4", "auto")
 
 
+def quantized_head(weight: torch.Tensor) -> nn.Module:
+    """The LM head of the quantized modes: Q8_0 through the native kernel, else bfloat16."""
+    lib = native.load()
+    return Q8Head(weight, lib) if lib is not None else BFloat16Head(weight)
+
+
+def four_bit_linear(weight: torch.Tensor) -> nn.Module:
+    """tokenmill's native 4-bit kernel where it could be built, torch's int4 kernel otherwise."""
+    lib = native.load()
+    return Q4Linear(weight, lib) if lib is not None else Int4Linear(weight)
+
+
 def quantized_linear(weight: torch.Tensor, mode: str, max_int4_rows: int = 1) -> nn.Module:
     if mode == "int8":
         return Int8Linear(weight)
     if mode == "int4":
-        return Int4Linear(weight)
+        return four_bit_linear(weight)
     if mode == "auto":
         return AutoLinear(weight, max_int4_rows)
     raise ValueError(f"unknown quantization mode {mode!r}")

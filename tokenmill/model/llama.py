@@ -15,7 +15,7 @@ from tokenmill.layers.activation import silu_and_mul
 from tokenmill.layers.attention import AttentionMetadata, paged_attention
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.quantized_linear import BFloat16Head, quantized_linear
+from tokenmill.layers.quantized_linear import quantized_head, quantized_linear
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
@@ -111,9 +111,9 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def quantize(self, mode: str) -> None:
-        """Replace every projection by a quantized layer and the LM head by a bfloat16 one; the embedding
-        lookup stays as it is."""
-        self.lm_head = BFloat16Head(self.lm_head.weight.data)
+        """Replace every projection by a quantized layer and the LM head by an 8-bit (or bfloat16) one; the
+        embedding lookup stays as it is."""
+        self.lm_head = quantized_head(self.lm_head.weight.data)
         for layer in self.layers:
             for parent, name in (
                 (layer.self_attn, "qkv_proj"),

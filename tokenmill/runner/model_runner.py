@@ -11,9 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill import native
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
+from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model import ModelConfig, build_model
+from tokenmill.model.llama import AUTO_MAX_INT4_ROWS, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +46,21 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = block_size
         self.model, self.config = build_model(gguf, dtype, device, quantization)
+        self.native_decoder = self._native_decoder(quantization)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
+
+    def _native_decoder(self, quantization: str | None) -> NativeLlamaDecoder | None:
+        """Whole decoder layers in native code for decode steps, where the projections are 4-bit ones."""
+        lib = native.load()
+        if lib is None or quantization not in ("int4", "auto") or not isinstance(self.model, LlamaForCausalLM):
+            return None
+        max_rows = AUTO_MAX_INT4_ROWS if quantization == "auto" else 1 << 30
+        try:
+            decoder = NativeLlamaDecoder(self.model, lib, max_rows)
+        except ValueError:
+            return None
+        return decoder if decoder.ok else None
 
     @property
     def model_config(self) -> ModelConfig:
@@ -67,6 +83,8 @@ class ModelRunner:
         v[:, : self.block_size].zero_()
         self.kv_caches = [(k[i], v[i]) for i in range(c.num_layers)]
         self.num_blocks = num_blocks
+        if self.native_decoder is not None:
+            self.native_decoder.bind_kv_cache(self.kv_caches)
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -87,7 +105,10 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
         ordered = [chunks[i] for i in order]
         input_ids, positions, slot_mapping, meta = self._prepare(ordered)
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        if self.native_decoder is not None and self.native_decoder.accepts(len(ordered), meta):
+            hidden = self.native_decoder.forward(input_ids, positions, meta)  # [T, hidden]
+        else:
+            hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
 
         ends = torch.tensor([len(c.token_ids) for c in ordered]).cumsum(0)
         row_of_last = {order[j]: int(ends[j]) - 1 for j in range(len(ordered))}
@@ -156,12 +177,14 @@ class ModelRunner:
         key_pos = torch.arange(max_ctx)  # [max_ctx]
         valid = key_pos.unsqueeze(0) < context_lens.unsqueeze(1)  # [S, max_ctx]
         slots = (tables[:, key_pos // bs] * bs + key_pos % bs).masked_fill(~valid, 0)
+        padded = bool((context_lens != max_ctx).any())
         return DecodeBatch(
             token_start=0,
             num_seqs=len(chunks),
             max_context=max_ctx,
             kv_index=slots.reshape(-1).to(self.device),
-            mask=valid.view(len(chunks), 1, 1, max_ctx).to(self.device),
+            mask=valid.view(len(chunks), 1, 1, max_ctx).to(self.device) if padded else None,
+            context_lens=context_lens.to(self.device),
         )
 
     def _prefill_chunk(self, c: StepChunk, start: int, end: int) -> PrefillChunk:

@@ -1,0 +1,127 @@
+"""Decode steps of a llama-style model through the native decoder (tokenmill/native/q4_kernels.c).
+
+Used for steps made only of decodes (one new token per sequence) of at most `max_rows` sequences, with float32
+activations and 4-bit projections (Q4Linear). Everything else (prefill, large batches, other dtypes) takes the
+torch path of the model. The native decoder computes what the torch path computes, with the same 4-bit weights,
+in one call per step: a table of every layer's weights and KV-cache pointers is built once, here.
+"""
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from tokenmill.layers.attention import AttentionMetadata
+from tokenmill.layers.quantized_linear import Q4Linear
+
+
+class Q4Weight(ctypes.Structure):
+    _fields_ = [
+        ("qs", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("m", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+    ]
+
+
+class LlamaLayer(ctypes.Structure):
+    _fields_ = [
+        ("norm1", ctypes.c_void_p),
+        ("norm2", ctypes.c_void_p),
+        ("qkv", Q4Weight),
+        ("o", Q4Weight),
+        ("gate_up", Q4Weight),
+        ("down", Q4Weight),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
+
+
+def _q4(layer: torch.nn.Module) -> Q4Weight:
+    q = getattr(layer, "q4", layer)
+    if not isinstance(q, Q4Linear):
+        raise ValueError("the native decoder needs 4-bit (Q4Linear) projections")
+    return Q4Weight(q.qs.data_ptr(), q.scale.data_ptr(), q.low.data_ptr(), q.out_features, q.in_features)
+
+
+class NativeLlamaDecoder:
+    def __init__(self, model: torch.nn.Module, lib: ctypes.CDLL, max_rows: int):
+        self.model = model
+        self.lib = lib
+        self.max_rows = max_rows
+        c = model.config
+        self.projections = [
+            [
+                _q4(m)
+                for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            ]
+            for layer in model.layers
+        ]
+        self.table: ctypes.Array | None = None  # built when the KV cache exists (bind_kv_cache)
+        self.eps = c.rms_norm_eps
+        self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.scale = 1.0 / c.head_dim**0.5
+        self.ok = c.rotary_dim == c.head_dim and c.head_dim <= 512 and model.dtype == torch.float32
+        lib.tm_llama_decode.restype = ctypes.c_int
+
+    def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Record every layer's weights and cache tensors in the table the native code walks."""
+        rows = []
+        for layer, (qkv, o, gate_up, down), (k, v) in zip(self.model.layers, self.projections, kv_caches, strict=True):
+            rows.append(
+                LlamaLayer(
+                    layer.input_layernorm.weight.data_ptr(),
+                    layer.post_attention_layernorm.weight.data_ptr(),
+                    qkv,
+                    o,
+                    gate_up,
+                    down,
+                    k.data_ptr(),
+                    v.data_ptr(),
+                )
+            )
+        self.table = (LlamaLayer * len(rows))(*rows)
+        self._kv = kv_caches  # the table points into these tensors: keep them alive
+
+    def accepts(self, num_tokens: int, meta: AttentionMetadata) -> bool:
+        return (
+            self.ok
+            and self.table is not None
+            and not meta.prefills
+            and meta.decode is not None
+            and num_tokens <= self.max_rows
+        )
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [M] -> final hidden states [M, hidden] (normed), as the model's forward."""
+        model = self.model
+        d = meta.decode
+        hidden = F.embedding(input_ids, model.embed_tokens).float().contiguous()  # [M, hidden], updated in place
+        cos, sin = model.rotary.tables(positions)
+        cos, sin = cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous()  # [M, D]
+        slots = meta.slot_mapping.contiguous()
+        ctx_slots = d.kv_index.contiguous()  # [M * max_ctx]
+        ctx_lens = d.context_lens.contiguous()
+        rc = self.lib.tm_llama_decode(
+            ctypes.c_void_p(hidden.data_ptr()),
+            ctypes.c_int64(hidden.shape[0]),
+            ctypes.c_int64(hidden.shape[1]),
+            self.table,
+            ctypes.c_int64(len(self.table)),
+            ctypes.c_float(self.eps),
+            ctypes.c_void_p(cos.data_ptr()),
+            ctypes.c_void_p(sin.data_ptr()),
+            ctypes.c_void_p(slots.data_ptr()),
+            ctypes.c_void_p(ctx_slots.data_ptr()),
+            ctypes.c_void_p(ctx_lens.data_ptr()),
+            ctypes.c_int64(d.max_context),
+            ctypes.c_int64(self.heads),
+            ctypes.c_int64(self.kv_heads),
+            ctypes.c_int64(self.dim),
+            ctypes.c_float(self.scale),
+        )
+        if rc != 0:
+            raise RuntimeError(f"native decoder failed ({rc})")
+        return model.norm.forward(hidden)

@@ -1,0 +1,101 @@
+"""tokenmill's hand-written CPU kernels (C, compiled for this machine on first use, loaded with ctypes).
+
+q4_kernels.c has a 4-bit matrix product for decode-sized batches and a whole llama decoder layer for a few
+decode tokens (norms, projections, rope, the KV-cache write, attention over the paged cache, SwiGLU) in one
+call, so a decode step costs one call per layer instead of ~40 torch operations each. The library is built with
+the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without a
+compiler tokenmill falls back to torch's kernels and says so once in the log.
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("q4_kernels.c")
+# -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
+# into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared", "-std=c11"]
+_LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries that earlier objects need
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TOKENMILL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tokenmill"
+    )
+    return Path(root)
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def _build(force: bool = False) -> Path:
+    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    compiler = compiler.split()[0]
+    command = [compiler, *_FLAGS, "SOURCE", "-o", "TARGET", *_LIBS]
+    key = hashlib.sha256(_SOURCE.read_bytes() + repr(command).encode() + _cpu_signature().encode())
+    target = _cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
+    if force or not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(tmp), *_LIBS], check=True, capture_output=True)
+        tmp.replace(target)  # atomic: concurrent processes never load a half-written file
+    return target
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels, or None when they cannot be built here (then callers use torch's kernels)."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("TOKENMILL_NATIVE", "1") == "0":
+        return None
+    try:
+        try:
+            lib = ctypes.CDLL(str(_build()))
+        except OSError:  # a cached library that does not load (say, from an older toolchain): build it again
+            lib = ctypes.CDLL(str(_build(force=True)))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.decode(errors="replace")[-500:] if isinstance(exc, subprocess.CalledProcessError) else exc
+        logger.warning("native kernels unavailable (%s); using torch's int4 kernel", detail)
+        return None
+    lib.tm_q4_matmul.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
+    lib.tm_q4_matmul.restype = None
+    lib.tm_q8_matmul.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
+    lib.tm_q8_matmul.restype = None
+    lib.tm_set_threads.argtypes = [ctypes.c_int]
+    lib.tm_set_threads(torch.get_num_threads())
+    _lib = lib
+    return lib
