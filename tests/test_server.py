@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server()
+    proc = start_server("--quantization", "none")  # exact float32, to compare with LLM.generate
     yield proc
     assert proc.stop() == 0
 

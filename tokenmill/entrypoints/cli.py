@@ -16,6 +16,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="path of a .gguf file (default: the bundled SmolLM2-135M)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available, else CPU)")
+    g.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "int4", "int8", "none"],
+        help="auto (default): the fastest kernels measured for each batch size (4-bit weights for decode); "
+        "none: weights dequantized to --dtype, exact float32 results; int4 / int8: those weights everywhere",
+    )
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
@@ -155,7 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve_bench.add_argument("--concurrency", type=int, default=16)
     for p in (offline, latency):
         add_model_args(p)
-        p.add_argument("--quantization", default=None, help="None (dequantize, exact), int8, int4 or auto")
         g = p.add_argument_group("engine")
         for flag in (
             "--block-size",
@@ -186,7 +192,7 @@ def sampling_params_from(args: argparse.Namespace):
 def make_llm(args: argparse.Namespace):
     from tokenmill.entrypoints.llm import LLM
 
-    return LLM(args.model, dtype=args.dtype, **engine_options(args))
+    return LLM(args.model, dtype=args.dtype, quantization=args.quantization, **engine_options(args))
 
 
 def stream_answer(llm, prompt, params) -> tuple[str, str]:
@@ -277,6 +283,7 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model=args.model,
         dtype=args.dtype,
+        quantization=None if args.quantization == "none" else args.quantization,
         engine_options=engine_options(args),
         served_model_name=args.served_model_name,
         api_key=args.api_key,

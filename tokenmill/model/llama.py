@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill import native
 from tokenmill.layers.activation import silu_and_mul
 from tokenmill.layers.attention import AttentionMetadata, paged_attention
 from tokenmill.layers.linear import Linear
@@ -21,8 +22,15 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
 
-AUTO_MAX_INT4_ROWS = 4  # "auto" mode: int4 up to this many rows, a dense GEMM above (benchmarks/README.md)
+# "auto" mode: 4-bit kernels up to this many rows, a dense GEMM above; where tokenmill's native kernels are built
+# they win up to about 12 decode sequences, torch's int4 kernel up to about 4 (benchmarks/README.md)
+AUTO_MAX_NATIVE_ROWS = 12
+AUTO_MAX_TORCH_INT4_ROWS = 4
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
+
+
+def auto_max_4bit_rows() -> int:
+    return AUTO_MAX_NATIVE_ROWS if native.load() is not None else AUTO_MAX_TORCH_INT4_ROWS
 
 
 class StepContext(NamedTuple):
@@ -121,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
                 (layer.mlp, "gate_up_proj"),
                 (layer.mlp, "down_proj"),
             ):
-                setattr(parent, name, quantized_linear(getattr(parent, name).weight.data, mode, AUTO_MAX_INT4_ROWS))
+                setattr(parent, name, quantized_linear(getattr(parent, name).weight.data, mode, auto_max_4bit_rows()))
 
     # ---- weights -------------------------------------------------------------------------------------------------
 
