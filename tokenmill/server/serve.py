@@ -7,16 +7,23 @@ for `--shutdown-grace` seconds, then aborts what is left (a stream gets a final 
 import asyncio
 import logging
 import os
+import threading
 import time
 
 import uvicorn
 
 from tokenmill.loader.gguf_file import check_gguf_magic
 from tokenmill.loader.model_path import resolve_model_path
-from tokenmill.server.app import create_app
 from tokenmill.server.state import ServerSettings, ServerState
 
 logger = logging.getLogger("tokenmill.server")
+
+
+def _load_quietly(state: ServerState) -> None:
+    try:
+        state.load()
+    except BaseException:  # noqa: BLE001 - recorded in state.load_error; the server then exits
+        return
 
 
 class TokenmillServer(uvicorn.Server):
@@ -73,7 +80,11 @@ def serve(
     if settings.api_key is None:
         settings.api_key = os.environ.get("TOKENMILL_API_KEY") or None
     state = ServerState(settings)
-    app = create_app(state)
+    # load the model while the web stack is imported and started; /health says 503 until it is ready
+    threading.Thread(target=_load_quietly, args=(state,), name="tokenmill-load", daemon=True).start()
+    from tokenmill.server.app import create_app
+
+    app = create_app(state, load_in_background=False)
     config = uvicorn.Config(
         app,
         host=host,
