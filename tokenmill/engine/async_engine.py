@@ -34,7 +34,8 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stats: dict[str, Any] = engine.stats()
         self.error: BaseException | None = None
-        self.step_listeners: list[Callable[[dict[str, Any]], None]] = []  # called on the engine thread
+        # called on the engine thread after every step with engine.last_step and the stats (must not block)
+        self.step_listeners: list[Callable[[dict[str, Any]], None]] = []
         self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
         self._thread.start()
 
@@ -52,8 +53,10 @@ class AsyncEngine:
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
                 self._stats = self.engine.stats()
-                for listener in self.step_listeners:
-                    listener(self._stats)
+                if self.step_listeners and self.engine.last_step is not None:
+                    event = {**self.engine.last_step, **self._stats}
+                    for listener in list(self.step_listeners):
+                        listener(event)
         except BaseException as exc:  # the engine is broken: fail every stream, refuse new work
             logger.exception("engine step loop failed")
             self.error = exc

@@ -80,6 +80,9 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.device)
         self.requests: dict[str, Request] = {}
+        self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
+        self.last_step: dict[str, Any] | None = None
+        self._step_count = itertools.count(1)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self.load_seconds = time.monotonic() - start
@@ -243,6 +246,8 @@ class LLMEngine:
         self.runner.copy_blocks(sched.block_copies)
         result = self.runner.execute(chunks)
         self.scheduler.update_after_step(sched)
+        if self.record_steps:
+            self.last_step = self._describe_step(sched, now)
         touched: dict[str, Request] = {}
         for s, logits in zip(sched.scheduled, result.all_logits, strict=True):
             if logits is not None:
@@ -255,6 +260,31 @@ class LLMEngine:
                 del self.requests[request.request_id]
             outputs.append(request.make_output())
         return outputs
+
+    def _describe_step(self, sched: SchedulerOutput, start: float) -> dict[str, Any]:
+        """What this step did, per sequence, in plain data (the explorer streams it to browsers)."""
+        batch = []
+        for s in sched.scheduled:
+            seq = s.seq
+            batch.append(
+                {
+                    "request_id": seq.request_id,
+                    "sample": seq.sample_index,
+                    "kind": "decode" if s.start >= seq.num_prompt_tokens else "prefill",
+                    "start": s.start,
+                    "tokens": s.num_new_tokens,
+                    "prompt_tokens": seq.num_prompt_tokens,
+                    "cached_tokens": seq.num_cached_tokens,
+                    "blocks": len(seq.block_table),
+                }
+            )
+        return {
+            "step": next(self._step_count),
+            "duration_ms": round((time.monotonic() - start) * 1000, 3),
+            "num_tokens": sched.num_batched_tokens,
+            "batch": batch,
+            "preempted": [seq.request_id for seq in sched.preempted],
+        }
 
     def _collects_prompt_logprobs(self, request: Request, seq: Sequence, start: int) -> bool:
         if request.prompt_logprobs is None or seq.sample_index != 0:

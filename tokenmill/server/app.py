@@ -1,12 +1,16 @@
 """The FastAPI application: OpenAI endpoints, health, metrics, tokenizer endpoints, auth."""
 
 import hmac
+import json
 import logging
 import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,6 +23,7 @@ from tokenmill.server.state import ServerState
 logger = logging.getLogger(__name__)
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
 
 def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
@@ -101,7 +106,10 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         else:
             tokens = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         strs = [engine.tokenizer.id_to_token(t) for t in tokens] if req.return_token_strs else None
-        return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens, "token_strs": strs}
+        out = {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens, "token_strs": strs}
+        if req.return_token_texts:
+            out["token_texts"] = [engine.tokenizer.decode([t]) for t in tokens]
+        return out
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict:
@@ -112,6 +120,46 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", param="tokens")
         return {"prompt": engine.tokenizer.decode(req.tokens)}
+
+    @app.get("/", include_in_schema=False)
+    async def explorer_page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    @app.get("/explorer/info")
+    async def explorer_info() -> dict:
+        """What the page needs to turn block counts into bytes, and the cache's size."""
+        engine = state.require_engine().engine
+        c = engine.model_config
+        runner = engine.runner
+        element_bytes = torch.empty((), dtype=runner.dtype).element_size()
+        return {
+            "model": state.model_name,
+            "quantization": engine.quantization or "none",
+            "device": str(engine.device),
+            "num_layers": c.num_layers,
+            "num_kv_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "kv_dtype": str(runner.dtype).removeprefix("torch."),
+            "kv_element_bytes": element_bytes,
+            "block_size": engine.config.block_size,
+            "kv_blocks_total": engine.block_manager.num_blocks,
+            "kv_bytes_per_block": runner.kv_bytes_per_block(),
+            "max_model_len": engine.max_model_len,
+            "prefix_caching": engine.config.enable_prefix_caching,
+            "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+            "chat_template": not engine.chat_template.is_fallback,
+        }
+
+    @app.get("/explorer/events")
+    async def explorer_events() -> StreamingResponse:
+        """Server-sent events: one per engine step (the batch, per sequence), and engine stats while idle."""
+        state.require_engine()
+
+        async def stream():
+            async for event in state.events.subscribe():
+                yield f"data: {json.dumps(event)}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.get("/tokenizer_info")
     async def tokenizer_info() -> dict:
@@ -131,6 +179,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             "chat_template": None if engine.chat_template.is_fallback else engine.chat_template.source,
         }
 
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
 
 

@@ -31,9 +31,9 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     params = req.sampling_params(req.max_completion_tokens or req.max_tokens, k)
     llm_engine = engine.engine
     prompt_ids = llm_engine.encode_chat(req.messages, req.add_generation_prompt)
-    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params)
-    await generation.start()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id)
+    await generation.start()
     created = int(time.time())
     tokenizer = llm_engine.tokenizer
     if req.stream:
@@ -52,17 +52,23 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
             "message": {"role": "assistant", "content": o.text},
             "logprobs": _logprobs(tokenizer, o, o.token_ids, 0, k),
             "finish_reason": o.finish_reason,
+            **({"token_ids": o.token_ids} if req.return_token_ids else {}),
         }
         for o in final.outputs
     ]
-    return {
+    response = {
         "id": request_id,
         "object": "chat.completion",
         "created": created,
         "model": state.model_name,
         "choices": choices,
-        "usage": _usage(len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs)),
+        "usage": _usage(
+            len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs), final.num_cached_tokens
+        ),
     }
+    if req.return_token_ids:
+        response["prompt_token_ids"] = final.prompt_token_ids
+    return response
 
 
 def _logprobs(tokenizer: Tokenizer, o: CompletionOutput, token_ids: list[int], first: int, k: int | None):
@@ -115,12 +121,18 @@ async def _stream(
                     "logprobs": _logprobs(tokenizer, o, o.delta_token_ids, first, k),
                     "finish_reason": o.finish_reason,
                 }
+                if req.return_token_ids:
+                    choice["token_ids"] = list(o.delta_token_ids)
+                    if first == 0:
+                        choice["prompt_token_ids"] = out.prompt_token_ids
                 yield chunk([choice])
     except APIError as exc:
         yield exc.sse()
         yield "data: [DONE]\n\n"
         return
     if req.include_usage and final is not None:
-        usage = _usage(len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs))
+        usage = _usage(
+            len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs), final.num_cached_tokens
+        )
         yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"

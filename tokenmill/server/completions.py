@@ -76,7 +76,12 @@ class CompletionFormatter:
         if self.k is not None:
             gen = self._builder(index).build(token_ids, list((o.logprobs or [])[first : first + len(token_ids)]))
             logprobs = gen if echo_logprobs is None else {k: echo_logprobs[k] + gen[k] for k in gen}
-        return {"index": index, "text": echo_text + text, "logprobs": logprobs, "finish_reason": o.finish_reason}
+        choice = {"index": index, "text": echo_text + text, "logprobs": logprobs, "finish_reason": o.finish_reason}
+        if self.req.return_token_ids:
+            choice["token_ids"] = list(token_ids)
+            if not delta or first == 0:
+                choice["prompt_token_ids"] = out.prompt_token_ids
+        return choice
 
     def completion_tokens(self, outs: list[RequestOutput]) -> int:
         return 0 if self.drop_generated else sum(len(o.token_ids) for out in outs for o in out.outputs)
@@ -95,11 +100,11 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
     params = req.sampling_params(1 if drop_generated else req.max_tokens, req.logprobs, prompt_logprobs)
     prompts = split_prompts(req.prompt)
-    generation = Generation(state, prompts, params)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    generation = Generation(state, prompts, params, request_id)
     await generation.start()
     tokenizer = engine.engine.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if req.stream:
         return StreamingResponse(_stream(generation, fmt, state, request_id, created), media_type="text/event-stream")
@@ -139,6 +144,7 @@ async def _stream(
     include_usage = fmt.req.include_usage
     prompt_tokens = 0
     completion_tokens = 0
+    cached_tokens = 0
     head = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
     try:
         async for i, out in generation.stream():
@@ -164,10 +170,12 @@ async def _stream(
             if out.finished:
                 prompt_tokens += len(out.prompt_token_ids)
                 completion_tokens += fmt.completion_tokens([out])
+                cached_tokens += out.num_cached_tokens
     except APIError as exc:
         yield exc.sse()
         yield "data: [DONE]\n\n"
         return
     if include_usage:
-        yield f"data: {json.dumps({**head, 'choices': [], 'usage': _usage(prompt_tokens, completion_tokens)})}\n\n"
+        usage = _usage(prompt_tokens, completion_tokens, cached_tokens)
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"

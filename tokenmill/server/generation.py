@@ -26,8 +26,9 @@ class ClientDisconnected(Exception):
 
 
 class Generation:
-    def __init__(self, state: ServerState, prompts: list[PromptInput], params: SamplingParams):
+    def __init__(self, state: ServerState, prompts: list[PromptInput], params: SamplingParams, api_id: str):
         self.state = state
+        self.api_id = api_id  # engine request ids are "<api id>-<prompt index>", so step events name the call
         self.prompts = prompts
         self.params = params
         self.call_id = f"call-{next(_call_ids)}"
@@ -42,7 +43,7 @@ class Generation:
         self.state.in_flight[self.call_id] = self._pending
         try:
             for i, prompt in enumerate(self.prompts):
-                rid, _ = await engine.add_request(prompt, self.params, None, out_queue=self._queue)
+                rid, _ = await engine.add_request(prompt, self.params, f"{self.api_id}-{i}", out_queue=self._queue)
                 self.request_ids.append(rid)
                 self._index[rid] = i
                 self._pending.add(rid)

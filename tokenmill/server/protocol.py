@@ -41,6 +41,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    return_token_ids: bool = False  # vLLM's extension: token ids of the prompt and of every choice
 
     def sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -103,7 +104,8 @@ class TokenizeRequest(BaseModel):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
-    return_token_strs: bool = False
+    return_token_strs: bool = False  # the vocabulary pieces (vLLM's field)
+    return_token_texts: bool = False  # each token decoded on its own (what the request explorer shows)
 
 
 class DetokenizeRequest(BaseModel):

@@ -9,6 +9,7 @@ from typing import Any
 
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.server.errors import APIError
+from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class ServerState:
         self.shutting_down = False
         self.in_flight: dict[str, set[str]] = {}  # call id -> its engine request ids
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
+        self.events = EventHub()
         self.ready = threading.Event()
 
     def load(self) -> None:
@@ -54,6 +56,7 @@ class ServerState:
         self.model_name = s.served_model_name or engine.model_name
         self.model_path = str(engine.model_path)
         self.engine = AsyncEngine(engine)
+        self.events.attach(self.engine)
         self.ready.set()
         logger.info("ready: serving %r", self.model_name)
 

@@ -1,0 +1,107 @@
+"""The request explorer in a real browser: headless Debian Chromium driven by Playwright against a real server."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.server_utils import start_server
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = start_server()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api")  # installed by `make install`
+    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make install`"
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def run_prompt(page, text: str, max_tokens: int = 24) -> None:
+    page.fill("#prompt", text)
+    page.fill("#max-tokens", str(max_tokens))
+    page.click("#submit")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
+
+
+def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 1100})
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    run_prompt(page, "How do GPUs work?")
+
+    prompt_chips = page.locator("#prompt-tokens .chip")
+    assert prompt_chips.count() > 10
+    assert re.fullmatch(r"\S+#\d+", prompt_chips.nth(1).inner_text().replace("\n", ""))
+    assert "#2020" in page.locator("#prompt-tokens").inner_text().replace("\n", "")  # "How" of the question
+    output_chips = page.locator("#output-tokens .chip")
+    assert output_chips.count() == 24
+    assert page.locator("#answer").inner_text().strip()
+    for figure in ("#fig-ttft", "#fig-tpot", "#fig-queue", "#fig-e2e"):
+        assert re.search(r"\d+(\.\d+)? m?s", page.inner_text(figure)), figure
+    assert int(page.inner_text("#kv-blocks")) >= 3
+    assert re.search(r"\d+(\.\d+)? (KiB|MiB)", page.inner_text("#kv-bytes"))
+    assert "bytes" in page.inner_text("#kv-formula")
+    assert int(page.inner_text("#eng-steps")) > 0
+    assert page.locator("#timeline .seg.prefill").count() >= 1
+    assert page.locator("#timeline .seg.decode").count() >= 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=True)
+
+    # the same prompt again: its leading blocks come from the prefix cache, and the chips say so
+    run_prompt(page, "How do GPUs work?", max_tokens=8)
+    assert page.locator("#prompt-tokens .chip.cached").count() >= 16
+    assert "blocks" in page.inner_text("#kv-reused")
+    page.close()
+
+
+def test_another_tabs_request_shows_in_the_engine_panel(server, browser) -> None:
+    watcher = browser.new_page()
+    watcher.goto(server.url + "/")
+    watcher.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    other = browser.new_page()
+    other.goto(server.url + "/")
+    other.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    other.fill("#prompt", "Write a long story about a lighthouse.")
+    other.fill("#max-tokens", "200")
+    other.click("#submit")
+    watcher.wait_for_function("document.getElementById('eng-running').textContent === '1'", timeout=60_000)
+    watcher.wait_for_function("document.getElementById('eng-requests').textContent.includes('chatcmpl')")
+    other.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
+    watcher.close()
+    other.close()
+
+
+def test_readable_on_a_phone(server, browser) -> None:
+    page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True)
+    page.goto(server.url + "/")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    run_prompt(page, "Name three colors.", max_tokens=12)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page scrolls sideways on a phone ({width}px)"
+    page.screenshot(path=str(ARTIFACTS / "explorer-phone.png"), full_page=True)
+    page.close()

@@ -1,0 +1,271 @@
+// tokenmill request explorer: follows one request through the engine while it runs.
+// Talks only to this server: /v1/chat/completions or /v1/completions (streaming, with token ids and logprobs),
+// /tokenize (the prompt's tokens), /explorer/info (the cache's geometry) and /explorer/events (engine steps).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { info: null, run: null, engine: { steps: 0, history: [], tokenTimes: [] } };
+
+function fmtMs(ms) { return ms == null || isNaN(ms) ? "–" : ms < 1000 ? `${ms.toFixed(0)} ms` : `${(ms / 1000).toFixed(2)} s`; }
+function fmtBytes(b) {
+  if (b == null) return "–";
+  const units = ["B", "KiB", "MiB", "GiB"]; let i = 0;
+  while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
+  return `${b.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+function visible(text) { return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅"; }
+
+function chip(text, id, cls) {
+  const el = document.createElement("span");
+  el.className = `chip ${cls || ""}`;
+  el.title = `token ${id}: ${JSON.stringify(text)}`;
+  const t = document.createElement("span"); t.textContent = visible(text);
+  const n = document.createElement("span"); n.className = "id"; n.textContent = `#${id}`;
+  el.append(t, n);
+  return el;
+}
+
+async function postJSON(url, body) {
+  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const data = await r.json();
+  if (!r.ok) throw new Error(data.error ? data.error.message : `HTTP ${r.status}`);
+  return data;
+}
+
+async function loadInfo() {
+  for (;;) {
+    try {
+      const r = await fetch("/explorer/info");
+      if (r.ok) { state.info = await r.json(); break; }
+    } catch (e) { /* server still starting */ }
+    $("model-info").textContent = "waiting for the model to load…";
+    await new Promise((res) => setTimeout(res, 1000));
+  }
+  const i = state.info;
+  $("model-info").textContent = `${i.model} · ${i.quantization} · ${i.device} · ${i.kv_blocks_total} KV blocks of ${i.block_size} tokens`;
+  $("kv-formula").textContent = `one block = 2 (K and V) × ${i.num_layers} layers × ${i.block_size} tokens × ` +
+    `${i.num_kv_heads} KV heads × ${i.head_dim} dims × ${i.kv_element_bytes} bytes (${i.kv_dtype}) = ` +
+    `${i.kv_bytes_per_block.toLocaleString()} bytes`;
+  if (i.chat_template === false) document.querySelector('input[value="raw"]').checked = true;
+}
+
+// ---- engine events -------------------------------------------------------------------------------------------
+
+function listenToEngine() {
+  const source = new EventSource("/explorer/events");
+  source.onmessage = (msg) => {
+    const ev = JSON.parse(msg.data);
+    const now = performance.now();
+    $("eng-running").textContent = ev.num_running;
+    $("eng-waiting").textContent = ev.num_waiting;
+    $("kv-total").textContent = `${ev.kv_blocks_in_use} / ${ev.kv_blocks_total}`;
+    $("kv-bar").style.width = `${(100 * ev.kv_blocks_in_use / ev.kv_blocks_total).toFixed(1)}%`;
+    if (ev.type !== "step") return;
+    const eng = state.engine;
+    eng.steps += 1;
+    eng.history.push(ev.batch.length);
+    if (eng.history.length > 120) eng.history.shift();
+    eng.tokenTimes.push([now, ev.num_tokens]);
+    while (eng.tokenTimes.length && now - eng.tokenTimes[0][0] > 2000) eng.tokenTimes.shift();
+    const tokens = eng.tokenTimes.reduce((a, [, n]) => a + n, 0);
+    $("eng-batch").textContent = ev.batch.length;
+    $("eng-steps").textContent = eng.steps;
+    $("eng-step").textContent = `${ev.duration_ms.toFixed(1)} ms`;
+    $("eng-tps").textContent = `${(tokens / 2).toFixed(0)}`;
+    const ids = [...new Set(ev.batch.map((b) => b.request_id.replace(/-\d+$/, "")))];
+    $("eng-requests").textContent = `in this step: ${ids.map((x) => x.slice(0, 14) + "…").join(", ")}`;
+    drawBars($("batch-chart"), eng.history, "#2563eb");
+    if (state.run) onStepForRun(ev, now);
+  };
+}
+
+function onStepForRun(ev, now) {
+  const run = state.run;
+  const mine = ev.batch.filter((b) => run.id && b.request_id.startsWith(run.id) && b.sample === 0);
+  if (!mine.length) return;
+  const stepStart = now - ev.duration_ms;  // the event arrives when its step has finished
+  for (const b of mine) {
+    if (run.firstScheduled == null) {
+      run.firstScheduled = stepStart;
+      segment("queued", run.t0, stepStart, "queued");
+      $("fig-queue").textContent = fmtMs(stepStart - run.t0);
+      markCached(b.cached_tokens);
+    }
+    if (b.kind === "prefill") {
+      run.chunks += 1;
+      segment("prefill", stepStart, now, `prefill ${b.start}–${b.start + b.tokens}`);
+      $("fig-chunks").textContent = run.chunks;
+    } else {
+      segment("decode", stepStart, now, "");
+    }
+    run.lastEvent = now;
+    run.blocks = b.blocks;
+    run.cachedTokens = b.cached_tokens;
+    showKv(b.blocks, b.cached_tokens);
+  }
+}
+
+// ---- the request's own view ------------------------------------------------------------------------------------
+
+function segment(kind, start, end, label) {
+  const run = state.run;
+  run.segments.push({ kind, start, end: Math.max(end, start + 1), label });
+  drawTimeline();
+}
+
+function drawTimeline() {
+  const run = state.run, box = $("timeline");
+  box.innerHTML = "";
+  if (!run) return;
+  const t1 = Math.max(performance.now(), run.tEnd || 0);
+  const span = Math.max(t1 - run.t0, 1);
+  for (const s of run.segments) {
+    const el = document.createElement("div");
+    el.className = `seg ${s.kind}`;
+    el.style.left = `${(100 * (s.start - run.t0) / span).toFixed(2)}%`;
+    el.style.width = `${Math.max(0.4, 100 * (s.end - s.start) / span).toFixed(2)}%`;
+    el.textContent = s.label;
+    el.title = `${s.kind} ${fmtMs(s.start - run.t0)} → ${fmtMs(s.end - run.t0)}`;
+    box.append(el);
+  }
+}
+
+function markCached(cachedTokens) {
+  const chips = $("prompt-tokens").children;
+  for (let i = 0; i < Math.min(cachedTokens, chips.length); i++) chips[i].classList.add("cached");
+  const bs = state.info ? state.info.block_size : 16;
+  $("kv-reused").textContent = `${cachedTokens / bs} blocks (${cachedTokens} tokens)`;
+}
+
+function showKv(blocks, cachedTokens) {
+  const info = state.info;
+  $("kv-blocks").textContent = blocks;
+  $("kv-bytes").textContent = fmtBytes(blocks * info.kv_bytes_per_block);
+  const reused = Math.floor(cachedTokens / info.block_size);
+  const grid = $("kv-grid");
+  while (grid.children.length < blocks) {
+    const b = document.createElement("span");
+    b.className = "kv-block" + (grid.children.length < reused ? " reused" : "");
+    b.title = grid.children.length < reused ? "reused from the prefix cache" : "computed by this request";
+    grid.append(b);
+  }
+}
+
+function drawBars(canvas, values, color) {
+  const ctx = canvas.getContext("2d");
+  const w = (canvas.width = canvas.clientWidth * devicePixelRatio);
+  const h = (canvas.height = canvas.clientHeight * devicePixelRatio);
+  ctx.clearRect(0, 0, w, h);
+  if (!values.length) return;
+  const max = Math.max(...values, 1);
+  const bw = w / Math.max(values.length, 30);
+  ctx.fillStyle = color;
+  values.forEach((v, i) => {
+    const bh = (h - 14 * devicePixelRatio) * v / max;
+    ctx.fillRect(i * bw, h - bh, Math.max(bw - 1, 1), bh);
+  });
+  ctx.fillStyle = "#6b7280";
+  ctx.font = `${11 * devicePixelRatio}px system-ui`;
+  ctx.fillText(`max ${max.toFixed(max < 10 ? 1 : 0)}`, 4, 12 * devicePixelRatio);
+}
+
+function updateFigures() {
+  const run = state.run;
+  const n = run.tokenTimes.length;
+  if (!n) return;
+  const ttft = run.tokenTimes[0] - run.t0;
+  $("fig-ttft").textContent = fmtMs(ttft);
+  if (n > 1) {
+    const tpot = (run.tokenTimes[n - 1] - run.tokenTimes[0]) / (n - 1);
+    $("fig-tpot").textContent = `${tpot.toFixed(1)} ms`;
+    $("fig-tps").textContent = (1000 / tpot).toFixed(1);
+  }
+  const itl = run.tokenTimes.slice(1).map((t, i) => t - run.tokenTimes[i]);
+  drawBars($("itl-chart"), itl, "#10b981");
+}
+
+async function submit(event) {
+  event.preventDefault();
+  const mode = document.querySelector('input[name="mode"]:checked').value;
+  const text = $("prompt").value;
+  const params = {
+    max_tokens: Number($("max-tokens").value) || 64,
+    temperature: Number($("temperature").value),
+    top_p: Number($("top-p").value) || 1,
+  };
+  if ($("seed").value !== "") params.seed = Number($("seed").value);
+  $("submit").disabled = true;
+  $("status").textContent = "tokenizing…";
+  for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline"]) $(id).innerHTML = "";
+  for (const id of ["fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-e2e", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
+  try {
+    const messages = [{ role: "user", content: text }];
+    const tok = await postJSON("/tokenize", mode === "chat"
+      ? { messages, return_token_texts: true }
+      : { prompt: text, add_special_tokens: true, return_token_texts: true });
+    const frag = document.createDocumentFragment();
+    tok.tokens.forEach((id, i) => frag.append(chip(tok.token_texts[i], id, "")));
+    $("prompt-tokens").append(frag);
+    $("status").textContent = `${tok.count} prompt tokens; waiting in the queue…`;
+    state.run = { id: null, t0: performance.now(), segments: [], chunks: 0, tokenTimes: [], blocks: 0 };
+    await stream(mode, mode === "chat" ? { messages, ...params } : { prompt: tok.tokens, ...params });
+  } catch (e) {
+    $("status").textContent = `error: ${e.message}`;
+  } finally {
+    $("submit").disabled = false;
+  }
+}
+
+async function stream(mode, body) {
+  const url = mode === "chat" ? "/v1/chat/completions" : "/v1/completions";
+  const request = { ...body, stream: true, stream_options: { include_usage: true }, return_token_ids: true,
+                    logprobs: mode === "chat" ? true : 0 };
+  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request) });
+  if (!r.ok) { const data = await r.json(); throw new Error(data.error ? data.error.message : `HTTP ${r.status}`); }
+  const reader = r.body.getReader(), decoder = new TextDecoder();
+  const run = state.run;
+  let buffer = "", answer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const line = buffer.slice(0, cut).trim(); buffer = buffer.slice(cut + 2);
+      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+      const chunk = JSON.parse(line.slice(6));
+      if (chunk.error) throw new Error(chunk.error.message);
+      run.id = run.id || chunk.id;
+      if (chunk.usage) { onUsage(chunk.usage); continue; }
+      const c = chunk.choices[0];
+      if (!c) continue;
+      const ids = c.token_ids || [];
+      const texts = mode === "chat"
+        ? ((c.logprobs && c.logprobs.content) || []).map((x) => x.token)
+        : ((c.logprobs && c.logprobs.tokens) || []);
+      const now = performance.now();
+      ids.forEach((id, i) => {
+        run.tokenTimes.push(now);
+        $("output-tokens").append(chip(texts[i] != null ? texts[i] : "", id, "out new"));
+      });
+      answer += mode === "chat" ? (c.delta && c.delta.content) || "" : c.text || "";
+      $("answer").textContent = answer;
+      if (ids.length) { $("status").textContent = `generating… ${run.tokenTimes.length} tokens`; updateFigures(); drawTimeline(); }
+      if (c.finish_reason) $("status").textContent = `done: ${run.tokenTimes.length} tokens, finish reason "${c.finish_reason}"`;
+    }
+  }
+  run.tEnd = performance.now();
+  $("fig-e2e").textContent = fmtMs(run.tEnd - run.t0);
+  drawTimeline();
+}
+
+function onUsage(usage) {
+  const cached = (usage.prompt_tokens_details && usage.prompt_tokens_details.cached_tokens) || 0;
+  markCached(cached);
+}
+
+window.addEventListener("DOMContentLoaded", async () => {
+  $("prompt-form").addEventListener("submit", submit);
+  await loadInfo();
+  listenToEngine();
+});
