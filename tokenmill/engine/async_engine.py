@@ -47,8 +47,9 @@ class AsyncEngine:
                 self._drain_commands()
                 if not self.engine.has_unfinished_requests():
                     self._stats = self.engine.stats()
-                    self._wake.wait(timeout=0.5)
                     self._wake.clear()
+                    if self._commands.empty():  # a command queued after this check sets _wake: no lost wake-up
+                        self._wake.wait(timeout=0.5)
                     continue
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)

@@ -62,6 +62,8 @@ class LLMEngine:
             gguf.get("tokenizer.chat_template"), self.tokenizer.bos_token, self.tokenizer.eos_token
         )
         self.device = select_device(self.config.device)
+        if quantization == "auto" and self.device.type != "cpu":
+            quantization = self.quantization = None  # the quantized kernels are CPU kernels: dense weights there
         if quantization is not None and self.device.type != "cpu":
             raise InvalidParameterError(
                 f"quantization {quantization!r} uses CPU kernels; on {self.device.type} use quantization=None",

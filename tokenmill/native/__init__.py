@@ -23,6 +23,7 @@ _SOURCE = Path(__file__).with_name("q4_kernels.c")
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared", "-std=c11"]
+# TOKENMILL_NATIVE_MARCH=haswell (AVX2) or x86-64 (plain C) builds the other code paths, for testing them
 _LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries that earlier objects need
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -46,13 +47,15 @@ def _cpu_signature() -> str:
 def _build(force: bool = False) -> Path:
     compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     compiler = compiler.split()[0]
-    command = [compiler, *_FLAGS, "SOURCE", "-o", "TARGET", *_LIBS]
+    march = os.environ.get("TOKENMILL_NATIVE_MARCH")
+    flags = [f"-march={march}" if f == "-march=native" and march else f for f in _FLAGS]
+    command = [compiler, *flags, "SOURCE", "-o", "TARGET", *_LIBS]
     key = hashlib.sha256(_SOURCE.read_bytes() + repr(command).encode() + _cpu_signature().encode())
     target = _cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
     if force or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(tmp), *_LIBS], check=True, capture_output=True)
+        subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(tmp), *_LIBS], check=True, capture_output=True)
         tmp.replace(target)  # atomic: concurrent processes never load a half-written file
     return target
 
