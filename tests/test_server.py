@@ -442,3 +442,61 @@ def test_sigterm_drains_then_aborts_with_an_error_event() -> None:
     assert len(long_events) > 3  # it streamed until the grace period ran out
     log = proc.output()
     assert "shutting down" in log and "aborting 1" in log
+
+
+def test_cached_tokens_and_token_ids(client: openai.OpenAI, model: str, llm: LLM) -> None:
+    """usage.prompt_tokens_details.cached_tokens reports prefix-cache hits; return_token_ids (vLLM's extension)
+    returns the prompt's and the choices' token ids."""
+    messages = [{"role": "user", "content": "Tell me about caching in one sentence."}]
+    client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0)
+    again = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, extra_body={"return_token_ids": True}
+    )
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16
+    extra = again.model_extra
+    assert extra["prompt_token_ids"] == llm.engine.encode_chat(messages)
+    assert len(again.choices[0].model_extra["token_ids"]) == again.usage.completion_tokens == 4
+    stream = client.completions.create(
+        model=model,
+        prompt="Once upon a time",
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    )
+    chunks = list(stream)
+    ids = [i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids", [])]
+    assert len(ids) == 5 and chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_explorer_endpoints(server: ServerProcess) -> None:
+    info = httpx.get(f"{server.url}/explorer/info").json()
+    assert (
+        info["kv_bytes_per_block"]
+        == 2
+        * info["num_layers"]
+        * info["block_size"]
+        * info["num_kv_heads"]
+        * info["head_dim"]
+        * info["kv_element_bytes"]
+    )
+    page = httpx.get(f"{server.url}/")
+    assert page.status_code == 200 and "request explorer" in page.text
+    assert httpx.get(f"{server.url}/static/app.js").status_code == 200
+    events = []
+    with httpx.stream("GET", f"{server.url}/explorer/events", timeout=30) as r:
+        threading.Thread(
+            target=lambda: httpx.post(
+                f"{server.url}/v1/completions", timeout=60, json={"prompt": "Hi", "max_tokens": 3}
+            )
+        ).start()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                events.append(event)
+                if event["type"] == "step" and any(b["kind"] == "decode" for b in event["batch"]):
+                    break
+    step = next(e for e in events if e["type"] == "step")
+    assert step["batch"][0]["request_id"].startswith("cmpl-") and step["batch"][0]["blocks"] >= 1
+    assert {"num_running", "num_waiting", "kv_blocks_in_use", "duration_ms"} <= set(step)

@@ -126,15 +126,18 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
         "created": created,
         "model": state.model_name,
         "choices": sorted(choices, key=lambda c: c["index"]),
-        "usage": _usage(prompt_tokens, completion_tokens),
+        "usage": _usage(prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in finals)),
     }
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix
+    cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
