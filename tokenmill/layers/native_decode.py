@@ -63,7 +63,6 @@ class NativeLlamaDecoder:
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.scale = 1.0 / c.head_dim**0.5
         self.ok = c.rotary_dim == c.head_dim and c.head_dim <= 512 and model.dtype == torch.float32
-        lib.tm_llama_decode.restype = ctypes.c_int
 
     def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Record every layer's weights and cache tensors in the table the native code walks."""
