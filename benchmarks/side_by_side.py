@@ -63,16 +63,19 @@ def serve_run(quantization: str) -> dict:
         except httpx.TransportError:
             pass
         if proc.poll() is not None or time.monotonic() - start > 120:
+            proc.kill()
             raise RuntimeError("server did not start")
         time.sleep(0.02)
-    ready_s = time.monotonic() - start
-    load = run_json([str(BIN / "tokenmill"), "bench", "serve", "--url", url, "--concurrency", "16", "--json"])
-    peak_kib = 0
-    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            peak_kib = int(line.split()[1])
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(60)
+    try:
+        ready_s = time.monotonic() - start
+        load = run_json([str(BIN / "tokenmill"), "bench", "serve", "--url", url, "--concurrency", "16", "--json"])
+        peak_kib = 0
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peak_kib = int(line.split()[1])
+    finally:  # never leave a server behind, even when the load generator fails
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
     result = {
         "bench": "serve-start",
         "engine": f"tokenmill {quantization}",
@@ -112,8 +115,10 @@ def main() -> None:
             "prefill auto",
             run_json([*tm, "latency", "--quantization", "auto", "--input-len", "512", "--output-len", "1", "--json"]),
         )
-        add("prefill float32", run_json([*tm, "latency", "--quantization", "none", "--input-len", "512",
-                                         "--output-len", "1", "--json"]))
+        add(
+            "prefill float32",
+            run_json([*tm, "latency", "--quantization", "none", "--input-len", "512", "--output-len", "1", "--json"]),
+        )
         add("prefill llama.cpp", run_json([*peer, "latency", "--input-len", "512", "--output-len", "1"]))
         add("serve auto", serve_run("auto"))
     if args.with_hf:

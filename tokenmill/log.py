@@ -3,7 +3,7 @@
 import logging
 import os
 
-_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(level: str | int | None = None) -> None:

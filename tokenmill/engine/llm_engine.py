@@ -18,6 +18,7 @@ from tokenmill.engine.request import Request, SampleState
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
+from tokenmill.loader.prefetch import ModelPrefetch
 from tokenmill.outputs import Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from tokenmill.runner.device import parse_dtype, select_device
 from tokenmill.runner.kv_cache import num_kv_blocks_for
@@ -42,6 +43,7 @@ class LLMEngine:
         dtype: str | torch.dtype = "float32",
         quantization: str | None = None,
         config: EngineConfig | None = None,
+        prefetched: ModelPrefetch | None = None,
     ):
         start = time.monotonic()
         self.config = config or EngineConfig()
@@ -56,8 +58,11 @@ class LLMEngine:
         path = resolve_model_path(model)
         self.model_path = path
         self.model_name = BUNDLED_NAME if model is None else path.stem
-        gguf = GGUFFile(path)
-        self.tokenizer = Tokenizer.from_gguf(gguf)
+        if prefetched is not None and prefetched.path == path:
+            gguf, self.tokenizer = prefetched.result()  # parsed while the caller was starting up
+        else:
+            gguf = GGUFFile(path)
+            self.tokenizer = Tokenizer.from_gguf(gguf)
         self.chat_template = ChatTemplate(
             gguf.get("tokenizer.chat_template"), self.tokenizer.bos_token, self.tokenizer.eos_token
         )

@@ -277,6 +277,12 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from tokenmill.loader.gguf_file import check_gguf_magic
+    from tokenmill.loader.prefetch import ModelPrefetch
+
+    # parse the model file and build its tokenizer while torch and the web stack are imported
+    prefetched = ModelPrefetch(args.model)
+    check_gguf_magic(prefetched.path)
     from tokenmill.server.serve import serve
     from tokenmill.server.state import ServerSettings
 
@@ -290,7 +296,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace,
     )
-    return serve(settings, args.host, args.port, args.access_log)
+    return serve(settings, args.host, args.port, args.access_log, prefetched)
 
 
 def run_bench(args: argparse.Namespace) -> int:

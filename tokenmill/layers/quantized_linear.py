@@ -17,6 +17,7 @@ so it is not used.) These are CPU kernels; on CUDA tokenmill runs the dequantize
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from tokenmill import native
@@ -37,16 +38,53 @@ def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return codes, scale, low
 
 
+# GGUF blocks taken as they are: (packed codes uint8 [out, in/32, 16], scale [out, in/32], min [out, in/32])
+Q4Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Q8Blocks = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [out, in], scale [out, in/32])
+
+
+def q4_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q4Blocks | None:
+    """Raw rows of a Q4_1 or Q4_0 tensor ([rows, bytes], as stored) -> blocks, with no arithmetic on weights:
+    Q4_1 is (d, m, 16 bytes of codes) per block, Q4_0 is (d, codes) with m = -8 d."""
+    rows = raw.shape[0]
+    if ggml_type == GGMLQuantizationType.Q4_1:
+        b = raw.reshape(rows, -1, 20)
+        return b[..., 4:].contiguous(), _half(b[..., 0:2]), _half(b[..., 2:4])
+    if ggml_type == GGMLQuantizationType.Q4_0:
+        b = raw.reshape(rows, -1, 18)
+        d = _half(b[..., 0:2])
+        return b[..., 2:].contiguous(), d, -8.0 * d
+    return None
+
+
+def q8_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q8Blocks | None:
+    """Raw rows of a Q8_0 tensor -> (codes, scales): (d, 32 int8 codes) per block."""
+    if ggml_type != GGMLQuantizationType.Q8_0:
+        return None
+    b = raw.reshape(raw.shape[0], -1, 34)
+    return b[..., 2:].contiguous().view(torch.int8).reshape(raw.shape[0], -1), _half(b[..., 0:2])
+
+
+def _half(pairs: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., 2] little-endian half floats -> float32 [...]"""
+    return pairs.contiguous().view(torch.float16).squeeze(-1).float().contiguous()
+
+
 class Q4Linear(nn.Module):
     """4-bit weights in GGUF's Q4_1 layout (float32 block scales and minimums) through tokenmill's native kernel,
-    with float32 activations."""
+    with float32 activations. Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
+    float weight (min/max per block, which recovers Q4 blocks exactly)."""
 
-    def __init__(self, weight: torch.Tensor, lib):
+    def __init__(self, weight: torch.Tensor | None, lib, blocks: Q4Blocks | None = None):
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        codes, scale, low = q4_blocks(weight)
-        # two codes per byte, as GGUF packs Q4 blocks: byte i holds code i (low nibble) and code i + 16 (high)
-        self.register_buffer("qs", (codes[..., :16] | (codes[..., 16:] << 4)).contiguous(), persistent=False)
+        if blocks is None:
+            assert weight is not None
+            codes, scale, low = q4_blocks(weight)
+            # two codes per byte, as GGUF packs Q4 blocks: byte i holds code i (low nibble) and code i + 16 (high)
+            blocks = ((codes[..., :16] | (codes[..., 16:] << 4)).contiguous(), scale, low)
+        qs, scale, low = blocks
+        self.out_features, self.in_features = qs.shape[0], qs.shape[1] * INT4_GROUP_SIZE
+        self.register_buffer("qs", qs.contiguous(), persistent=False)
         self.register_buffer("scale", scale.contiguous(), persistent=False)
         self.register_buffer("low", low.contiguous(), persistent=False)
         self._lib = lib
@@ -76,14 +114,17 @@ class Q8Head(nn.Module):
     """The LM head as GGUF's Q8_0 (int8 codes, one scale per 32 inputs; exact for a Q8_0 embedding, as the
     bundled model's is) through the native kernel: 32 MB read per decoded token instead of 113."""
 
-    def __init__(self, weight: torch.Tensor, lib):
+    def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)
-        # Q8_0's scales are half floats; rounding them so recovers a Q8_0 embedding's codes exactly
-        scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16).float()  # [out, in/32]
-        safe = scale.clamp(min=1e-30).unsqueeze(-1)
-        codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
+        if blocks is not None:
+            codes, scale = blocks
+        else:
+            groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)
+            # Q8_0's scales are half floats; rounding them so recovers a Q8_0 embedding's codes exactly
+            scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16).float()  # [out, in/32]
+            safe = scale.clamp(min=1e-30).unsqueeze(-1)
+            codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
         self.register_buffer("qs", codes.contiguous(), persistent=False)
         self.register_buffer("scale", scale.contiguous(), persistent=False)
         self._lib = lib
@@ -160,9 +201,15 @@ class AutoLinear(nn.Module):
     `max_int4_rows` rows (decode reads every weight once per token, so fewer bytes win), then a dense GEMM:
     bfloat16 where the CPU has native bfloat16 (AVX512-BF16/AMX), float32 elsewhere."""
 
-    def __init__(self, weight: torch.Tensor, max_int4_rows: int, dense_bfloat16: bool | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        max_int4_rows: int,
+        dense_bfloat16: bool | None = None,
+        blocks: Q4Blocks | None = None,
+    ):
         super().__init__()
-        self.q4 = four_bit_linear(weight)
+        self.q4 = four_bit_linear(weight, blocks)
         self.max_int4_rows = max_int4_rows
         use_bf16 = cpu_has_native_bfloat16() if dense_bfloat16 is None else dense_bfloat16
         self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
@@ -196,23 +243,26 @@ class BFloat16Head(nn.Module):
 QUANTIZATION_MODES = ("int8", "int4", "auto")
 
 
-def quantized_head(weight: torch.Tensor) -> nn.Module:
+def quantized_head(weight: torch.Tensor, blocks: Q8Blocks | None = None) -> nn.Module:
     """The LM head of the quantized modes: Q8_0 through the native kernel, else bfloat16."""
     lib = native.load()
-    return Q8Head(weight, lib) if lib is not None else BFloat16Head(weight)
+    return Q8Head(weight, lib, blocks) if lib is not None else BFloat16Head(weight)
 
 
-def four_bit_linear(weight: torch.Tensor) -> nn.Module:
+def four_bit_linear(weight: torch.Tensor, blocks: Q4Blocks | None = None) -> nn.Module:
     """tokenmill's native 4-bit kernel where it could be built, torch's int4 kernel otherwise."""
     lib = native.load()
-    return Q4Linear(weight, lib) if lib is not None else Int4Linear(weight)
+    return Q4Linear(weight, lib, blocks) if lib is not None else Int4Linear(weight)
 
 
-def quantized_linear(weight: torch.Tensor, mode: str, max_int4_rows: int = 1) -> nn.Module:
+def quantized_linear(
+    weight: torch.Tensor, mode: str, max_int4_rows: int = 1, blocks: Q4Blocks | None = None
+) -> nn.Module:
+    """`blocks`: the GGUF file's own 4-bit blocks for this weight, when it has them."""
     if mode == "int8":
         return Int8Linear(weight)
     if mode == "int4":
-        return four_bit_linear(weight)
+        return four_bit_linear(weight, blocks)
     if mode == "auto":
-        return AutoLinear(weight, max_int4_rows)
+        return AutoLinear(weight, max_int4_rows, blocks=blocks)
     raise ValueError(f"unknown quantization mode {mode!r}")

@@ -7,6 +7,7 @@ sees a padded batch. Q/K/V and gate/up projections are fused into one matmul eac
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +17,12 @@ from tokenmill.layers.activation import silu_and_mul
 from tokenmill.layers.attention import AttentionMetadata, paged_attention
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.quantized_linear import quantized_head, quantized_linear
+from tokenmill.layers.quantized_linear import (
+    q4_blocks_from_gguf,
+    q8_blocks_from_gguf,
+    quantized_head,
+    quantized_linear,
+)
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
@@ -121,15 +127,19 @@ class LlamaForCausalLM(nn.Module):
     def quantize(self, mode: str) -> None:
         """Replace every projection by a quantized layer and the LM head by an 8-bit (or bfloat16) one; the
         embedding lookup stays as it is."""
-        self.lm_head = quantized_head(self.lm_head.weight.data)
-        for layer in self.layers:
+        blocks = getattr(self, "_gguf_blocks", {})
+        self.lm_head = quantized_head(self.lm_head.weight.data, blocks.get("lm_head"))
+        for i, layer in enumerate(self.layers):
             for parent, name in (
                 (layer.self_attn, "qkv_proj"),
                 (layer.self_attn, "o_proj"),
                 (layer.mlp, "gate_up_proj"),
                 (layer.mlp, "down_proj"),
             ):
-                setattr(parent, name, quantized_linear(getattr(parent, name).weight.data, mode, auto_max_4bit_rows()))
+                weight = getattr(parent, name).weight.data
+                q4 = blocks.get(f"{i}.{name}")
+                setattr(parent, name, quantized_linear(weight, mode, auto_max_4bit_rows(), q4))
+        self._gguf_blocks = {}
 
     # ---- weights -------------------------------------------------------------------------------------------------
 
@@ -146,7 +156,25 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"{gguf.path}: {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
             param.data = value.contiguous()  # adopt the loaded tensor: no second copy of the weights
 
+        # the file's own 4-bit and 8-bit blocks, kept (as raw rows) for quantize(): no re-quantization
+        self._gguf_blocks: dict[str, object] = {}
+
+        def raw(name: str) -> tuple[torch.Tensor, object]:
+            t = gguf.tensor(name)
+            return torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type
+
+        def keep_q4(key: str, parts: list[tuple[str, int | None]]) -> None:
+            rows, types = [], set()
+            for name, heads in parts:
+                data, ggml_type = raw(name)
+                rows.append(unpermute_rope_rows(data, heads) if heads else data)
+                types.add(ggml_type)
+            if len(types) == 1:
+                self._gguf_blocks[key] = q4_blocks_from_gguf(torch.cat(rows), types.pop())
+
         copy(self.embed_tokens, load("token_embd.weight"), "token_embd.weight")
+        head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
+        self._gguf_blocks["lm_head"] = q8_blocks_from_gguf(*raw(head_name))
         copy(self.norm.weight, load("output_norm.weight").float(), "output_norm.weight")
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
@@ -162,6 +190,17 @@ class LlamaForCausalLM(nn.Module):
             gate_up = torch.cat([load(p + "ffn_gate.weight"), load(p + "ffn_up.weight")])
             copy(layer.mlp.gate_up_proj.weight, gate_up, p + "ffn_gate/up.weight")
             copy(layer.mlp.down_proj.weight, load(p + "ffn_down.weight"), p + "ffn_down.weight")
+            keep_q4(
+                f"{i}.qkv_proj",
+                [
+                    (p + "attn_q.weight", c.num_heads),
+                    (p + "attn_k.weight", c.num_kv_heads),
+                    (p + "attn_v.weight", None),
+                ],
+            )
+            keep_q4(f"{i}.o_proj", [(p + "attn_output.weight", None)])
+            keep_q4(f"{i}.gate_up_proj", [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)])
+            keep_q4(f"{i}.down_proj", [(p + "ffn_down.weight", None)])
             copy(layer.input_layernorm.weight, load(p + "attn_norm.weight").float(), p + "attn_norm.weight")
             copy(layer.post_attention_layernorm.weight, load(p + "ffn_norm.weight").float(), p + "ffn_norm.weight")
 

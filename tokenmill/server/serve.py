@@ -19,9 +19,9 @@ from tokenmill.server.state import ServerSettings, ServerState
 logger = logging.getLogger("tokenmill.server")
 
 
-def _load_quietly(state: ServerState) -> None:
+def _load_quietly(state: ServerState, prefetched=None) -> None:
     try:
-        state.load()
+        state.load(prefetched)
     except BaseException:  # noqa: BLE001 - recorded in state.load_error; the server then exits
         return
 
@@ -74,6 +74,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     access_log: bool = False,
+    prefetched=None,
 ) -> int:
     # fail fast, before listening, on a model file that cannot be right
     check_gguf_magic(resolve_model_path(settings.model))
@@ -81,7 +82,7 @@ def serve(
         settings.api_key = os.environ.get("TOKENMILL_API_KEY") or None
     state = ServerState(settings)
     # load the model while the web stack is imported and started; /health says 503 until it is ready
-    threading.Thread(target=_load_quietly, args=(state,), name="tokenmill-load", daemon=True).start()
+    threading.Thread(target=_load_quietly, args=(state, prefetched), name="tokenmill-load", daemon=True).start()
     from tokenmill.server.app import create_app
 
     app = create_app(state, load_in_background=False)

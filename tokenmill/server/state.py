@@ -41,14 +41,16 @@ class ServerState:
         self.events = EventHub()
         self.ready = threading.Event()
 
-    def load(self) -> None:
+    def load(self, prefetched=None) -> None:
         """Build the engine (runs in a thread while the server already answers /health with 503)."""
         from tokenmill.config import EngineConfig
         from tokenmill.engine.llm_engine import LLMEngine
 
         s = self.settings
         try:
-            engine = LLMEngine(s.model, s.dtype, s.quantization, EngineConfig.from_options(s.engine_options))
+            engine = LLMEngine(
+                s.model, s.dtype, s.quantization, EngineConfig.from_options(s.engine_options), prefetched
+            )
         except BaseException as exc:
             self.load_error = exc
             logger.error("loading the model failed: %s", exc)
