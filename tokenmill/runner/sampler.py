@@ -35,6 +35,18 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] | None  # the `logprobs` most likely tokens, best first
 
 
+def _plain_greedy(row: SamplingRow) -> bool:
+    p = row.params
+    return (
+        p.greedy
+        and not p.logit_bias
+        and not row.banned_token_ids
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+    )
+
+
 class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
@@ -58,8 +70,13 @@ class Sampler:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """logits [num_logits_rows, vocab] float32 -> one SampledToken per row of `rows`."""
-        index = torch.tensor([r.logits_row for r in rows], device=logits.device)
-        raw = logits.index_select(0, index).float()  # [R, V]
+        in_order = len(rows) == logits.shape[0] and all(r.logits_row == i for i, r in enumerate(rows))
+        if in_order:
+            raw = logits.float()  # [R, V]
+        else:
+            raw = logits.index_select(0, torch.tensor([r.logits_row for r in rows], device=logits.device)).float()
+        if all(_plain_greedy(r) for r in rows):  # the common decode case: nothing to apply, nothing to draw
+            return self._logprobs(raw, raw.argmax(dim=-1), rows)
         processed = self._apply_biases_and_penalties(raw.clone(), rows)
         tokens = torch.empty(len(rows), dtype=torch.int64, device=raw.device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
