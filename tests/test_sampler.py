@@ -112,3 +112,15 @@ def test_rows_can_share_logits() -> None:
     logits = torch.tensor([[0.0] * 8, [0.0, 0, 0, 0, 0, 0, 0, 10.0]])
     out = Sampler(torch.device("cpu")).sample(logits, [row(0, 1, temperature=0), row(1, 1, temperature=0)])
     assert [t.token_id for t in out] == [7, 7]
+
+
+def test_argmax_rows_is_torch_argmax_with_first_ties_and_nan() -> None:
+    from tokenmill.runner.sampler import argmax_rows
+
+    x = torch.randn(6, 500)
+    x[1, 7] = float("nan")
+    x[2] = 1.0  # all tied: the first index
+    x[3, 10] = x[3, 20] = x[3].max() + 1
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(argmax_rows(x[:, ::3]), x[:, ::3].argmax(dim=-1))  # strided rows
+    assert argmax_rows(x).tolist()[1:4] == [7, 0, 10]

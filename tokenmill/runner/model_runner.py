@@ -128,25 +128,21 @@ class ModelRunner:
         return StepOutput(last_logits, all_logits)
 
     def _prepare(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat step tensors and attention metadata; `chunks` come decodes first (see execute)."""
+        """Flat step tensors and attention metadata; `chunks` come decodes first (see execute).
+        Built from Python lists with one tensor per list: a decode step is a few small tensors, and each tensor
+        operation costs microseconds that add up at one token per step."""
         bs = self.block_size
         dev = self.device
         token_ids: list[int] = []
         positions: list[int] = []
+        slots: list[int] = []  # cache slot of each new token, from its sequence's block table
         for c in chunks:
             token_ids.extend(c.token_ids)
-            positions.extend(range(c.start_position, c.start_position + len(c.token_ids)))
-        pos = torch.tensor(positions, dtype=torch.int64)  # [T]
-        # the block of each new token, from its sequence's block table
-        block_of = torch.tensor(
-            [
-                c.block_table[p // bs]
-                for c in chunks
-                for p in range(c.start_position, c.start_position + len(c.token_ids))
-            ],
-            dtype=torch.int64,
-        )
-        slot_mapping = (block_of * bs + pos % bs).to(dev)
+            span = range(c.start_position, c.start_position + len(c.token_ids))
+            positions.extend(span)
+            table = c.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in span)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=dev)  # [T]
         decodes = [c for c in chunks if len(c.token_ids) == 1]
         decode = self._decode_batch(decodes) if decodes else None
         prefills = []
@@ -157,7 +153,7 @@ class ModelRunner:
             start = end
         meta = AttentionMetadata(slot_mapping, decode, prefills)
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        return input_ids, pos.to(dev), slot_mapping, meta
+        return input_ids, torch.tensor(positions, dtype=torch.int64, device=dev), slot_mapping, meta
 
     def _context_slots(self, block_table: list[int], context_len: int) -> torch.Tensor:
         """[context_len] cache slots of positions 0 .. context_len - 1."""
@@ -167,23 +163,24 @@ class ModelRunner:
 
     def _decode_batch(self, chunks: list[StepChunk]) -> DecodeBatch:
         bs = self.block_size
-        context_lens = torch.tensor([c.start_position + 1 for c in chunks])  # [S]
-        max_ctx = int(context_lens.max())
+        lens = [c.start_position + 1 for c in chunks]
+        max_ctx = max(lens)
         max_blocks = (max_ctx + bs - 1) // bs
-        tables = torch.zeros(len(chunks), max_blocks, dtype=torch.int64)  # [S, max_blocks]; padding -> block 0
-        for i, c in enumerate(chunks):
-            n = min(len(c.block_table), max_blocks)
-            tables[i, :n] = torch.tensor(c.block_table[:n])
-        key_pos = torch.arange(max_ctx)  # [max_ctx]
-        valid = key_pos.unsqueeze(0) < context_lens.unsqueeze(1)  # [S, max_ctx]
-        slots = (tables[:, key_pos // bs] * bs + key_pos % bs).masked_fill(~valid, 0)
-        padded = bool((context_lens != max_ctx).any())
+        # [S, max_blocks] block tables, a shorter one padded with block 0
+        tables = torch.tensor([(c.block_table[:max_blocks] + [0] * max_blocks)[:max_blocks] for c in chunks])
+        slots = (tables.unsqueeze(2) * bs + torch.arange(bs)).reshape(len(chunks), -1)[:, :max_ctx]  # [S, max_ctx]
+        context_lens = torch.tensor(lens)  # [S]
+        mask = None
+        if min(lens) != max_ctx:
+            valid = torch.arange(max_ctx).unsqueeze(0) < context_lens.unsqueeze(1)  # [S, max_ctx]
+            slots = slots.masked_fill(~valid, 0)
+            mask = valid.view(len(chunks), 1, 1, max_ctx).to(self.device)
         return DecodeBatch(
             token_start=0,
             num_seqs=len(chunks),
             max_context=max_ctx,
             kv_index=slots.reshape(-1).to(self.device),
-            mask=valid.view(len(chunks), 1, 1, max_ctx).to(self.device) if padded else None,
+            mask=mask,
             context_lens=context_lens.to(self.device),
         )
 

@@ -35,6 +35,15 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] | None  # the `logprobs` most likely tokens, best first
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """[R, V] -> [R] int64: the index of each row's first maximum (NaN counts as the maximum), as
+    `x.argmax(dim=-1)`. On the CPU through numpy: torch's CPU argmax over a vocabulary-long row takes about
+    100 us, numpy's 5, and a decode step is about 10 ms."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(x.numpy().argmax(axis=-1))
+    return x.argmax(dim=-1)
+
+
 def _plain_greedy(row: SamplingRow) -> bool:
     p = row.params
     return (
@@ -76,14 +85,14 @@ class Sampler:
         else:
             raw = logits.index_select(0, torch.tensor([r.logits_row for r in rows], device=logits.device)).float()
         if all(_plain_greedy(r) for r in rows):  # the common decode case: nothing to apply, nothing to draw
-            return self._logprobs(raw, raw.argmax(dim=-1), rows)
+            return self._logprobs(raw, argmax_rows(raw), rows)
         processed = self._apply_biases_and_penalties(raw.clone(), rows)
         tokens = torch.empty(len(rows), dtype=torch.int64, device=raw.device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         random = [i for i, r in enumerate(rows) if not r.params.greedy]
         if greedy:
             g = torch.tensor(greedy, device=raw.device)
-            tokens[g] = processed[g].argmax(dim=-1)
+            tokens[g] = argmax_rows(processed[g])
         if random:
             rnd = torch.tensor(random, device=raw.device)
             tokens[rnd] = self._sample_random(processed[rnd], [rows[i] for i in random])
@@ -161,7 +170,7 @@ class Sampler:
         noise = torch.empty_like(probs)
         for i, r in enumerate(rows):
             noise[i].exponential_(generator=self._generator(r))
-        return (probs / noise).argmax(dim=-1)
+        return argmax_rows(probs / noise)
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # the sampled token's log-probability always (for cumulative_logprob); ranks and top-k only when asked
