@@ -28,9 +28,10 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
 
-# "auto" mode: 4-bit kernels up to this many rows, a dense GEMM above; where tokenmill's native kernels are built
-# they win up to about 12 decode sequences, torch's int4 kernel up to about 4 (benchmarks/README.md)
-AUTO_MAX_NATIVE_ROWS = 12
+# "auto" mode: 4-bit kernels up to this many rows, a dense GEMM above. tokenmill's native kernels beat the
+# dense bfloat16 GEMM by 1.2-1.45x up to 22 decode sequences and break even at 24 (one process, alternating,
+# 150-token contexts, this project's Xeon); torch's int4 kernel wins up to about 4 (benchmarks/README.md)
+AUTO_MAX_NATIVE_ROWS = 20
 AUTO_MAX_TORCH_INT4_ROWS = 4
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
