@@ -5,7 +5,8 @@
 Each repetition runs, in turn: the offline workload (tokenmill auto, tokenmill float32, llama.cpp), one request
 of 128 + 128 tokens, one 512-token prefill, and, for tokenmill, `serve` from start to ready plus a streaming load
 (`tokenmill bench serve`, 16 clients) with the server's peak resident memory. It prints every result as a JSON
-line, then the medians and the ratios as a markdown table for benchmarks/README.md.
+line, then the medians and the ratios as a markdown table for benchmarks/README.md: the ratio of the two
+medians, and the median of the ratios of each repetition ("paired"), the steadier one on a drifting machine.
 """
 
 import argparse
@@ -91,6 +92,13 @@ def median(results: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in results)
 
 
+def paired(ours: list[dict], theirs: list[dict], key: str, higher_is_better: bool = True) -> str:
+    """Median over repetitions of tokenmill's figure over the peer's from the same repetition (the two ran back to
+    back): steadier than the ratio of the two medians on a machine whose speed drifts between repetitions."""
+    ratios = [(a[key] / b[key]) if higher_is_better else (b[key] / a[key]) for a, b in zip(ours, theirs, strict=True)]
+    return f"paired {statistics.median(ratios):.2f}x ({', '.join(f'{r:.2f}' for r in ratios)})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
@@ -133,7 +141,8 @@ def main() -> None:
             "offline-32 seconds (auto)",
             median(runs["offline auto"], "seconds"),
             off_llama,
-            f"{off_llama / median(runs['offline auto'], 'seconds'):.2f}x faster",
+            f"{off_llama / median(runs['offline auto'], 'seconds'):.2f}x faster; "
+            + paired(runs["offline auto"], runs["offline llama.cpp"], "seconds", higher_is_better=False),
         ),
         (
             "offline-32 seconds (float32, exact)",
@@ -145,13 +154,15 @@ def main() -> None:
             "decode tok/s, 1 request, 128+128 (auto)",
             median(runs["latency auto"], "decode_tok_s"),
             dec_llama,
-            f"{median(runs['latency auto'], 'decode_tok_s') / dec_llama:.2f}x",
+            f"{median(runs['latency auto'], 'decode_tok_s') / dec_llama:.2f}x; "
+            + paired(runs["latency auto"], runs["latency llama.cpp"], "decode_tok_s"),
         ),
         (
             "prefill tok/s, 512-token prompt (auto)",
             median(runs["prefill auto"], "prefill_tok_s"),
             pre_llama,
-            f"{median(runs['prefill auto'], 'prefill_tok_s') / pre_llama:.2f}x",
+            f"{median(runs['prefill auto'], 'prefill_tok_s') / pre_llama:.2f}x; "
+            + paired(runs["prefill auto"], runs["prefill llama.cpp"], "prefill_tok_s"),
         ),
         (
             "prefill tok/s, 512-token prompt (float32)",
