@@ -277,12 +277,11 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from tokenmill.loader.gguf_file import check_gguf_magic
     from tokenmill.loader.prefetch import ModelPrefetch
 
-    # parse the model file and build its tokenizer while torch and the web stack are imported
+    # parse the model file and build its tokenizer while torch and the web stack are imported (serve() checks
+    # the file's header before it listens)
     prefetched = ModelPrefetch(args.model)
-    check_gguf_magic(prefetched.path)
     from tokenmill.server.serve import serve
     from tokenmill.server.state import ServerSettings
 

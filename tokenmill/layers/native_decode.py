@@ -98,8 +98,7 @@ class NativeLlamaDecoder:
         model = self.model
         d = meta.decode
         hidden = F.embedding(input_ids, model.embed_tokens).float().contiguous()  # [M, hidden], updated in place
-        cos, sin = model.rotary.tables(positions)
-        cos, sin = cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous()  # [M, D]
+        cos, sin = model.rotary.cos_full[positions], model.rotary.sin_signed[positions]  # [M, D], contiguous
         slots = meta.slot_mapping.contiguous()
         ctx_slots = d.kv_index.contiguous()  # [M * max_ctx]
         ctx_lens = d.context_lens.contiguous()

@@ -89,10 +89,6 @@ class Q4Linear(nn.Module):
         self.register_buffer("low", low.contiguous(), persistent=False)
         self._lib = lib
 
-    @property
-    def weight_bytes(self) -> int:
-        return self.qs.numel() + 4 * (self.scale.numel() + self.low.numel())
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
         rows = x32.shape[0]
@@ -155,10 +151,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), persistent=False)
         self.register_buffer("scale", scale.to(torch.bfloat16), persistent=False)
 
-    @property
-    def weight_bytes(self) -> int:
-        return self.qweight.numel() + 2 * self.scale.numel()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.qweight, self.scale).to(x.dtype)
 
@@ -167,22 +159,12 @@ class Int4Linear(nn.Module):
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        if self.in_features % INT4_GROUP_SIZE:
-            raise ValueError(f"int4 needs in_features divisible by {INT4_GROUP_SIZE}, got {self.in_features}")
-        groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)  # [out, in/32, 32]
-        low = groups.amin(dim=-1, keepdim=True)
-        high = groups.amax(dim=-1, keepdim=True)
-        scale = ((high - low) / 15.0).clamp(min=1e-12)  # asymmetric, like Q4_1: w = q * scale + low
-        q = ((groups - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(self.out_features, -1)
+        codes, scale, low = q4_blocks(weight)  # w = code * scale + low, as Q4_1
+        q = codes.to(torch.int32).reshape(self.out_features, -1)
         self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1), persistent=False)
         # the kernel computes (q - 8) * scale + zero, so zero = low + 8 * scale; [in/32, out, 2]
-        zero = low + 8 * scale
-        scales_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1).transpose(0, 1)
+        scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1)
         self.register_buffer("scales_zeros", scales_zeros.contiguous().to(torch.bfloat16), persistent=False)
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.out_features * self.in_features // 2 + self.scales_zeros.numel() * 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP_SIZE, self.scales_zeros)
@@ -215,10 +197,6 @@ class AutoLinear(nn.Module):
         self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
         self.register_buffer("dense", weight.to(self.dense_dtype).contiguous(), persistent=False)
 
-    @property
-    def weight_bytes(self) -> int:
-        return self.dense.numel() * self.dense.element_size() + self.q4.weight_bytes
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.max_int4_rows:
             return self.q4.forward(x)
@@ -238,9 +216,6 @@ class BFloat16Head(nn.Module):
         if x.shape[0] == 1:
             return torch.mv(self.weight, xb[0]).unsqueeze(0).float()
         return F.linear(xb, self.weight).float()
-
-
-QUANTIZATION_MODES = ("int8", "int4", "auto")
 
 
 def quantized_head(weight: torch.Tensor, blocks: Q8Blocks | None = None) -> nn.Module:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from tokenmill import native
@@ -125,24 +126,50 @@ class LlamaForCausalLM(nn.Module):
         """[N, hidden] -> float32 logits [N, vocab]."""
         return self.lm_head(hidden).float()
 
-    def quantize(self, mode: str) -> None:
+    def quantize(self, mode: str, gguf: GGUFFile) -> None:
         """Replace every projection by a quantized layer and the LM head by an 8-bit (or bfloat16) one; the
-        embedding lookup stays as it is."""
-        blocks = getattr(self, "_gguf_blocks", {})
-        self.lm_head = quantized_head(self.lm_head.weight.data, blocks.get("lm_head"))
+        embedding lookup stays as it is. Where the file stores a weight as Q4_0/Q4_1 (Q8_0 for the head), its own
+        blocks are taken as they are: no re-quantization."""
+
+        def raw(name: str) -> tuple[torch.Tensor, GGMLQuantizationType]:
+            t = gguf.tensor(name)
+            return torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type
+
+        head_name = "token_embd.weight" if self.config.tie_word_embeddings else "output.weight"
+        self.lm_head = quantized_head(self.lm_head.weight.data, q8_blocks_from_gguf(*raw(head_name)))
         for i, layer in enumerate(self.layers):
-            for parent, name in (
-                (layer.self_attn, "qkv_proj"),
-                (layer.self_attn, "o_proj"),
-                (layer.mlp, "gate_up_proj"),
-                (layer.mlp, "down_proj"),
-            ):
+            for parent, name, sources in self._projections(i, layer):
+                rows, types = [], set()
+                for tensor_name, heads in sources:
+                    data, ggml_type = raw(tensor_name)
+                    rows.append(unpermute_rope_rows(data, heads) if heads else data)
+                    types.add(ggml_type)
+                blocks = q4_blocks_from_gguf(torch.cat(rows), types.pop()) if len(types) == 1 else None
                 weight = getattr(parent, name).weight.data
-                q4 = blocks.get(f"{i}.{name}")
-                setattr(parent, name, quantized_linear(weight, mode, auto_max_4bit_rows(), q4))
-        self._gguf_blocks = {}
+                setattr(parent, name, quantized_linear(weight, mode, auto_max_4bit_rows(), blocks))
 
     # ---- weights -------------------------------------------------------------------------------------------------
+
+    def _projections(
+        self, i: int, layer: "LlamaDecoderLayer"
+    ) -> list[tuple[nn.Module, str, list[tuple[str, int | None]]]]:
+        """Layer i's fused projections: (parent module, attribute, the GGUF tensors stacked into it in order, each
+        with its number of rope heads when its rows are stored permuted for ggml's rope, else None)."""
+        c, p = self.config, f"blk.{i}."
+        return [
+            (
+                layer.self_attn,
+                "qkv_proj",
+                [
+                    (p + "attn_q.weight", c.num_heads),
+                    (p + "attn_k.weight", c.num_kv_heads),
+                    (p + "attn_v.weight", None),
+                ],
+            ),
+            (layer.self_attn, "o_proj", [(p + "attn_output.weight", None)]),
+            (layer.mlp, "gate_up_proj", [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)]),
+            (layer.mlp, "down_proj", [(p + "ffn_down.weight", None)]),
+        ]
 
     def load_gguf(self, gguf: GGUFFile) -> None:
         """Dequantize the GGUF tensors into this model's (fused) parameters."""
@@ -157,25 +184,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"{gguf.path}: {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
             param.data = value.contiguous()  # adopt the loaded tensor: no second copy of the weights
 
-        # the file's own 4-bit and 8-bit blocks, kept (as raw rows) for quantize(): no re-quantization
-        self._gguf_blocks: dict[str, object] = {}
-
-        def raw(name: str) -> tuple[torch.Tensor, object]:
-            t = gguf.tensor(name)
-            return torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type
-
-        def keep_q4(key: str, parts: list[tuple[str, int | None]]) -> None:
-            rows, types = [], set()
-            for name, heads in parts:
-                data, ggml_type = raw(name)
-                rows.append(unpermute_rope_rows(data, heads) if heads else data)
-                types.add(ggml_type)
-            if len(types) == 1:
-                self._gguf_blocks[key] = q4_blocks_from_gguf(torch.cat(rows), types.pop())
-
         copy(self.embed_tokens, load("token_embd.weight"), "token_embd.weight")
-        head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
-        self._gguf_blocks["lm_head"] = q8_blocks_from_gguf(*raw(head_name))
         copy(self.norm.weight, load("output_norm.weight").float(), "output_norm.weight")
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
@@ -183,25 +192,10 @@ class LlamaForCausalLM(nn.Module):
             copy(self.lm_head.weight, load("output.weight"), "output.weight")
         for i, layer in enumerate(self.layers):
             p = f"blk.{i}."
-            q = unpermute_rope_rows(load(p + "attn_q.weight"), c.num_heads)
-            k = unpermute_rope_rows(load(p + "attn_k.weight"), c.num_kv_heads)
-            qkv = torch.cat([q, k, load(p + "attn_v.weight")])
-            copy(layer.self_attn.qkv_proj.weight, qkv, p + "attn_q/k/v.weight")
-            copy(layer.self_attn.o_proj.weight, load(p + "attn_output.weight"), p + "attn_output.weight")
-            gate_up = torch.cat([load(p + "ffn_gate.weight"), load(p + "ffn_up.weight")])
-            copy(layer.mlp.gate_up_proj.weight, gate_up, p + "ffn_gate/up.weight")
-            copy(layer.mlp.down_proj.weight, load(p + "ffn_down.weight"), p + "ffn_down.weight")
-            keep_q4(
-                f"{i}.qkv_proj",
-                [
-                    (p + "attn_q.weight", c.num_heads),
-                    (p + "attn_k.weight", c.num_kv_heads),
-                    (p + "attn_v.weight", None),
-                ],
-            )
-            keep_q4(f"{i}.o_proj", [(p + "attn_output.weight", None)])
-            keep_q4(f"{i}.gate_up_proj", [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)])
-            keep_q4(f"{i}.down_proj", [(p + "ffn_down.weight", None)])
+            for parent, name, sources in self._projections(i, layer):
+                rows = [unpermute_rope_rows(load(n), heads) if heads else load(n) for n, heads in sources]
+                label = " + ".join(n for n, _ in sources)
+                copy(getattr(parent, name).weight, torch.cat(rows) if len(rows) > 1 else rows[0], label)
             copy(layer.input_layernorm.weight, load(p + "attn_norm.weight").float(), p + "attn_norm.weight")
             copy(layer.post_attention_layernorm.weight, load(p + "ffn_norm.weight").float(), p + "ffn_norm.weight")
 

@@ -28,5 +28,5 @@ def build_model(
     model = model_class(config, dtype)
     model.load_gguf(gguf)
     if quantization is not None:
-        model.quantize(quantization)
+        model.quantize(quantization, gguf)
     return model.to(device).eval(), config

@@ -6,6 +6,7 @@ into [T] tensors, builds the attention metadata once for all layers, runs the mo
 the caller asked for.
 """
 
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -110,9 +111,9 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
 
-        ends = torch.tensor([len(c.token_ids) for c in ordered]).cumsum(0)
-        row_of_last = {order[j]: int(ends[j]) - 1 for j in range(len(ordered))}
-        first_row = {order[j]: int(ends[j]) - len(ordered[j].token_ids) for j in range(len(ordered))}
+        ends = list(itertools.accumulate(len(c.token_ids) for c in ordered))  # row after each chunk's last
+        row_of_last = {order[j]: ends[j] - 1 for j in range(len(ordered))}
+        first_row = {order[j]: ends[j] - len(ordered[j].token_ids) for j in range(len(ordered))}
         last_rows = [row_of_last[i] for i, c in enumerate(chunks) if c.want_last_logits]
         if last_rows:
             last_logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])

@@ -7,7 +7,6 @@ import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -131,7 +130,6 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         engine = state.require_engine().engine
         c = engine.model_config
         runner = engine.runner
-        element_bytes = torch.empty((), dtype=runner.dtype).element_size()
         return {
             "model": state.model_name,
             "quantization": engine.quantization or "none",
@@ -140,7 +138,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             "num_kv_heads": c.num_kv_heads,
             "head_dim": c.head_dim,
             "kv_dtype": str(runner.dtype).removeprefix("torch."),
-            "kv_element_bytes": element_bytes,
+            "kv_element_bytes": runner.dtype.itemsize,
             "block_size": engine.config.block_size,
             "kv_blocks_total": engine.block_manager.num_blocks,
             "kv_bytes_per_block": runner.kv_bytes_per_block(),

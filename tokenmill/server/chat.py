@@ -62,13 +62,16 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         "created": created,
         "model": state.model_name,
         "choices": choices,
-        "usage": _usage(
-            len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs), final.num_cached_tokens
-        ),
+        "usage": _request_usage(final),
     }
     if req.return_token_ids:
         response["prompt_token_ids"] = final.prompt_token_ids
     return response
+
+
+def _request_usage(final: RequestOutput) -> dict:
+    completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+    return _usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
 
 
 def _logprobs(tokenizer: Tokenizer, o: CompletionOutput, token_ids: list[int], first: int, k: int | None):
@@ -131,8 +134,5 @@ async def _stream(
         yield "data: [DONE]\n\n"
         return
     if req.include_usage and final is not None:
-        usage = _usage(
-            len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs), final.num_cached_tokens
-        )
-        yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': _request_usage(final)})}\n\n"
     yield "data: [DONE]\n\n"
