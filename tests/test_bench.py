@@ -32,25 +32,18 @@ def test_parse_range() -> None:
     assert parse_range("32:256") == (32, 256) and parse_range("128") == (128, 128)
 
 
+def run_bench(*args: str) -> dict:
+    """`tokenmill bench ... --json` in a subprocess -> its JSON line."""
+    command = [sys.executable, "-m", "tokenmill.entrypoints.cli", "bench", *args, "--json"]
+    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+
 @pytest.mark.slow
 def test_bench_commands_print_json() -> None:
-    base = [sys.executable, "-m", "tokenmill.entrypoints.cli", "bench"]
-    out = subprocess.run(
-        [*base, "offline", "--num-prompts", "3", "--output-len", "2:4", "--quantization", "auto", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result = json.loads(out.stdout)
+    result = run_bench("offline", "--num-prompts", "3", "--output-len", "2:4", "--quantization", "auto")
     assert result["bench"] == "offline" and result["output_tokens"] == sum(
         m for _, m in make_workload(3, (32, 256), (2, 4))
     )
     assert result["seconds"] > 0 and result["output_tok_s"] > 0 and result["load_seconds"] > 0
-    out = subprocess.run(
-        [*base, "latency", "--input-len", "16", "--output-len", "4", "--runs", "1", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result = json.loads(out.stdout)
+    result = run_bench("latency", "--input-len", "16", "--output-len", "4", "--runs", "1")
     assert result["ttft_ms"] > 0 and result["decode_tok_s"] > 0 and result["prefill_tok_s"] > 0

@@ -34,7 +34,8 @@ def test_reference_chat_prompts(smollm2_template: ChatTemplate, smollm2_referenc
 
 @pytest.mark.slow
 def test_matches_hf_apply_chat_template(smollm2_template: ChatTemplate, bundled_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     hf = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
     for conversation in CONVERSATIONS:
         for add in (True, False):

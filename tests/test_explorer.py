@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import sync_playwright  # installed by `make install`
 
 from tests.conftest import REPO_ROOT
 from tests.server_utils import start_server
@@ -33,9 +34,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
-    playwright = pytest.importorskip("playwright.sync_api")  # installed by `make install`
     assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make install`"
-    with playwright.sync_playwright() as p:
+    with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
         b.close()

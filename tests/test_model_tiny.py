@@ -8,12 +8,11 @@ import gguf
 import numpy as np
 import pytest
 import torch
+import transformers  # installed by `make install` with the test extras
 
 from tests.gguf_builder import TinyLlama, write_tiny_llama
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
-
-transformers = pytest.importorskip("transformers")  # installed by `make install`; a hard dependency of the tests
 
 
 def hf_model(model: TinyLlama, matrix_type: str) -> torch.nn.Module:
