@@ -133,43 +133,27 @@ def main() -> None:
         hf = [args.peers_python, str(ROOT / "benchmarks" / "peers" / "hf_peer.py"), "--model", model]
         add("latency hf", run_json(hf))
 
-    off_llama = median(runs["offline llama.cpp"], "seconds")
-    dec_llama = median(runs["latency llama.cpp"], "decode_tok_s")
-    pre_llama = median(runs["prefill llama.cpp"], "prefill_tok_s")
+    def versus(name: str, ours: str, theirs: str, key: str, lower_is_better: bool = False) -> tuple:
+        """One table row: tokenmill's median, llama.cpp's, the ratio of the two and, where the two ran in the same
+        repetitions, the paired ratios."""
+        a, b = median(runs[ours], key), median(runs[theirs], key)
+        ratio = f"{b / a:.2f}x faster" if lower_is_better else f"{a / b:.2f}x"
+        if ours.endswith("auto"):
+            ratio += "; " + paired(runs[ours], runs[theirs], key, higher_is_better=not lower_is_better)
+        return name, a, b, ratio
+
     rows = [
-        (
-            "offline-32 seconds (auto)",
-            median(runs["offline auto"], "seconds"),
-            off_llama,
-            f"{off_llama / median(runs['offline auto'], 'seconds'):.2f}x faster; "
-            + paired(runs["offline auto"], runs["offline llama.cpp"], "seconds", higher_is_better=False),
-        ),
-        (
+        versus("offline-32 seconds (auto)", "offline auto", "offline llama.cpp", "seconds", lower_is_better=True),
+        versus(
             "offline-32 seconds (float32, exact)",
-            median(runs["offline float32"], "seconds"),
-            off_llama,
-            f"{off_llama / median(runs['offline float32'], 'seconds'):.2f}x faster",
+            "offline float32",
+            "offline llama.cpp",
+            "seconds",
+            lower_is_better=True,
         ),
-        (
-            "decode tok/s, 1 request, 128+128 (auto)",
-            median(runs["latency auto"], "decode_tok_s"),
-            dec_llama,
-            f"{median(runs['latency auto'], 'decode_tok_s') / dec_llama:.2f}x; "
-            + paired(runs["latency auto"], runs["latency llama.cpp"], "decode_tok_s"),
-        ),
-        (
-            "prefill tok/s, 512-token prompt (auto)",
-            median(runs["prefill auto"], "prefill_tok_s"),
-            pre_llama,
-            f"{median(runs['prefill auto'], 'prefill_tok_s') / pre_llama:.2f}x; "
-            + paired(runs["prefill auto"], runs["prefill llama.cpp"], "prefill_tok_s"),
-        ),
-        (
-            "prefill tok/s, 512-token prompt (float32)",
-            median(runs["prefill float32"], "prefill_tok_s"),
-            pre_llama,
-            f"{median(runs['prefill float32'], 'prefill_tok_s') / pre_llama:.2f}x",
-        ),
+        versus("decode tok/s, 1 request, 128+128 (auto)", "latency auto", "latency llama.cpp", "decode_tok_s"),
+        versus("prefill tok/s, 512-token prompt (auto)", "prefill auto", "prefill llama.cpp", "prefill_tok_s"),
+        versus("prefill tok/s, 512-token prompt (float32)", "prefill float32", "prefill llama.cpp", "prefill_tok_s"),
         (
             "serve: start to ready, s (auto)",
             median(runs["serve auto"], "ready_s"),
