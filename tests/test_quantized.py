@@ -66,6 +66,13 @@ def test_quantized_modes_keep_the_reference_tokens(mode: str, smollm2_reference:
     expected = [g["hf_fp32_greedy"][:8] for g in gens]
     assert all(t[0] == e[0] for t, e in zip(tokens, expected, strict=True))
     assert sum(t != e for t, e in zip(tokens, expected, strict=True)) <= 1
+    if mode == "int4":
+        # the file's own 4-bit weights, as HF's float32 has them, so the drift is the activations' quantization
+        # (two int8 passes: 0.003 measured; one pass, as llama.cpp's, moved them by up to 0.27)
+        for out, g in zip(outs, gens, strict=True):
+            first = out.outputs[0].logprobs[0]
+            for token, expected_logprob in zip(g["hf_fp32_top10_ids"], g["hf_fp32_top10_logprobs"], strict=True):
+                assert abs(first[token].logprob - expected_logprob) < 0.01
 
 
 def test_unknown_quantization_is_rejected() -> None:

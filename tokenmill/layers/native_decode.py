@@ -42,6 +42,8 @@ def _q4(layer: torch.nn.Module) -> Q4Weight:
     q = getattr(layer, "q4", layer)
     if not isinstance(q, Q4Linear):
         raise ValueError("the native decoder needs 4-bit (Q4Linear) projections")
+    if q.out_features % Q4Linear.GROUP:
+        raise ValueError(f"the native decoder needs output sizes in multiples of {Q4Linear.GROUP}")
     return Q4Weight(q.qs.data_ptr(), q.scale.data_ptr(), q.low.data_ptr(), q.out_features, q.in_features)
 
 

@@ -27,13 +27,14 @@ INT4_GROUP_SIZE = 32
 
 def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[out, in] -> (codes uint8 [out, in/32, 32] in 0..15, scale [out, in/32], min [out, in/32]) with
-    w = code * scale + min per block of 32 (Q4_1's scheme: exact for weights that came from Q4_1 or Q4_0)."""
+    w = code * scale + min per block of 32 (Q4_1's scheme: exact for weights that came from Q4_1 or Q4_0). The
+    scales and minimums are rounded to half floats first, as Q4_1 stores them, and the codes fit the rounded ones."""
     out_features, in_features = weight.shape
     if in_features % INT4_GROUP_SIZE:
         raise ValueError(f"4-bit weights need in_features divisible by {INT4_GROUP_SIZE}, got {in_features}")
     groups = weight.float().reshape(out_features, -1, INT4_GROUP_SIZE)
-    low = groups.amin(dim=-1)
-    scale = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=1e-12)
+    low = groups.amin(dim=-1).half().float()
+    scale = ((groups.amax(dim=-1) - low) / 15.0).clamp(min=2**-14).half().float()  # at least half's smallest normal
     codes = ((groups - low.unsqueeze(-1)) / scale.unsqueeze(-1)).round().clamp(0, 15).to(torch.uint8)
     return codes, scale, low
 
@@ -71,9 +72,13 @@ def _half(pairs: torch.Tensor) -> torch.Tensor:
 
 
 class Q4Linear(nn.Module):
-    """4-bit weights in GGUF's Q4_1 layout (float32 block scales and minimums) through tokenmill's native kernel,
-    with float32 activations. Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
-    float weight (min/max per block, which recovers Q4 blocks exactly)."""
+    """4-bit weights in GGUF's Q4_1 scheme (half-float block scales and minimums) through tokenmill's native kernel,
+    which quantizes activations per block of 32 in two int8 passes (error below 1/64,516 of the block's largest
+    value; see q4_kernels.c). Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
+    float weight (min/max per block, which recovers Q4 blocks exactly). The kernel's layout interleaves 16 output
+    rows; a last partial group is padded with zero rows."""
+
+    GROUP = 16
 
     def __init__(self, weight: torch.Tensor | None, lib, blocks: Q4Blocks | None = None):
         super().__init__()
@@ -82,27 +87,44 @@ class Q4Linear(nn.Module):
             codes, scale, low = q4_blocks(weight)
             # two codes per byte, as GGUF packs Q4 blocks: byte i holds code i (low nibble) and code i + 16 (high)
             blocks = ((codes[..., :16] | (codes[..., 16:] << 4)).contiguous(), scale, low)
-        qs, scale, low = blocks
-        self.out_features, self.in_features = qs.shape[0], qs.shape[1] * INT4_GROUP_SIZE
-        self.register_buffer("qs", qs.contiguous(), persistent=False)
-        self.register_buffer("scale", scale.contiguous(), persistent=False)
-        self.register_buffer("low", low.contiguous(), persistent=False)
+        qs, scale, low = blocks[0].contiguous(), blocks[1].half().contiguous(), blocks[2].half().contiguous()
+        self.out_features, num_blocks = qs.shape[0], qs.shape[1]
+        self.in_features = num_blocks * INT4_GROUP_SIZE
+        groups = -(-self.out_features // self.GROUP)
+        # [groups, blocks, 256] codes and [groups, blocks, 16] half-float scales and minimums
+        self.register_buffer("qs", torch.empty(groups, num_blocks, 256, dtype=torch.uint8), persistent=False)
+        self.register_buffer("scale", torch.empty(groups, num_blocks, self.GROUP, dtype=torch.half), persistent=False)
+        self.register_buffer("low", torch.empty(groups, num_blocks, self.GROUP, dtype=torch.half), persistent=False)
+        lib.tm_q4_interleave(
+            qs.data_ptr(),
+            scale.data_ptr(),
+            low.data_ptr(),
+            self.out_features,
+            num_blocks,
+            self.qs.data_ptr(),
+            self.scale.data_ptr(),
+            self.low.data_ptr(),
+        )
         self._lib = lib
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
-        rows = x32.shape[0]
-        out = torch.empty(rows, self.out_features, dtype=torch.float32)
-        self._lib.tm_q4_matmul(
+        rows, padded = x32.shape[0], self.qs.shape[0] * self.GROUP
+        out = torch.empty(rows, padded, dtype=torch.float32)
+        rc = self._lib.tm_q4_matmul(
             x32.data_ptr(),
             rows,
             self.in_features,
             self.qs.data_ptr(),
             self.scale.data_ptr(),
             self.low.data_ptr(),
-            self.out_features,
+            padded,
             out.data_ptr(),
         )
+        if rc != 0:
+            raise MemoryError("native 4-bit product: out of memory")
+        if padded != self.out_features:
+            out = out[:, : self.out_features].contiguous()
         return out.to(x.dtype)
 
 

@@ -1,6 +1,7 @@
 """tokenmill's hand-written CPU kernels (C, compiled for this machine on first use, loaded with ctypes).
 
-q4_kernels.c has a 4-bit matrix product for decode-sized batches and a whole llama decoder layer for a few
+q4_kernels.c has a 4-bit matrix product for decode-sized batches (integer dot products on weights kept in
+groups of 16 interleaved rows) and a whole llama decoder layer for a few
 decode tokens (norms, projections, rope, the KV-cache write, attention over the paged cache, SwiGLU) in one
 call, so a decode step costs one call per layer instead of ~40 torch operations each. The library is built with
 the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without a
@@ -87,7 +88,9 @@ def load() -> ctypes.CDLL | None:
         ctypes.c_int64,
         ctypes.c_void_p,
     ]
-    lib.tm_q4_matmul.restype = None
+    lib.tm_q4_matmul.restype = ctypes.c_int
+    lib.tm_q4_interleave.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
+    lib.tm_q4_interleave.restype = None
     lib.tm_q8_matmul.argtypes = [
         ctypes.c_void_p,
         ctypes.c_int64,
@@ -101,6 +104,8 @@ def load() -> ctypes.CDLL | None:
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, i64, i64, i64, i64, f32]
     lib.tm_llama_decode.restype = ctypes.c_int
+    lib.tm_vector_path.argtypes = []
+    lib.tm_vector_path.restype = ctypes.c_char_p
     lib.tm_set_threads.argtypes = [ctypes.c_int]
     lib.tm_set_threads(torch.get_num_threads())
     _lib = lib

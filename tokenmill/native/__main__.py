@@ -8,4 +8,4 @@ lib = native.load()
 if lib is None:
     print("tokenmill: native kernels could not be built here; torch's kernels will be used", file=sys.stderr)
 else:
-    print(f"tokenmill: native kernels ready ({lib._name})")
+    print(f"tokenmill: native kernels ready ({lib._name}, {lib.tm_vector_path().decode()} path)")

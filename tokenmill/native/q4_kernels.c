@@ -1,14 +1,24 @@
-/* Matrix products with 4-bit weights for decode-sized batches (a few rows of activations).
+/* Matrix products with 4-bit weights for decode-sized batches (a few rows of activations), and a whole llama
+ * decoder layer for a few decode tokens.
  *
- * Weights are stored as GGUF's Q4_1 stores them, per row, per block of 32 input values:
- *   w[j] = d * q[j] + m,  q in 0..15,  byte i of a block holds q[i] (low nibble) and q[i + 16] (high nibble);
- * with d and m kept as float32 (GGUF stores them as half floats). Each weight block is dequantized in registers (w = q * d + m) and multiplied
- * into per-row vector accumulators, which are summed once per output: no reductions in the inner loop.
- * Activations stay float32 (no activation quantization, unlike llama.cpp).
+ * 4-bit weights: GGUF's Q4_1 scheme, w = d * q + m per block of 32 inputs (q in 0..15, d and m half floats, as GGUF
+ * stores them), stored
+ * interleaved for the integer dot-product instructions: 16 output rows form a group, and per group and block the
+ * 256 bytes hold, for u = 0..3, row j = 0..15 and i = 0..3, the byte q[8u + i] | q[8u + 4 + i] << 4 of row j
+ * (tm_q4_interleave builds it from GGUF's packing). So one 64-byte load gives, per 32-bit lane, four codes of
+ * one row: a u8 x s8 dot instruction (vpdpbusd) against four activation codes broadcast to every lane adds 4
+ * products to each of 16 rows at once, and a block ends with 16 per-row sums in one vector, no reductions.
  *
- * Vector paths: AVX-512 (16 floats), AVX2 + FMA (8 floats), and portable C; the compiler picks with
- * -march=native. Threads: OpenMP over output rows; tokenmill loads this library after torch, so
- * `libgomp.so.1` resolves to torch's copy and both share one thread pool.
+ * Activations are quantized per row and block of 32 in two int8 passes: x ~ s * (hi + lo / 254), s = max|x| / 127,
+ * hi = round(x / s), lo = round((x / s - hi) * 254). The second pass carries the residual that one pass (as
+ * llama.cpp's Q8 activations) loses: the error is below max|x| / 64,516 per value, and greedy decoding keeps
+ * float32 activations' tokens on the references, where a single int8 pass changes the first token of one prompt.
+ * Per block: dot(q, x) ~ s * (dot(q, hi) + dot(q, lo) / 254), and the minimum term m * sum(x) uses the sum of the
+ * quantized values, so that each weight multiplies the same activation (the errors meet weights centred on 0).
+ *
+ * Vector paths: AVX-512 VNNI (16 rows per instruction), AVX2 (two halves of 8 rows; vpmaddubsw + vpmaddwd), and
+ * portable C; the compiler picks with -march=native. Threads: OpenMP over row groups; tokenmill loads this library
+ * after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
  */
 #include <float.h>
 #include <math.h>
@@ -21,131 +31,250 @@
 #endif
 
 #define QK 32
+#define GROUP 16        /* output rows interleaved per weight group */
+#define GROUP_BYTES 256 /* codes per group and block: 16 rows x 32 codes x 4 bits */
 #define ROWS_PER_PASS 4 /* activation rows whose accumulators stay in registers */
+#define LO_STEPS 254.0f /* the second activation pass resolves one step of the first into 254 */
 
 void tm_set_threads(int n) { omp_set_num_threads(n); }
 
-#if defined(__AVX512F__)
-/* one block: 16 bytes of codes -> the 32 weights d * q + m, as two 16-float vectors. The block's 16 possible
- * weights are computed once (lut[c] = c * d + m, the same fused multiply-add as dequantizing each code), then
- * every code picks its weight with a lane permute, which reads only the low 4 bits of each index: byte i
- * widened to 32 bits indexes the low nibble (code i) as is, and shifted right by 4 the high one (code i + 16).
- * Five vector instructions per block instead of nine for converting each code to float and scaling it. */
-static inline __attribute__((always_inline)) void dequant16x2(const uint8_t *q, float d, float m, __m512 *lo,
-                                                              __m512 *hi) {
-    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512 lut = _mm512_fmadd_ps(iota, _mm512_set1_ps(d), _mm512_set1_ps(m));
-    const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-    *lo = _mm512_permutexvar_ps(codes, lut);
-    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), lut);
+/* which vector path of the 4-bit product this build runs */
+const char *tm_vector_path(void) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+    return "avx512-vnni";
+#elif defined(__AVX2__)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
+/* GGUF-packed Q4 blocks (codes [n, nb, 16], byte i = q[i] | q[i + 16] << 4; d, m [n, nb] half floats) -> the
+ * interleaved layout: codes [ceil(n/16), nb, 256], d and m [ceil(n/16), nb, 16]; rows past n are zero. */
+void tm_q4_interleave(const uint8_t *qs, const uint16_t *d, const uint16_t *mn, int64_t n, int64_t nb,
+                      uint8_t *out_qs, uint16_t *out_d, uint16_t *out_m) {
+    const int64_t groups = (n + GROUP - 1) / GROUP;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t *dst = out_qs + (g * nb + b) * GROUP_BYTES;
+            for (int j = 0; j < GROUP; ++j) {
+                const int64_t row = g * GROUP + j, at = (g * nb + b) * GROUP + j;
+                uint8_t q[QK] = {0};
+                if (row < n) {
+                    const uint8_t *src = qs + (row * nb + b) * (QK / 2);
+                    for (int i = 0; i < QK / 2; ++i) {
+                        q[i] = src[i] & 0x0F;
+                        q[i + QK / 2] = src[i] >> 4;
+                    }
+                }
+                for (int u = 0; u < 4; ++u)
+                    for (int i = 0; i < 4; ++i)
+                        dst[u * 64 + j * 4 + i] = (uint8_t)(q[8 * u + i] | q[8 * u + 4 + i] << 4);
+                out_d[at] = row < n ? d[row * nb + b] : 0;
+                out_m[at] = row < n ? mn[row * nb + b] : 0;
+            }
+        }
+    }
+}
+
+typedef struct {
+    int8_t *hi, *lo;  /* [m, k] codes of the two passes */
+    float *scale;     /* [m, k/32]: x ~ scale * (hi + lo / 254) */
+    float *sum;       /* [m, k/32]: sum of the block's quantized values */
+} tm_qx;
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) {
+    const int64_t nb = k / QK;
+    for (int64_t tb = 0; tb < m * nb; ++tb) {
+        const float *xb = x + tb * QK;
+        int8_t *hi = a->hi + tb * QK, *lo = a->lo + tb * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t total = 0; /* in steps of the second pass */
+        for (int i = 0; i < QK; ++i) {
+            const float v = xb[i] * inv;
+            const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
+            const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
+            hi[i] = (int8_t)h;
+            lo[i] = (int8_t)l;
+            total += (int32_t)h * (int32_t)LO_STEPS + (int32_t)l;
+        }
+        a->scale[tb] = amax / 127.0f;
+        a->sum[tb] = amax / 127.0f * ((float)total / LO_STEPS);
+    }
+}
+
+#if !(defined(__AVX512F__) && defined(__AVX512VNNI__)) && !defined(__AVX2__)
+/* IEEE half -> float (the portable path; the vector paths convert with vcvtph2ps) */
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    if (exponent == 0) return (sign ? -1.0f : 1.0f) * ldexpf((float)mantissa, -24); /* zero and subnormals */
+    uint32_t bits = sign | (exponent == 31 ? 0x7F800000u | mantissa << 13 : (exponent + 112) << 23 | mantissa << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 #endif
 
-/* out[t] = one output for activation rows t0 + t, t < mt <= ROWS_PER_PASS. Always inlined with a constant mt (see the switch
- * below), so the loops over t unroll and the accumulators live in registers. */
-static inline __attribute__((always_inline)) void q4_row(const float *x, int64_t t0, const int mt, int64_t k,
-                                                         const uint8_t *qrow, const float *drow, const float *mrow,
-                                                         int64_t nb, float *out) {
-#if defined(__AVX512F__)
-    /* blocks are taken two at a time into separate accumulators, so that the multiply-add chains overlap
-     * instead of waiting on each other's latency */
-    __m512 acc0[ROWS_PER_PASS], acc1[ROWS_PER_PASS], acc2[ROWS_PER_PASS], acc3[ROWS_PER_PASS];
-    for (int t = 0; t < ROWS_PER_PASS; ++t) acc0[t] = acc1[t] = acc2[t] = acc3[t] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        __m512 wa_lo, wa_hi, wb_lo, wb_hi;
-        dequant16x2(qrow + b * (QK / 2), drow[b], mrow[b], &wa_lo, &wa_hi);
-        dequant16x2(qrow + (b + 1) * (QK / 2), drow[b + 1], mrow[b + 1], &wb_lo, &wb_hi);
-        for (int t = 0; t < mt; ++t) {
-            const float *xb = x + (t0 + t) * k + b * QK;
-            acc0[t] = _mm512_fmadd_ps(wa_lo, _mm512_loadu_ps(xb), acc0[t]);
-            acc1[t] = _mm512_fmadd_ps(wa_hi, _mm512_loadu_ps(xb + 16), acc1[t]);
-            acc2[t] = _mm512_fmadd_ps(wb_lo, _mm512_loadu_ps(xb + 32), acc2[t]);
-            acc3[t] = _mm512_fmadd_ps(wb_hi, _mm512_loadu_ps(xb + 48), acc3[t]);
-        }
-    }
-    if (b < nb) {
-        __m512 wa_lo, wa_hi;
-        dequant16x2(qrow + b * (QK / 2), drow[b], mrow[b], &wa_lo, &wa_hi);
-        for (int t = 0; t < mt; ++t) {
-            const float *xb = x + (t0 + t) * k + b * QK;
-            acc0[t] = _mm512_fmadd_ps(wa_lo, _mm512_loadu_ps(xb), acc0[t]);
-            acc1[t] = _mm512_fmadd_ps(wa_hi, _mm512_loadu_ps(xb + 16), acc1[t]);
-        }
-    }
-    for (int t = 0; t < mt; ++t) {
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(acc0[t], acc1[t]), _mm512_add_ps(acc2[t], acc3[t]));
-        out[t] = _mm512_reduce_add_ps(s);
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 acc[ROWS_PER_PASS][4];
-    for (int t = 0; t < ROWS_PER_PASS; ++t)
-        for (int i = 0; i < 4; ++i) acc[t][i] = _mm256_setzero_ps();
-    const __m128i low_mask = _mm_set1_epi8(0x0F);
+static inline int32_t four_codes(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* out[t * 16 + j] = output of row j of one group for activation rows t0 + t, t < mt <= ROWS_PER_PASS. Always
+ * inlined with a constant mt (see the switch in q4_matmul), so the loops over t unroll into registers. */
+static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64_t t0, const int mt, int64_t k,
+                                                           const uint8_t *qg, const uint16_t *dg, const uint16_t *mg,
+                                                           float *out) {
+    const int64_t nb = k / QK;
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
+    __m512 acc[ROWS_PER_PASS];
+    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)(qrow + b * (QK / 2)));
-        const __m128i lo_q = _mm_and_si128(bytes, low_mask);
-        const __m128i hi_q = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_mask);
-        const __m256 vd = _mm256_set1_ps(drow[b]), vm = _mm256_set1_ps(mrow[b]);
-        __m256 w[4];
-        w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo_q)), vd, vm);
-        w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_q, 8))), vd, vm);
-        w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi_q)), vd, vm);
-        w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_q, 8))), vd, vm);
+        /* four independent integer chains per activation row: (first, second pass) x (low, high nibbles) */
+        __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
+        for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
+        for (int u = 0; u < 4; ++u) {
+            const __m512i w = _mm512_loadu_si512((const void *)(qg + b * GROUP_BYTES + u * 64));
+            const __m512i w_low = _mm512_and_si512(w, low4);                       /* codes 8u .. 8u + 3 */
+            const __m512i w_high = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4); /* codes 8u + 4 .. 8u + 7 */
+            for (int t = 0; t < mt; ++t) {
+                const int8_t *h = a->hi + (t0 + t) * k + b * QK + 8 * u, *l = a->lo + (t0 + t) * k + b * QK + 8 * u;
+                hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_low, _mm512_set1_epi32(four_codes(h)));
+                hi1[t] = _mm512_dpbusd_epi32(hi1[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
+                lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_low, _mm512_set1_epi32(four_codes(l)));
+                lo1[t] = _mm512_dpbusd_epi32(lo1[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mg + b * GROUP)));
         for (int t = 0; t < mt; ++t) {
-            const float *xb = x + (t0 + t) * k + b * QK;
-            for (int i = 0; i < 4; ++i) acc[t][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xb + 8 * i), acc[t][i]);
+            const int64_t tb = (t0 + t) * nb + b;
+            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo0[t], lo1[t])), inv_steps,
+                                               _mm512_cvtepi32_ps(_mm512_add_epi32(hi0[t], hi1[t])));
+            acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
+            acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sum[tb]), acc[t]);
         }
     }
-    for (int t = 0; t < mt; ++t) {
-        __m256 s = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]));
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        out[t] = _mm_cvtss_f32(h);
+    for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
+#elif defined(__AVX2__)
+    /* two halves of 8 rows. vpmaddubsw multiplies u8 codes by s8 activations into pairwise 16-bit sums (at most
+     * 2 * 15 * 127); the 8 sums of a pass add up to at most 30,480 in 16 bits, then vpmaddwd widens them. */
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256 inv_steps = _mm256_set1_ps(1.0f / LO_STEPS);
+    for (int half = 0; half < 2; ++half) {
+        __m256 acc[ROWS_PER_PASS];
+        for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            __m256i hi[ROWS_PER_PASS], lo[ROWS_PER_PASS];
+            for (int t = 0; t < mt; ++t) hi[t] = lo[t] = _mm256_setzero_si256();
+            for (int u = 0; u < 4; ++u) {
+                const __m256i w = _mm256_loadu_si256((const void *)(qg + b * GROUP_BYTES + u * 64 + half * 32));
+                const __m256i w_low = _mm256_and_si256(w, low4);
+                const __m256i w_high = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                for (int t = 0; t < mt; ++t) {
+                    const int8_t *h = a->hi + (t0 + t) * k + b * QK + 8 * u, *l = a->lo + (t0 + t) * k + b * QK + 8 * u;
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(w_low, _mm256_set1_epi32(four_codes(h))));
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(w_high, _mm256_set1_epi32(four_codes(h + 4))));
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(w_low, _mm256_set1_epi32(four_codes(l))));
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(w_high, _mm256_set1_epi32(four_codes(l + 4))));
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dg + b * GROUP + half * 8)));
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mg + b * GROUP + half * 8)));
+            for (int t = 0; t < mt; ++t) {
+                const int64_t tb = (t0 + t) * nb + b;
+                const __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo[t], ones)), inv_steps,
+                                                   _mm256_cvtepi32_ps(_mm256_madd_epi16(hi[t], ones)));
+                acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a->scale[tb])), acc[t]);
+                acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->sum[tb]), acc[t]);
+            }
+        }
+        for (int t = 0; t < mt; ++t) _mm256_storeu_ps(out + t * GROUP + half * 8, acc[t]);
     }
 #else
-    float acc[ROWS_PER_PASS][QK] = {{0}};
+    for (int t = 0; t < mt; ++t)
+        for (int j = 0; j < GROUP; ++j) out[t * GROUP + j] = 0.0f;
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *q = qrow + b * (QK / 2);
-        float w[QK];
-        for (int j = 0; j < QK / 2; ++j) {
-            w[j] = (float)(q[j] & 0x0F) * drow[b] + mrow[b];
-            w[j + QK / 2] = (float)(q[j] >> 4) * drow[b] + mrow[b];
+        const uint8_t *wb = qg + b * GROUP_BYTES;
+        for (int t = 0; t < mt; ++t) {
+            const int8_t *h = a->hi + (t0 + t) * k + b * QK, *l = a->lo + (t0 + t) * k + b * QK;
+            const int64_t tb = (t0 + t) * nb + b;
+            for (int j = 0; j < GROUP; ++j) {
+                int32_t dot_hi = 0, dot_lo = 0;
+                for (int u = 0; u < 4; ++u)
+                    for (int i = 0; i < 4; ++i) {
+                        const int32_t c = wb[u * 64 + j * 4 + i], q_low = c & 0x0F, q_high = c >> 4;
+                        dot_hi += q_low * h[8 * u + i] + q_high * h[8 * u + 4 + i];
+                        dot_lo += q_low * l[8 * u + i] + q_high * l[8 * u + 4 + i];
+                    }
+                const float dot = (float)dot_hi + (float)dot_lo / LO_STEPS;
+                const float d = half_to_float(dg[b * GROUP + j]), m = half_to_float(mg[b * GROUP + j]);
+                out[t * GROUP + j] += dot * (d * a->scale[tb]) + m * a->sum[tb];
+            }
         }
-        for (int t = 0; t < mt; ++t)
-            for (int j = 0; j < QK; ++j) acc[t][j] += w[j] * x[(t0 + t) * k + b * QK + j];
-    }
-    for (int t = 0; t < mt; ++t) {
-        float s = 0.0f;
-        for (int j = 0; j < QK; ++j) s += acc[t][j];
-        out[t] = s;
     }
 #endif
 }
 
-/* x: [m, k] float32, row-major; qs: [n, k/32, 16] uint8; d, mn: [n, k/32] float32; y: [m, n] float32.
- * (Scales stay float32: rows are short (k/32 blocks), and converting half floats per row cost more time than
- * the 13 MB they would save.) */
-void tm_q4_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const float *d, const float *mn,
-                  int64_t n, float *y) {
-    const int64_t nb = k / QK;
+typedef struct {
+    const uint8_t *qs; /* [n/16, k/32, 256] interleaved codes */
+    const uint16_t *d; /* [n/16, k/32, 16] block scales (half floats) */
+    const uint16_t *m; /* [n/16, k/32, 16] block minimums (half floats) */
+    int64_t n, k;      /* output (a multiple of 16) and input features */
+} tm_q4_weight;
+
+/* y [m, n] = x [m, k] @ w.T, x already quantized into a */
+static void q4_matmul(const tm_qx *a, int64_t m, const tm_q4_weight *w, float *y) {
+    const int64_t nb = w->k / QK, n = w->n;
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < n; ++row) {
-        const uint8_t *qrow = qs + row * nb * (QK / 2);
-        const float *drow = d + row * nb, *mrow = mn + row * nb;
+    for (int64_t g = 0; g < n / GROUP; ++g) {
+        const uint8_t *qg = w->qs + g * nb * GROUP_BYTES;
+        const uint16_t *dg = w->d + g * nb * GROUP, *mg = w->m + g * nb * GROUP;
         for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
-            float part[ROWS_PER_PASS];
+            float part[ROWS_PER_PASS * GROUP];
             const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
             switch (mt) {
-            case 1: q4_row(x, t0, 1, k, qrow, drow, mrow, nb, part); break;
-            case 2: q4_row(x, t0, 2, k, qrow, drow, mrow, nb, part); break;
-            case 3: q4_row(x, t0, 3, k, qrow, drow, mrow, nb, part); break;
-            default: q4_row(x, t0, 4, k, qrow, drow, mrow, nb, part); break;
+            case 1: q4_group(a, t0, 1, w->k, qg, dg, mg, part); break;
+            case 2: q4_group(a, t0, 2, w->k, qg, dg, mg, part); break;
+            case 3: q4_group(a, t0, 3, w->k, qg, dg, mg, part); break;
+            default: q4_group(a, t0, 4, w->k, qg, dg, mg, part); break;
             }
-            for (int64_t t = 0; t < mt; ++t) y[(t0 + t) * n + row] = part[t];
+            for (int64_t t = 0; t < mt; ++t) memcpy(y + (t0 + t) * n + g * GROUP, part + t * GROUP, sizeof(float) * GROUP);
         }
     }
+}
+
+static int qx_alloc(tm_qx *a, int64_t m, int64_t k) {
+    a->hi = malloc((size_t)(m * k));
+    a->lo = malloc((size_t)(m * k));
+    a->scale = malloc(sizeof(float) * m * (k / QK));
+    a->sum = malloc(sizeof(float) * m * (k / QK));
+    return a->hi && a->lo && a->scale && a->sum ? 0 : -2;
+}
+
+static void qx_free(tm_qx *a) {
+    free(a->hi); free(a->lo); free(a->scale); free(a->sum);
+}
+
+/* x: [m, k] float32, row-major; qs, d, mn: interleaved (tm_q4_interleave) for n rows, n a multiple of 16;
+ * y: [m, n] float32. Returns 0, or -2 when out of memory. */
+int tm_q4_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *d, const uint16_t *mn, int64_t n,
+                 float *y) {
+    tm_qx a;
+    int rc = qx_alloc(&a, m, k);
+    if (rc == 0) {
+        const tm_q4_weight w = {qs, d, mn, n, k};
+        quantize_rows(x, m, k, &a);
+        q4_matmul(&a, m, &w, y);
+    }
+    qx_free(&a);
+    return rc;
 }
 
 /* ---- 8-bit weights (GGUF's Q8_0: w = d * q, q int8, one scale d per block of 32, kept as float32) --------- */
@@ -213,13 +342,6 @@ void tm_q8_matmul(const float *x, int64_t m, int64_t k, const int8_t *qs, const 
 
 /* ---- one decoder layer of a llama-style model, for a few decode tokens ------------------------------------ */
 
-typedef struct {
-    const uint8_t *qs; /* [n, k/32, 16] codes */
-    const float *d;    /* [n, k/32] block scales */
-    const float *m;    /* [n, k/32] block minimums */
-    int64_t n, k;      /* output and input features */
-} tm_q4_weight;
-
 static void rms_norm(const float *x, const float *w, float eps, int64_t h, float *out) {
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
@@ -248,7 +370,14 @@ typedef struct {
 
 typedef struct {
     float *x, *qkv_out, *attn, *gu, *delta, *scores;
+    tm_qx qx; /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
 } tm_scratch;
+
+/* y = x @ w.T through the scratch's quantized activations */
+static void project(const float *x, int64_t m, const tm_q4_weight *w, const tm_scratch *s, float *y) {
+    quantize_rows(x, m, w->k, &s->qx);
+    q4_matmul(&s->qx, m, w, y);
+}
 
 /* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
  * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
@@ -264,7 +393,7 @@ static void decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_lay
     float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
     /* attention block */
     for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
-    tm_q4_matmul(x, m, h, qkv->qs, qkv->d, qkv->m, qkv->n, qkv_out);
+    project(x, m, qkv, s, qkv_out);
     for (int64_t t = 0; t < m; ++t) {
         float *row = qkv_out + t * qkv->n;
         for (int64_t hd = 0; hd < heads + kv_heads; ++hd) rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
@@ -301,19 +430,19 @@ static void decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_lay
             for (int64_t i = 0; i < dim; ++i) out[i] += p * vv[i];
         }
     }
-    tm_q4_matmul(attn, m, q_size, o->qs, o->d, o->m, o->n, delta);
+    project(attn, m, o, s, delta);
 #pragma omp simd
     for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
     /* MLP block */
     for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm2, eps, h, x + t * h);
-    tm_q4_matmul(x, m, h, gate_up->qs, gate_up->d, gate_up->m, gate_up->n, gu);
+    project(x, m, gate_up, s, gu);
     for (int64_t t = 0; t < m; ++t) {
         const float *g = gu + t * gate_up->n, *u = g + inter;
         float *a = x + t * inter;
 #pragma omp simd
         for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
-    tm_q4_matmul(x, m, inter, down->qs, down->d, down->m, down->n, delta);
+    project(x, m, down, s, delta);
 #pragma omp simd
     for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
 }
@@ -325,7 +454,14 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
                     const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
                     int64_t kv_heads, int64_t dim, float scale) {
     if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads) return -1;
+    for (int64_t l = 0; l < n_layers; ++l) {
+        const tm_q4_weight *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
+        for (int i = 0; i < 4; ++i)
+            if (w[i]->n % GROUP || w[i]->k % QK) return -1;
+    }
     const int64_t inter = layers[0].gate_up.n / 2;
+    int64_t widest = h > inter ? h : inter;
+    widest = widest > heads * dim ? widest : heads * dim;
     tm_scratch s;
     s.x = malloc(sizeof(float) * m * (h > inter ? h : inter));
     s.qkv_out = malloc(sizeof(float) * m * layers[0].qkv.n);
@@ -333,11 +469,12 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
     s.gu = malloc(sizeof(float) * m * layers[0].gate_up.n);
     s.delta = malloc(sizeof(float) * m * h);
     s.scores = malloc(sizeof(float) * m * heads * (max_ctx > 0 ? max_ctx : 1));
-    int rc = 0;
+    int rc = qx_alloc(&s.qx, m, widest);
     if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
     for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
         decode_layer(hidden, m, h, &layers[l], eps, cos_full, sin_signed, slot_mapping, ctx_slots, ctx_lens, max_ctx,
                      heads, kv_heads, dim, scale, &s);
     free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
+    qx_free(&s.qx);
     return rc;
 }
