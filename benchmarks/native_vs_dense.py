@@ -1,8 +1,8 @@
 """The native 4-bit decode step against the dense GEMM path of `auto`, per decode batch size: what sets
-AUTO_MAX_NATIVE_ROWS (tokenmill/model/llama.py). Both run in one process, alternating, on the same KV cache
+AUTO_MAX_NATIVE_DECODE_ROWS (tokenmill/model/llama.py). Both run in one process, alternating, on the same KV cache
 (150-token contexts), so a drifting machine affects them alike.
 
-    .venv/bin/python benchmarks/native_vs_dense.py [--rows 12 16 20 24 28 32] [--reps 10]
+    .venv/bin/python benchmarks/native_vs_dense.py [--rows 8 16 32 64 128] [--reps 10]
 
 Prints one JSON line per batch size: median milliseconds per step (layers and head) of each path.
 """
@@ -21,7 +21,7 @@ from tokenmill.runner.model_runner import StepChunk
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, nargs="+", default=[12, 16, 20, 24, 28, 32])
+    parser.add_argument("--rows", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--context", type=int, default=150)
     args = parser.parse_args()

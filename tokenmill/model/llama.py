@@ -29,11 +29,15 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
 
-# "auto" mode: 4-bit kernels up to this many rows, a dense GEMM above. tokenmill's native kernels beat the
-# dense bfloat16 GEMM by 1.2-1.45x up to 22 decode sequences and break even at 24 (one process, alternating,
-# 150-token contexts, this project's Xeon); torch's int4 kernel wins up to about 4 (benchmarks/README.md)
+# "auto" mode, per linear layer (the torch path: prefills and mixed steps): 4-bit kernels up to this many rows,
+# a dense GEMM above. The native 4-bit product beats the dense bfloat16 GEMM on one layer's four projections up
+# to 20 rows and breaks even at 20-24 (benchmarks/q4_vs_dense_linear.py); torch's int4 kernel wins up to about 4
 AUTO_MAX_NATIVE_ROWS = 20
 AUTO_MAX_TORCH_INT4_ROWS = 4
+# "auto" mode, steps made only of decodes: the native decoder (whole layers in C) up to this many sequences. It
+# beats the torch path (dense GEMMs, paged attention in torch) at every size measured, 1.2x at 64-128 and 2.8x
+# at 8 (benchmarks/native_vs_dense.py); the scheduler's max_num_seqs defaults to 64
+AUTO_MAX_NATIVE_DECODE_ROWS = 128
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
 

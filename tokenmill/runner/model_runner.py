@@ -17,7 +17,7 @@ from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillCh
 from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model import ModelConfig, build_model
-from tokenmill.model.llama import LlamaForCausalLM, auto_max_4bit_rows
+from tokenmill.model.llama import AUTO_MAX_NATIVE_DECODE_ROWS, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ModelRunner:
         lib = native.load()
         if lib is None or quantization not in ("int4", "auto") or not isinstance(self.model, LlamaForCausalLM):
             return None
-        max_rows = auto_max_4bit_rows() if quantization == "auto" else 1 << 30
+        max_rows = AUTO_MAX_NATIVE_DECODE_ROWS if quantization == "auto" else 1 << 30
         try:
             decoder = NativeLlamaDecoder(self.model, lib, max_rows)
         except ValueError:
