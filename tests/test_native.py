@@ -37,7 +37,7 @@ def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> 
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", kernel_tests]
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
-    assert "10 passed" in out.stdout, out.stdout[-500:]
+    assert "13 passed" in out.stdout, out.stdout[-500:]
 
 
 def two_pass_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,16 +77,23 @@ def test_q4_linear_keeps_half_float_scales_and_minimums_exactly() -> None:
     assert torch.allclose(layer(eye).T, w, rtol=1e-6, atol=1e-7)  # float32 rounding of the scale products only
 
 
-def test_q8_head_is_exact_for_q8_0_weights() -> None:
-    g = torch.Generator().manual_seed(0)
-    codes = torch.randint(-127, 128, (64, 4, 32), generator=g).float()
+@pytest.mark.parametrize(("rows", "out_features"), [(1, 64), (2, 64), (5, 64), (3, 40)])
+def test_q8_head_computes_with_two_pass_int8_activations(rows: int, out_features: int) -> None:
+    """Q8_0 weights (codes -127..127, half-float scales) are kept exactly: the product equals the float64 one
+    with the quantized activations, and is within the quantization's bound of the float32 product."""
+    g = torch.Generator().manual_seed(rows)
+    codes = torch.randint(-127, 128, (out_features, 4, 32), generator=g).float()
     codes[..., 0] = 127  # Q8_0 blocks reach +-127 by construction
-    d = (torch.rand(64, 4, 1, generator=g) * 0.02).half().float()
-    w = (codes * d).reshape(64, 128)
-    head = Q8Head(w, lib)
-    assert torch.equal(head.qs.float().reshape(64, 4, 32), codes)
-    x = torch.randn(2, 128)
-    assert torch.allclose(head(x), F.linear(x, w), rtol=1e-4, atol=1e-4)
+    codes[..., 1] = -127
+    d = (torch.rand(out_features, 4, 1, generator=g) * 0.02).half().float()
+    w = (codes * d).reshape(out_features, 128)
+    x = torch.randn(rows, 128, generator=g) * torch.linspace(0.1, 4.0, 128)
+    out = Q8Head(w, lib)(x)
+    assert out.shape == (rows, out_features)
+    values, error = two_pass_int8(x)
+    assert torch.allclose(out.double(), F.linear(values.double(), w.double()), rtol=1e-5, atol=1e-5)
+    bound = error.double() @ w.double().abs().reshape(out_features, -1, 32).sum(dim=-1).T
+    assert ((out.double() - F.linear(x.double(), w.double())).abs() <= bound + 1e-5).all()
 
 
 def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:

@@ -129,8 +129,12 @@ class Q4Linear(nn.Module):
 
 
 class Q8Head(nn.Module):
-    """The LM head as GGUF's Q8_0 (int8 codes, one scale per 32 inputs; exact for a Q8_0 embedding, as the
-    bundled model's is) through the native kernel: 32 MB read per decoded token instead of 113."""
+    """The LM head as GGUF's Q8_0 (int8 codes, one half-float scale per 32 inputs; exact for a Q8_0 embedding, as
+    the bundled model's is) through the native kernel, activations quantized as Q4Linear's: 30 MB read per
+    decoded token instead of 113. The kernel's layout interleaves 16 output rows (a partial last group is
+    padded with zero rows)."""
+
+    GROUP = 16
 
     def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
         super().__init__()
@@ -143,22 +147,38 @@ class Q8Head(nn.Module):
             scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16).float()  # [out, in/32]
             safe = scale.clamp(min=1e-30).unsqueeze(-1)
             codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
-        self.register_buffer("qs", codes.contiguous(), persistent=False)
-        self.register_buffer("scale", scale.contiguous(), persistent=False)
+        codes, scale = codes.contiguous(), scale.half().contiguous()
+        num_blocks, groups = self.in_features // INT4_GROUP_SIZE, -(-self.out_features // self.GROUP)
+        # [groups, blocks, 512] codes and [groups, blocks, 16] half-float scales
+        self.register_buffer("qs", torch.empty(groups, num_blocks, 512, dtype=torch.int8), persistent=False)
+        self.register_buffer("scale", torch.empty(groups, num_blocks, self.GROUP, dtype=torch.half), persistent=False)
+        lib.tm_q8_interleave(
+            codes.data_ptr(),
+            scale.data_ptr(),
+            self.out_features,
+            num_blocks,
+            self.qs.data_ptr(),
+            self.scale.data_ptr(),
+        )
         self._lib = lib
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
-        out = torch.empty(x32.shape[0], self.out_features, dtype=torch.float32)
-        self._lib.tm_q8_matmul(
+        padded = self.qs.shape[0] * self.GROUP
+        out = torch.empty(x32.shape[0], padded, dtype=torch.float32)
+        rc = self._lib.tm_q8_matmul(
             x32.data_ptr(),
             x32.shape[0],
             self.in_features,
             self.qs.data_ptr(),
             self.scale.data_ptr(),
-            self.out_features,
+            padded,
             out.data_ptr(),
         )
+        if rc != 0:
+            raise MemoryError("native 8-bit product: out of memory")
+        if padded != self.out_features:
+            out = out[:, : self.out_features].contiguous()
         return out
 
 

@@ -100,7 +100,9 @@ def load() -> ctypes.CDLL | None:
         ctypes.c_int64,
         ctypes.c_void_p,
     ]
-    lib.tm_q8_matmul.restype = None
+    lib.tm_q8_matmul.restype = ctypes.c_int
+    lib.tm_q8_interleave.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2
+    lib.tm_q8_interleave.restype = None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, i64, i64, i64, i64, f32]
     lib.tm_llama_decode.restype = ctypes.c_int

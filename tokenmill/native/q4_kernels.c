@@ -82,6 +82,7 @@ typedef struct {
     int8_t *hi, *lo;  /* [m, k] codes of the two passes */
     float *scale;     /* [m, k/32]: x ~ scale * (hi + lo / 254) */
     float *sum;       /* [m, k/32]: sum of the block's quantized values */
+    int32_t *sum_hi, *sum_lo; /* [m, k/32]: sums of the codes of each pass */
 } tm_qx;
 
 static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) {
@@ -92,17 +93,20 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) 
         float amax = 0.0f;
         for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t total = 0; /* in steps of the second pass */
+        int32_t sum_hi = 0, sum_lo = 0;
         for (int i = 0; i < QK; ++i) {
             const float v = xb[i] * inv;
             const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
             const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
             hi[i] = (int8_t)h;
             lo[i] = (int8_t)l;
-            total += (int32_t)h * (int32_t)LO_STEPS + (int32_t)l;
+            sum_hi += (int32_t)h;
+            sum_lo += (int32_t)l;
         }
         a->scale[tb] = amax / 127.0f;
-        a->sum[tb] = amax / 127.0f * ((float)total / LO_STEPS);
+        a->sum[tb] = amax / 127.0f * ((float)(sum_hi * (int32_t)LO_STEPS + sum_lo) / LO_STEPS);
+        a->sum_hi[tb] = sum_hi;
+        a->sum_lo[tb] = sum_lo;
     }
 }
 
@@ -255,11 +259,13 @@ static int qx_alloc(tm_qx *a, int64_t m, int64_t k) {
     a->lo = malloc((size_t)(m * k));
     a->scale = malloc(sizeof(float) * m * (k / QK));
     a->sum = malloc(sizeof(float) * m * (k / QK));
-    return a->hi && a->lo && a->scale && a->sum ? 0 : -2;
+    a->sum_hi = malloc(sizeof(int32_t) * m * (k / QK));
+    a->sum_lo = malloc(sizeof(int32_t) * m * (k / QK));
+    return a->hi && a->lo && a->scale && a->sum && a->sum_hi && a->sum_lo ? 0 : -2;
 }
 
 static void qx_free(tm_qx *a) {
-    free(a->hi); free(a->lo); free(a->scale); free(a->sum);
+    free(a->hi); free(a->lo); free(a->scale); free(a->sum); free(a->sum_hi); free(a->sum_lo);
 }
 
 /* x: [m, k] float32, row-major; qs, d, mn: interleaved (tm_q4_interleave) for n rows, n a multiple of 16;
@@ -277,67 +283,141 @@ int tm_q4_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const 
     return rc;
 }
 
-/* ---- 8-bit weights (GGUF's Q8_0: w = d * q, q int8, one scale d per block of 32, kept as float32) --------- */
+/* ---- 8-bit weights (GGUF's Q8_0: w = d * q, q in -127..127, one half-float scale d per block of 32) ---------
+ * Interleaved like the 4-bit ones: per group of 16 rows and block, 512 bytes: for u = 0..7, row j and i = 0..3,
+ * the code q[4u + i] of row j. vpdpbusd multiplies unsigned by signed bytes, so the AVX-512 path flips each
+ * code's sign bit (q + 128, unsigned) and takes 128 * (the activations' code sum) off again in integers, exactly;
+ * the AVX2 path multiplies |q| by the activation carrying q's sign (vpsignb), whose pairwise sums fit 16 bits. */
 
-#if defined(__AVX512F__)
-/* out[t] = one output for activation rows t0 + t, t < mt <= ROWS_PER_PASS (inlined with a constant mt, as
- * q4_row). Per block, the codes are converted to float once for all rows; each row then takes
- * d * (q[0:16] . x[0:16] + q[16:32] . x[16:32]): three vector operations, the scale applied once per block
- * instead of to every weight. Blocks alternate between two accumulators so their chains overlap. */
-static inline __attribute__((always_inline)) void q8_row(const float *x, int64_t t0, const int mt, int64_t k,
-                                                         const int8_t *qrow, const float *drow, int64_t nb,
-                                                         float *out) {
-    __m512 acc[2][ROWS_PER_PASS];
-    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qrow + b * QK))));
-        const __m512 w1 =
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qrow + b * QK + 16))));
-        const __m512 vd = _mm512_set1_ps(drow[b]);
-        for (int t = 0; t < mt; ++t) {
-            const float *xb = x + (t0 + t) * k + b * QK;
-            const __m512 p = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xb)));
-            acc[b & 1][t] = _mm512_fmadd_ps(p, vd, acc[b & 1][t]);
-        }
-    }
-    for (int t = 0; t < mt; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]));
-}
-#else
-static inline void q8_row(const float *x, int64_t t0, const int mt, int64_t k, const int8_t *qrow,
-                          const float *drow, int64_t nb, float *out) {
-    for (int t = 0; t < mt; ++t) {
-        const float *xt = x + (t0 + t) * k;
-        float acc = 0.0f;
-        for (int64_t b = 0; b < nb; ++b) {
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int j = 0; j < QK; ++j) s += (float)qrow[b * QK + j] * xt[b * QK + j];
-            acc += drow[b] * s;
-        }
-        out[t] = acc;
-    }
-}
-#endif
-
-/* x: [m, k] float32; qs: [n, k] int8; d: [n, k/32] float32; y: [m, n] float32 */
-void tm_q8_matmul(const float *x, int64_t m, int64_t k, const int8_t *qs, const float *d, int64_t n, float *y) {
-    const int64_t nb = k / QK;
+/* codes [n, nb * 32] and scales [n, nb] (half floats) -> codes [ceil(n/16), nb, 512], scales [ceil(n/16), nb, 16];
+ * rows past n are zero */
+void tm_q8_interleave(const int8_t *qs, const uint16_t *d, int64_t n, int64_t nb, int8_t *out_qs, uint16_t *out_d) {
+    const int64_t groups = (n + GROUP - 1) / GROUP;
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < n; ++row) {
-        const int8_t *qrow = qs + row * k;
-        const float *drow = d + row * nb;
-        for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
-            float part[ROWS_PER_PASS];
-            const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
-            switch (mt) {
-            case 1: q8_row(x, t0, 1, k, qrow, drow, nb, part); break;
-            case 2: q8_row(x, t0, 2, k, qrow, drow, nb, part); break;
-            case 3: q8_row(x, t0, 3, k, qrow, drow, nb, part); break;
-            default: q8_row(x, t0, 4, k, qrow, drow, nb, part); break;
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t b = 0; b < nb; ++b) {
+            int8_t *dst = out_qs + (g * nb + b) * GROUP * QK;
+            for (int j = 0; j < GROUP; ++j) {
+                const int64_t row = g * GROUP + j;
+                const int8_t *src = qs + (row * nb + b) * QK;
+                for (int u = 0; u < QK / 4; ++u)
+                    for (int i = 0; i < 4; ++i) dst[u * 64 + j * 4 + i] = row < n ? src[4 * u + i] : 0;
+                out_d[(g * nb + b) * GROUP + j] = row < n ? d[row * nb + b] : 0;
             }
-            for (int64_t t = 0; t < mt; ++t) y[(t0 + t) * n + row] = part[t];
         }
     }
+}
+
+/* out[t * 16 + j] = output of row j of one group for activation rows t0 + t (as q4_group) */
+static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64_t t0, const int mt, int64_t k,
+                                                           const int8_t *qg, const uint16_t *dg, float *out) {
+    const int64_t nb = k / QK;
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
+    __m512 acc[ROWS_PER_PASS];
+    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        __m512i hi[2][ROWS_PER_PASS], lo[2][ROWS_PER_PASS]; /* two chains per pass: even and odd u */
+        for (int t = 0; t < mt; ++t) hi[0][t] = hi[1][t] = lo[0][t] = lo[1][t] = _mm512_setzero_si512();
+        for (int u = 0; u < QK / 4; ++u) {
+            const __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64)), flip);
+            for (int t = 0; t < mt; ++t) {
+                const int8_t *h = a->hi + (t0 + t) * k + b * QK + 4 * u, *l = a->lo + (t0 + t) * k + b * QK + 4 * u;
+                hi[u & 1][t] = _mm512_dpbusd_epi32(hi[u & 1][t], w, _mm512_set1_epi32(four_codes(h)));
+                lo[u & 1][t] = _mm512_dpbusd_epi32(lo[u & 1][t], w, _mm512_set1_epi32(four_codes(l)));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
+        for (int t = 0; t < mt; ++t) {
+            const int64_t tb = (t0 + t) * nb + b;
+            const __m512i hi_dot = _mm512_sub_epi32(_mm512_add_epi32(hi[0][t], hi[1][t]), _mm512_set1_epi32(128 * a->sum_hi[tb]));
+            const __m512i lo_dot = _mm512_sub_epi32(_mm512_add_epi32(lo[0][t], lo[1][t]), _mm512_set1_epi32(128 * a->sum_lo[tb]));
+            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
+            acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
+        }
+    }
+    for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
+#elif defined(__AVX2__)
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 inv_steps = _mm256_set1_ps(1.0f / LO_STEPS);
+    for (int half = 0; half < 2; ++half) {
+        __m256 acc[ROWS_PER_PASS];
+        for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            __m256i hi[ROWS_PER_PASS], lo[ROWS_PER_PASS];
+            for (int t = 0; t < mt; ++t) hi[t] = lo[t] = _mm256_setzero_si256();
+            for (int u = 0; u < QK / 4; ++u) {
+                const __m256i w = _mm256_loadu_si256((const void *)(qg + b * GROUP * QK + u * 64 + half * 32));
+                const __m256i w_abs = _mm256_abs_epi8(w);
+                for (int t = 0; t < mt; ++t) {
+                    const int8_t *h = a->hi + (t0 + t) * k + b * QK + 4 * u, *l = a->lo + (t0 + t) * k + b * QK + 4 * u;
+                    const __m256i h_signed = _mm256_sign_epi8(_mm256_set1_epi32(four_codes(h)), w);
+                    const __m256i l_signed = _mm256_sign_epi8(_mm256_set1_epi32(four_codes(l)), w);
+                    hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, h_signed), ones));
+                    lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, l_signed), ones));
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dg + b * GROUP + half * 8)));
+            for (int t = 0; t < mt; ++t) {
+                const int64_t tb = (t0 + t) * nb + b;
+                const __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[t]), inv_steps, _mm256_cvtepi32_ps(hi[t]));
+                acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a->scale[tb])), acc[t]);
+            }
+        }
+        for (int t = 0; t < mt; ++t) _mm256_storeu_ps(out + t * GROUP + half * 8, acc[t]);
+    }
+#else
+    for (int t = 0; t < mt; ++t)
+        for (int j = 0; j < GROUP; ++j) out[t * GROUP + j] = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        const int8_t *wb = qg + b * GROUP * QK;
+        for (int t = 0; t < mt; ++t) {
+            const int8_t *h = a->hi + (t0 + t) * k + b * QK, *l = a->lo + (t0 + t) * k + b * QK;
+            const int64_t tb = (t0 + t) * nb + b;
+            for (int j = 0; j < GROUP; ++j) {
+                int32_t dot_hi = 0, dot_lo = 0;
+                for (int u = 0; u < QK / 4; ++u)
+                    for (int i = 0; i < 4; ++i) {
+                        dot_hi += wb[u * 64 + j * 4 + i] * h[4 * u + i];
+                        dot_lo += wb[u * 64 + j * 4 + i] * l[4 * u + i];
+                    }
+                const float dot = (float)dot_hi + (float)dot_lo / LO_STEPS;
+                out[t * GROUP + j] += dot * (half_to_float(dg[b * GROUP + j]) * a->scale[tb]);
+            }
+        }
+    }
+#endif
+}
+
+/* x: [m, k] float32; qs, d: interleaved (tm_q8_interleave) for n rows, n a multiple of 16; y: [m, n] float32.
+ * Returns 0, or -2 when out of memory. */
+int tm_q8_matmul(const float *x, int64_t m, int64_t k, const int8_t *qs, const uint16_t *d, int64_t n, float *y) {
+    tm_qx a;
+    int rc = qx_alloc(&a, m, k);
+    if (rc == 0) {
+        const int64_t nb = k / QK;
+        quantize_rows(x, m, k, &a);
+#pragma omp parallel for schedule(static)
+        for (int64_t g = 0; g < n / GROUP; ++g) {
+            const int8_t *qg = qs + g * nb * GROUP * QK;
+            const uint16_t *dg = d + g * nb * GROUP;
+            for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
+                float part[ROWS_PER_PASS * GROUP];
+                const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
+                switch (mt) {
+                case 1: q8_group(&a, t0, 1, k, qg, dg, part); break;
+                case 2: q8_group(&a, t0, 2, k, qg, dg, part); break;
+                case 3: q8_group(&a, t0, 3, k, qg, dg, part); break;
+                default: q8_group(&a, t0, 4, k, qg, dg, part); break;
+                }
+                for (int64_t t = 0; t < mt; ++t)
+                    memcpy(y + (t0 + t) * n + g * GROUP, part + t * GROUP, sizeof(float) * GROUP);
+            }
+        }
+    }
+    qx_free(&a);
+    return rc;
 }
 
 /* ---- one decoder layer of a llama-style model, for a few decode tokens ------------------------------------ */
