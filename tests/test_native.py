@@ -103,8 +103,9 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
     runner.allocate_kv_cache(64)
     assert runner.native_decoder is not None
     rng = np.random.default_rng(0)
-    tables = [[3, 9, 12, 20, 30, 31], [40, 41, 42, 43, 44, 45], [50, 51, 52, 53, 54, 55]]
-    prompts = [rng.integers(0, model.vocab_size, size=n).tolist() for n in (9, 14, 5)]
+    # contexts of 10, 38 and 6 tokens: the native attention takes keys 16 at a time, and a partial group
+    tables = [[3, 9, 12, 20, 30, 31], list(range(40, 52)), [56, 57, 58, 59, 60, 61]]
+    prompts = [rng.integers(0, model.vocab_size, size=n).tolist() for n in (9, 37, 5)]
     runner.execute([StepChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
     step = [StepChunk([int(rng.integers(0, 96))], len(p), t) for p, t in zip(prompts, tables, strict=True)]
     native_logits = runner.execute(step).last_logits
