@@ -1,9 +1,9 @@
 """Decode steps of a llama-style model through the native decoder (tokenmill/native/q4_kernels.c).
 
-Used for steps made only of decodes (one new token per sequence) of at most `max_rows` sequences, with float32
-activations and 4-bit projections (Q4Linear). Everything else (prefill, large batches, other dtypes) takes the
-torch path of the model. The native decoder computes what the torch path computes, with the same 4-bit weights,
-in one call per step: a table of every layer's weights and KV-cache pointers is built once, here.
+Used for steps made only of decodes (one new token per sequence) of at most `max_rows` sequences, in a float32
+model with 4-bit projections (Q4Linear). Everything else (prefills, mixed steps, other dtypes) takes the torch
+path of the model. The native decoder computes what the torch path computes, with the same 4-bit kernel for the
+projections, in one call per step: a table of every layer's weights and KV-cache pointers is built once, here.
 """
 
 import ctypes

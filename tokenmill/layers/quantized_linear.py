@@ -1,14 +1,20 @@
 """Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
 
+- Q4Linear / Q8Head: tokenmill's native kernels (tokenmill/native/q4_kernels.c): GGUF's Q4_1 and Q8_0 blocks
+  as the file has them, multiplied with integer dot products; activations are quantized per block of 32 in two
+  int8 passes (error below 1/64,516 of the block's largest value), so greedy tokens stay those of float32
+  activations on the references (top-10 log-probabilities within 0.003), where one int8 pass, as llama.cpp
+  does, moved them by up to 0.27 and changed a first token.
 - Int4Linear: 4-bit weights in groups of 32 along the input (the layout of GGUF's Q4_0/Q4_1 blocks, so those
   convert without further loss, up to bfloat16 scales) through `_weight_int4pack_mm_for_cpu`, which computes in
-  bfloat16. Fastest at a few rows, slower than float32 from about 32 rows on.
+  bfloat16: the 4-bit kernel where the native ones cannot be built. Fastest at a few rows.
 - Int8Linear: int8 weights with one scale per output row through `_weight_int8pack_mm` (bfloat16 activations).
-- AutoLinear: int4 for decode-sized batches; for more rows a dense GEMM, in bfloat16 where the CPU has it in
-  hardware and in float32 where it does not.
+- AutoLinear: 4-bit for a few rows; for more rows a dense GEMM, in bfloat16 where the CPU has it in hardware
+  and in float32 where it does not.
 
-- BFloat16Head: the LM head in bfloat16 (int8 and int4 heads cost far more accuracy: the tied embedding is Q8_0,
-  per-row int8 moved top log-probabilities by 0.2 and int4 by 1.1).
+- BFloat16Head: the LM head in bfloat16, where the native kernels are missing (int8 and int4 heads through
+  torch's kernels cost far more accuracy: the tied embedding is Q8_0, per-row int8 moved top log-probabilities
+  by 0.2 and int4 by 1.1).
 
 (fbgemm's dynamic int8 linear is faster still at every batch size, but it quantizes activations per tensor;
 on SmolLM2 that moved the top log-probabilities by up to 2.8 and broke greedy agreement at the first token,

@@ -1,9 +1,8 @@
-/* Matrix products with 4-bit weights for decode-sized batches (a few rows of activations), and a whole llama
- * decoder layer for a few decode tokens.
+/* Matrix products with 4-bit and 8-bit weights for decode-sized batches (a few rows of activations), and the
+ * decoder layers of a llama model for the tokens of a decode step.
  *
- * 4-bit weights: GGUF's Q4_1 scheme, w = d * q + m per block of 32 inputs (q in 0..15, d and m half floats, as GGUF
- * stores them), stored
- * interleaved for the integer dot-product instructions: 16 output rows form a group, and per group and block the
+ * 4-bit weights: GGUF's Q4_1 scheme, w = d * q + m per block of 32 inputs (q in 0..15; d and m half floats, as
+ * GGUF stores them), interleaved for the integer dot-product instructions: 16 output rows form a group, and per group and block the
  * 256 bytes hold, for u = 0..3, row j = 0..15 and i = 0..3, the byte q[8u + i] | q[8u + 4 + i] << 4 of row j
  * (tm_q4_interleave builds it from GGUF's packing). So one 64-byte load gives, per 32-bit lane, four codes of
  * one row: a u8 x s8 dot instruction (vpdpbusd) against four activation codes broadcast to every lane adds 4
@@ -16,8 +15,8 @@
  * Per block: dot(q, x) ~ s * (dot(q, hi) + dot(q, lo) / 254), and the minimum term m * sum(x) uses the sum of the
  * quantized values, so that each weight multiplies the same activation (the errors meet weights centred on 0).
  *
- * Vector paths: AVX-512 VNNI (16 rows per instruction), AVX2 (two halves of 8 rows; vpmaddubsw + vpmaddwd), and
- * portable C; the compiler picks with -march=native. Threads: OpenMP over row groups; tokenmill loads this library
+ * Vector paths: AVX-512 VNNI (16 rows per instruction), AVX2 with FMA and F16C (two halves of 8 rows; vpmaddubsw
+ * + vpmaddwd), and portable C; the compiler picks with -march=native. Threads: OpenMP over row groups; tokenmill loads this library
  * after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
  */
 #include <float.h>
@@ -28,6 +27,11 @@
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define TM_AVX512_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TM_AVX2 1
 #endif
 
 #define QK 32
@@ -40,9 +44,9 @@ void tm_set_threads(int n) { omp_set_num_threads(n); }
 
 /* which vector path of the 4-bit product this build runs */
 const char *tm_vector_path(void) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if defined(TM_AVX512_VNNI)
     return "avx512-vnni";
-#elif defined(__AVX2__)
+#elif defined(TM_AVX2)
     return "avx2";
 #else
     return "portable";
@@ -110,7 +114,7 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) 
     }
 }
 
-#if !(defined(__AVX512F__) && defined(__AVX512VNNI__)) && !defined(__AVX2__)
+#if !defined(TM_AVX512_VNNI) && !defined(TM_AVX2)
 /* IEEE half -> float (the portable path; the vector paths convert with vcvtph2ps) */
 static float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
@@ -129,12 +133,12 @@ static inline int32_t four_codes(const int8_t *p) {
 }
 
 /* out[t * 16 + j] = output of row j of one group for activation rows t0 + t, t < mt <= ROWS_PER_PASS. Always
- * inlined with a constant mt (see the switch in q4_matmul), so the loops over t unroll into registers. */
+ * inlined with a constant mt (see group_pass), so the loops over t unroll into registers. */
 static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64_t t0, const int mt, int64_t k,
                                                            const uint8_t *qg, const uint16_t *dg, const uint16_t *mg,
                                                            float *out) {
     const int64_t nb = k / QK;
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if defined(TM_AVX512_VNNI)
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
     __m512 acc[ROWS_PER_PASS];
@@ -166,7 +170,7 @@ static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64
         }
     }
     for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
-#elif defined(__AVX2__)
+#elif defined(TM_AVX2)
     /* two halves of 8 rows. vpmaddubsw multiplies u8 codes by s8 activations into pairwise 16-bit sums (at most
      * 2 * 15 * 127); the 8 sums of a pass add up to at most 30,480 in 16 bits, then vpmaddwd widens them. */
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -226,63 +230,6 @@ static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64
 #endif
 }
 
-typedef struct {
-    const uint8_t *qs; /* [n/16, k/32, 256] interleaved codes */
-    const uint16_t *d; /* [n/16, k/32, 16] block scales (half floats) */
-    const uint16_t *m; /* [n/16, k/32, 16] block minimums (half floats) */
-    int64_t n, k;      /* output (a multiple of 16) and input features */
-} tm_q4_weight;
-
-/* y [m, n] = x [m, k] @ w.T, x already quantized into a */
-static void q4_matmul(const tm_qx *a, int64_t m, const tm_q4_weight *w, float *y) {
-    const int64_t nb = w->k / QK, n = w->n;
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n / GROUP; ++g) {
-        const uint8_t *qg = w->qs + g * nb * GROUP_BYTES;
-        const uint16_t *dg = w->d + g * nb * GROUP, *mg = w->m + g * nb * GROUP;
-        for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
-            float part[ROWS_PER_PASS * GROUP];
-            const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
-            switch (mt) {
-            case 1: q4_group(a, t0, 1, w->k, qg, dg, mg, part); break;
-            case 2: q4_group(a, t0, 2, w->k, qg, dg, mg, part); break;
-            case 3: q4_group(a, t0, 3, w->k, qg, dg, mg, part); break;
-            default: q4_group(a, t0, 4, w->k, qg, dg, mg, part); break;
-            }
-            for (int64_t t = 0; t < mt; ++t) memcpy(y + (t0 + t) * n + g * GROUP, part + t * GROUP, sizeof(float) * GROUP);
-        }
-    }
-}
-
-static int qx_alloc(tm_qx *a, int64_t m, int64_t k) {
-    a->hi = malloc((size_t)(m * k));
-    a->lo = malloc((size_t)(m * k));
-    a->scale = malloc(sizeof(float) * m * (k / QK));
-    a->sum = malloc(sizeof(float) * m * (k / QK));
-    a->sum_hi = malloc(sizeof(int32_t) * m * (k / QK));
-    a->sum_lo = malloc(sizeof(int32_t) * m * (k / QK));
-    return a->hi && a->lo && a->scale && a->sum && a->sum_hi && a->sum_lo ? 0 : -2;
-}
-
-static void qx_free(tm_qx *a) {
-    free(a->hi); free(a->lo); free(a->scale); free(a->sum); free(a->sum_hi); free(a->sum_lo);
-}
-
-/* x: [m, k] float32, row-major; qs, d, mn: interleaved (tm_q4_interleave) for n rows, n a multiple of 16;
- * y: [m, n] float32. Returns 0, or -2 when out of memory. */
-int tm_q4_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *d, const uint16_t *mn, int64_t n,
-                 float *y) {
-    tm_qx a;
-    int rc = qx_alloc(&a, m, k);
-    if (rc == 0) {
-        const tm_q4_weight w = {qs, d, mn, n, k};
-        quantize_rows(x, m, k, &a);
-        q4_matmul(&a, m, &w, y);
-    }
-    qx_free(&a);
-    return rc;
-}
-
 /* ---- 8-bit weights (GGUF's Q8_0: w = d * q, q in -127..127, one half-float scale d per block of 32) ---------
  * Interleaved like the 4-bit ones: per group of 16 rows and block, 512 bytes: for u = 0..7, row j and i = 0..3,
  * the code q[4u + i] of row j. vpdpbusd multiplies unsigned by signed bytes, so the AVX-512 path flips each
@@ -312,7 +259,7 @@ void tm_q8_interleave(const int8_t *qs, const uint16_t *d, int64_t n, int64_t nb
 static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64_t t0, const int mt, int64_t k,
                                                            const int8_t *qg, const uint16_t *dg, float *out) {
     const int64_t nb = k / QK;
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#if defined(TM_AVX512_VNNI)
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
     __m512 acc[ROWS_PER_PASS];
@@ -338,7 +285,7 @@ static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64
         }
     }
     for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
-#elif defined(__AVX2__)
+#elif defined(TM_AVX2)
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256 inv_steps = _mm256_set1_ps(1.0f / LO_STEPS);
     for (int half = 0; half < 2; ++half) {
@@ -390,34 +337,82 @@ static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64
 #endif
 }
 
-/* x: [m, k] float32; qs, d: interleaved (tm_q8_interleave) for n rows, n a multiple of 16; y: [m, n] float32.
- * Returns 0, or -2 when out of memory. */
-int tm_q8_matmul(const float *x, int64_t m, int64_t k, const int8_t *qs, const uint16_t *d, int64_t n, float *y) {
+/* ---- the products: row groups over the threads, up to ROWS_PER_PASS activation rows per pass ------------- */
+
+typedef struct {
+    const uint8_t *qs; /* [n/16, k/32, 256] interleaved codes */
+    const uint16_t *d; /* [n/16, k/32, 16] block scales (half floats) */
+    const uint16_t *m; /* [n/16, k/32, 16] block minimums (half floats) */
+    int64_t n, k;      /* output (a multiple of 16) and input features */
+} tm_q4_weight;
+
+/* one pass over one group for `bits`-bit weights (4: Q4_1 with minimums mg, 8: Q8_0), with a constant row count
+ * in each call so that q4_group and q8_group unroll */
+static inline void group_pass(const tm_qx *a, int64_t t0, int64_t mt, int64_t k, int bits, const uint8_t *qg,
+                              const uint16_t *dg, const uint16_t *mg, float *part) {
+    const int8_t *q8 = (const int8_t *)qg;
+    switch (mt) {
+    case 1: bits == 4 ? q4_group(a, t0, 1, k, qg, dg, mg, part) : q8_group(a, t0, 1, k, q8, dg, part); break;
+    case 2: bits == 4 ? q4_group(a, t0, 2, k, qg, dg, mg, part) : q8_group(a, t0, 2, k, q8, dg, part); break;
+    case 3: bits == 4 ? q4_group(a, t0, 3, k, qg, dg, mg, part) : q8_group(a, t0, 3, k, q8, dg, part); break;
+    default: bits == 4 ? q4_group(a, t0, 4, k, qg, dg, mg, part) : q8_group(a, t0, 4, k, q8, dg, part); break;
+    }
+}
+
+/* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16 */
+static void grouped_matmul(const tm_qx *a, int64_t m, int64_t k, int bits, const uint8_t *qs, const uint16_t *d,
+                           const uint16_t *mn, int64_t n, float *y) {
+    const int64_t nb = k / QK, group_bytes = GROUP * QK * bits / 8;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / GROUP; ++g) {
+        const uint16_t *mg = mn ? mn + g * nb * GROUP : NULL;
+        for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
+            float part[ROWS_PER_PASS * GROUP];
+            const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
+            group_pass(a, t0, mt, k, bits, qs + g * nb * group_bytes, d + g * nb * GROUP, mg, part);
+            for (int64_t t = 0; t < mt; ++t)
+                memcpy(y + (t0 + t) * n + g * GROUP, part + t * GROUP, sizeof(float) * GROUP);
+        }
+    }
+}
+
+static int qx_alloc(tm_qx *a, int64_t m, int64_t k) {
+    a->hi = malloc((size_t)(m * k));
+    a->lo = malloc((size_t)(m * k));
+    a->scale = malloc(sizeof(float) * m * (k / QK));
+    a->sum = malloc(sizeof(float) * m * (k / QK));
+    a->sum_hi = malloc(sizeof(int32_t) * m * (k / QK));
+    a->sum_lo = malloc(sizeof(int32_t) * m * (k / QK));
+    return a->hi && a->lo && a->scale && a->sum && a->sum_hi && a->sum_lo ? 0 : -2;
+}
+
+static void qx_free(tm_qx *a) {
+    free(a->hi); free(a->lo); free(a->scale); free(a->sum); free(a->sum_hi); free(a->sum_lo);
+}
+
+static int product(const float *x, int64_t m, int64_t k, int bits, const uint8_t *qs, const uint16_t *d,
+                   const uint16_t *mn, int64_t n, float *y) {
     tm_qx a;
     int rc = qx_alloc(&a, m, k);
     if (rc == 0) {
-        const int64_t nb = k / QK;
         quantize_rows(x, m, k, &a);
-#pragma omp parallel for schedule(static)
-        for (int64_t g = 0; g < n / GROUP; ++g) {
-            const int8_t *qg = qs + g * nb * GROUP * QK;
-            const uint16_t *dg = d + g * nb * GROUP;
-            for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
-                float part[ROWS_PER_PASS * GROUP];
-                const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
-                switch (mt) {
-                case 1: q8_group(&a, t0, 1, k, qg, dg, part); break;
-                case 2: q8_group(&a, t0, 2, k, qg, dg, part); break;
-                case 3: q8_group(&a, t0, 3, k, qg, dg, part); break;
-                default: q8_group(&a, t0, 4, k, qg, dg, part); break;
-                }
-                for (int64_t t = 0; t < mt; ++t)
-                    memcpy(y + (t0 + t) * n + g * GROUP, part + t * GROUP, sizeof(float) * GROUP);
-            }
-        }
+        grouped_matmul(&a, m, k, bits, qs, d, mn, n, y);
     }
     qx_free(&a);
     return rc;
+}
+
+/* x: [m, k] float32, row-major; qs, d, mn: interleaved (tm_q4_interleave) for n rows, n a multiple of 16;
+ * y: [m, n] float32. Returns 0, or -2 when out of memory. */
+int tm_q4_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *d, const uint16_t *mn,
+                 int64_t n, float *y) {
+    return product(x, m, k, 4, qs, d, mn, n, y);
+}
+
+/* x: [m, k] float32; qs, d: interleaved (tm_q8_interleave) for n rows, n a multiple of 16; y: [m, n] float32.
+ * Returns 0, or -2 when out of memory. */
+int tm_q8_matmul(const float *x, int64_t m, int64_t k, const int8_t *qs, const uint16_t *d, int64_t n, float *y) {
+    return product(x, m, k, 8, (const uint8_t *)qs, d, NULL, n, y);
 }
 
 /* ---- one decoder layer of a llama-style model, for a few decode tokens ------------------------------------ */
@@ -456,7 +451,7 @@ typedef struct {
 /* y = x @ w.T through the scratch's quantized activations */
 static void project(const float *x, int64_t m, const tm_q4_weight *w, const tm_scratch *s, float *y) {
     quantize_rows(x, m, w->k, &s->qx);
-    q4_matmul(&s->qx, m, w, y);
+    grouped_matmul(&s->qx, m, w->k, 4, w->qs, w->d, w->m, w->n, y);
 }
 
 #if defined(__AVX512F__)
