@@ -1,10 +1,12 @@
-"""Our torch dequantization equals gguf.quants.dequantize bit for bit, on random blocks of every type."""
+"""Our dequantization (torch, and the native library for Q4_1 and Q8_0) equals gguf.quants.dequantize bit for bit,
+on random blocks of every type."""
 
 import gguf
 import numpy as np
 import pytest
 import torch
 
+from tokenmill import native
 from tokenmill.loader.dequantize import dequantize
 
 QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -41,6 +43,22 @@ def test_block_types_match_gguf(name: str, seed: int) -> None:
     ours = dequantize(raw, qtype, expected.shape)
     assert ours.dtype == torch.float32
     assert np.array_equal(ours.numpy(), expected)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0"])
+def test_native_and_torch_paths_match_gguf(name: str) -> None:
+    """The bundled model's formats go through the native library from a file's bytes (numpy) and through torch
+    from a tensor: both bit for bit as gguf, including zero, subnormal and large half-float scales."""
+    qtype = gguf.GGMLQuantizationType[name]
+    raw = random_blocks(qtype, rows=4, blocks_per_row=40, seed=7)
+    special = np.array([0.0, -0.0, 6e-8, -3e-6, 6.1e-5, 1000.0, -65504.0], dtype=np.float16).view(np.uint8)
+    blocks = raw.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
+    for offset in F16_FIELDS[name]:
+        blocks[: len(special) // 2, offset : offset + 2] = special.reshape(-1, 2)
+    expected = gguf.quants.dequantize(raw, qtype)
+    assert native.load() is not None  # the native path is the one taken for numpy input
+    assert np.array_equal(dequantize(raw, qtype, expected.shape).numpy(), expected)
+    assert np.array_equal(dequantize(torch.from_numpy(raw), qtype, expected.shape).numpy(), expected)
 
 
 @pytest.mark.parametrize("name", ["F32", "F16", "BF16"])

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from tokenmill import native
 from tokenmill.errors import UnsupportedModelError
 
 QK_K = 256  # values per K-quant super-block
@@ -126,10 +127,28 @@ _BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.T
 }
 
 
+def _native_dequantizer(ggml_type: GGMLQuantizationType) -> Callable | None:
+    """The native library's converter for the bundled model's formats (Q4_1 and Q8_0, dequantized at every
+    start), or None (other formats, or no native library)."""
+    name = {GGMLQuantizationType.Q4_1: "tm_dequantize_q4_1", GGMLQuantizationType.Q8_0: "tm_dequantize_q8_0"}
+    if ggml_type not in name:
+        return None
+    lib = native.load()
+    return None if lib is None else getattr(lib, name[ggml_type])
+
+
 def dequantize(
     data: np.ndarray | torch.Tensor, ggml_type: GGMLQuantizationType, shape: tuple[int, ...]
 ) -> torch.Tensor:
     """Raw tensor bytes (as stored in GGUF) -> float32 tensor of `shape` (row-major, last dim contiguous)."""
+    converter = _native_dequantizer(ggml_type)
+    if converter is not None and isinstance(data, np.ndarray) and data.flags.c_contiguous:
+        # in C on all threads, straight from the file's pages (bit-identical to the torch functions above)
+        values_per_block, bytes_per_block = GGML_QUANT_SIZES[ggml_type]
+        n_blocks = data.nbytes // bytes_per_block
+        out = torch.empty(n_blocks * values_per_block, dtype=torch.float32)
+        converter(data.ctypes.data, n_blocks, out.data_ptr())
+        return out.reshape(shape)
     raw = torch.from_numpy(np.array(data, copy=True)) if isinstance(data, np.ndarray) else data
     if ggml_type == GGMLQuantizationType.F32:
         return raw.view(torch.float32).reshape(shape)

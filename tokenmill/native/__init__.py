@@ -106,6 +106,9 @@ def load() -> ctypes.CDLL | None:
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, i64, i64, i64, i64, f32]
     lib.tm_llama_decode.restype = ctypes.c_int
+    for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        getattr(lib, name).restype = None
     lib.tm_vector_path.argtypes = []
     lib.tm_vector_path.restype = ctypes.c_char_p
     lib.tm_set_threads.argtypes = [ctypes.c_int]
