@@ -115,6 +115,10 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
     # the same kernels for the projections; attention and norms sum in other orders, and a last-bit difference
     # can move an activation across a rounding boundary of its int8 quantization (one step: 1/64,516 of the block)
     assert torch.allclose(native_logits, torch_logits, rtol=1e-3, atol=1e-3)
+    # batch invariance: each sequence's logits are the same bits alone as beside the others (and in any order)
+    for i, chunk in enumerate(step):
+        assert torch.equal(runner.execute([chunk]).last_logits[0], native_logits[i])
+    assert torch.equal(runner.execute(step[::-1]).last_logits, native_logits.flip(0))
 
 
 def test_without_native_kernels_torch_kernels_take_over() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.layers.attention import AttentionMetadata
-from tokenmill.layers.quantized_linear import Q4Linear
+from tokenmill.layers.quantized_linear import NATIVE_GROUP, Q4Linear
 
 
 class Q4Weight(ctypes.Structure):
@@ -42,8 +42,8 @@ def _q4(layer: torch.nn.Module) -> Q4Weight:
     q = getattr(layer, "q4", layer)
     if not isinstance(q, Q4Linear):
         raise ValueError("the native decoder needs 4-bit (Q4Linear) projections")
-    if q.out_features % Q4Linear.GROUP:
-        raise ValueError(f"the native decoder needs output sizes in multiples of {Q4Linear.GROUP}")
+    if q.out_features % NATIVE_GROUP:
+        raise ValueError(f"the native decoder needs output sizes in multiples of {NATIVE_GROUP}")
     return Q4Weight(q.qs.data_ptr(), q.scale.data_ptr(), q.low.data_ptr(), q.out_features, q.in_features)
 
 

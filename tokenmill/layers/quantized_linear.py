@@ -21,6 +21,8 @@ on SmolLM2 that moved the top log-probabilities by up to 2.8 and broke greedy ag
 so it is not used.) These are CPU kernels; on CUDA tokenmill runs the dequantized weights.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
@@ -77,14 +79,25 @@ def _half(pairs: torch.Tensor) -> torch.Tensor:
     return pairs.contiguous().view(torch.float16).squeeze(-1).float().contiguous()
 
 
+NATIVE_GROUP = 16  # output rows per group in the native kernels' interleaved weight layouts
+
+
+def _native_product(rows: int, out_features: int, product: Callable[[int, int], int]) -> torch.Tensor:
+    """Run `product(padded_out_features, out_pointer)`, a native product that writes [rows, padded] float32 (the
+    output size rounded up to whole groups), and keep the first `out_features` columns."""
+    padded = -(-out_features // NATIVE_GROUP) * NATIVE_GROUP
+    out = torch.empty(rows, padded, dtype=torch.float32)
+    if product(padded, out.data_ptr()) != 0:
+        raise MemoryError("native quantized product: out of memory")
+    return out if padded == out_features else out[:, :out_features].contiguous()
+
+
 class Q4Linear(nn.Module):
     """4-bit weights in GGUF's Q4_1 scheme (half-float block scales and minimums) through tokenmill's native kernel,
     which quantizes activations per block of 32 in two int8 passes (error below 1/64,516 of the block's largest
     value; see q4_kernels.c). Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
     float weight (min/max per block, which recovers Q4 blocks exactly). The kernel's layout interleaves 16 output
     rows; a last partial group is padded with zero rows."""
-
-    GROUP = 16
 
     def __init__(self, weight: torch.Tensor | None, lib, blocks: Q4Blocks | None = None):
         super().__init__()
@@ -96,11 +109,11 @@ class Q4Linear(nn.Module):
         qs, scale, low = blocks[0].contiguous(), blocks[1].half().contiguous(), blocks[2].half().contiguous()
         self.out_features, num_blocks = qs.shape[0], qs.shape[1]
         self.in_features = num_blocks * INT4_GROUP_SIZE
-        groups = -(-self.out_features // self.GROUP)
+        groups = -(-self.out_features // NATIVE_GROUP)
         # [groups, blocks, 256] codes and [groups, blocks, 16] half-float scales and minimums
         self.register_buffer("qs", torch.empty(groups, num_blocks, 256, dtype=torch.uint8), persistent=False)
-        self.register_buffer("scale", torch.empty(groups, num_blocks, self.GROUP, dtype=torch.half), persistent=False)
-        self.register_buffer("low", torch.empty(groups, num_blocks, self.GROUP, dtype=torch.half), persistent=False)
+        self.register_buffer("scale", torch.empty(groups, num_blocks, NATIVE_GROUP, dtype=torch.half), persistent=False)
+        self.register_buffer("low", torch.empty(groups, num_blocks, NATIVE_GROUP, dtype=torch.half), persistent=False)
         lib.tm_q4_interleave(
             qs.data_ptr(),
             scale.data_ptr(),
@@ -115,22 +128,13 @@ class Q4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
-        rows, padded = x32.shape[0], self.qs.shape[0] * self.GROUP
-        out = torch.empty(rows, padded, dtype=torch.float32)
-        rc = self._lib.tm_q4_matmul(
-            x32.data_ptr(),
+        rows = x32.shape[0]
+        weights = (self.qs.data_ptr(), self.scale.data_ptr(), self.low.data_ptr())
+        out = _native_product(
             rows,
-            self.in_features,
-            self.qs.data_ptr(),
-            self.scale.data_ptr(),
-            self.low.data_ptr(),
-            padded,
-            out.data_ptr(),
+            self.out_features,
+            lambda n, y: self._lib.tm_q4_matmul(x32.data_ptr(), rows, self.in_features, *weights, n, y),
         )
-        if rc != 0:
-            raise MemoryError("native 4-bit product: out of memory")
-        if padded != self.out_features:
-            out = out[:, : self.out_features].contiguous()
         return out.to(x.dtype)
 
 
@@ -139,8 +143,6 @@ class Q8Head(nn.Module):
     the bundled model's is) through the native kernel, activations quantized as Q4Linear's: 30 MB read per
     decoded token instead of 113. The kernel's layout interleaves 16 output rows (a partial last group is
     padded with zero rows)."""
-
-    GROUP = 16
 
     def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
         super().__init__()
@@ -154,10 +156,10 @@ class Q8Head(nn.Module):
             safe = scale.clamp(min=1e-30).unsqueeze(-1)
             codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
         codes, scale = codes.contiguous(), scale.half().contiguous()
-        num_blocks, groups = self.in_features // INT4_GROUP_SIZE, -(-self.out_features // self.GROUP)
+        num_blocks, groups = self.in_features // INT4_GROUP_SIZE, -(-self.out_features // NATIVE_GROUP)
         # [groups, blocks, 512] codes and [groups, blocks, 16] half-float scales
         self.register_buffer("qs", torch.empty(groups, num_blocks, 512, dtype=torch.int8), persistent=False)
-        self.register_buffer("scale", torch.empty(groups, num_blocks, self.GROUP, dtype=torch.half), persistent=False)
+        self.register_buffer("scale", torch.empty(groups, num_blocks, NATIVE_GROUP, dtype=torch.half), persistent=False)
         lib.tm_q8_interleave(
             codes.data_ptr(),
             scale.data_ptr(),
@@ -170,22 +172,14 @@ class Q8Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float().contiguous()
-        padded = self.qs.shape[0] * self.GROUP
-        out = torch.empty(x32.shape[0], padded, dtype=torch.float32)
-        rc = self._lib.tm_q8_matmul(
-            x32.data_ptr(),
-            x32.shape[0],
-            self.in_features,
-            self.qs.data_ptr(),
-            self.scale.data_ptr(),
-            padded,
-            out.data_ptr(),
+        rows = x32.shape[0]
+        return _native_product(
+            rows,
+            self.out_features,
+            lambda n, y: self._lib.tm_q8_matmul(
+                x32.data_ptr(), rows, self.in_features, self.qs.data_ptr(), self.scale.data_ptr(), n, y
+            ),
         )
-        if rc != 0:
-            raise MemoryError("native 8-bit product: out of memory")
-        if padded != self.out_features:
-            out = out[:, : self.out_features].contiguous()
-        return out
 
 
 class Int8Linear(nn.Module):
