@@ -52,6 +52,15 @@ def test_bad_model_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_serve_exits_when_the_engine_cannot_be_built() -> None:
+    """`tokenmill serve` builds its engine in a thread while the web stack starts: a failure there still ends the
+    process with an error, and says why."""
+    out = run("serve", "--port", "0", "--max-num-seqs", "0", timeout=90)
+    assert out.returncode == 1
+    assert "max_num_seqs" in out.stderr and "could not be loaded" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def _greedy(n: int):
     from tokenmill import SamplingParams
 

@@ -279,16 +279,18 @@ def run_chat(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     from tokenmill.loader.prefetch import ModelPrefetch
 
-    # parse the model file and build its tokenizer while torch and the web stack are imported (serve() checks
-    # the file's header before it listens)
+    # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
+    # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
+    quantization = None if args.quantization == "none" else args.quantization
     prefetched = ModelPrefetch(args.model)
+    prefetched.start_engine(args.dtype, quantization, engine_options(args))
     from tokenmill.server.serve import serve
     from tokenmill.server.state import ServerSettings
 
     settings = ServerSettings(
         model=args.model,
         dtype=args.dtype,
-        quantization=None if args.quantization == "none" else args.quantization,
+        quantization=quantization,
         engine_options=engine_options(args),
         served_model_name=args.served_model_name,
         api_key=args.api_key,

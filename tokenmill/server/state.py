@@ -48,9 +48,12 @@ class ServerState:
 
         s = self.settings
         try:
-            engine = LLMEngine(
-                s.model, s.dtype, s.quantization, EngineConfig.from_options(s.engine_options), prefetched
-            )
+            if prefetched is not None and prefetched.builds_engine:  # started by `tokenmill serve` with these settings
+                engine = prefetched.engine()
+            else:
+                engine = LLMEngine(
+                    s.model, s.dtype, s.quantization, EngineConfig.from_options(s.engine_options), prefetched
+                )
         except BaseException as exc:
             self.load_error = exc
             logger.error("loading the model failed: %s", exc)
