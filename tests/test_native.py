@@ -53,6 +53,16 @@ def two_pass_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values.reshape(x.shape), amax.squeeze(-1) / (127 * 254 * 2)
 
 
+def assert_two_pass_int8_product(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """out equals the float64 product of w with x's quantized values (up to float32 rounding), and is within the
+    quantization's error bound of the exact product."""
+    values, error = two_pass_int8(x)
+    assert torch.allclose(out.double(), F.linear(values.double(), w.double()), rtol=1e-5, atol=1e-5)
+    # |sum w (x - values)| <= sum over blocks of (max error in the block) * (sum |w| over the block)
+    bound = error.double() @ w.double().abs().reshape(w.shape[0], -1, 32).sum(dim=-1).T
+    assert ((out.double() - F.linear(x.double(), w.double())).abs() <= bound + 1e-5).all()
+
+
 @pytest.mark.parametrize(("rows", "out_features"), [(1, 96), (3, 96), (4, 96), (5, 96), (9, 96), (2, 40)])
 def test_q4_matmul_computes_with_two_pass_int8_activations(rows: int, out_features: int) -> None:
     """Equal to a float64 product of the weights with the quantized activations (up to float32 rounding), and
@@ -61,11 +71,7 @@ def test_q4_matmul_computes_with_two_pass_int8_activations(rows: int, out_featur
     x = torch.randn(rows, 160) * torch.linspace(0.1, 4.0, 160)  # blocks of different ranges
     out = Q4Linear(w, lib)(x)
     assert out.shape == (rows, out_features)
-    values, error = two_pass_int8(x)
-    assert torch.allclose(out.double(), F.linear(values.double(), w.double()), rtol=1e-5, atol=1e-5)
-    # |sum w (x - values)| <= sum over blocks of (max error in the block) * (sum |w| over the block)
-    bound = error.double() @ w.double().abs().reshape(out_features, -1, 32).sum(dim=-1).T
-    assert ((out.double() - F.linear(x.double(), w.double())).abs() <= bound + 1e-5).all()
+    assert_two_pass_int8_product(out, x, w)
     assert not torch.allclose(out, F.linear(x, w), rtol=0, atol=1e-7)  # the activations were quantized
 
 
@@ -90,10 +96,7 @@ def test_q8_head_computes_with_two_pass_int8_activations(rows: int, out_features
     x = torch.randn(rows, 128, generator=g) * torch.linspace(0.1, 4.0, 128)
     out = Q8Head(w, lib)(x)
     assert out.shape == (rows, out_features)
-    values, error = two_pass_int8(x)
-    assert torch.allclose(out.double(), F.linear(values.double(), w.double()), rtol=1e-5, atol=1e-5)
-    bound = error.double() @ w.double().abs().reshape(out_features, -1, 32).sum(dim=-1).T
-    assert ((out.double() - F.linear(x.double(), w.double())).abs() <= bound + 1e-5).all()
+    assert_two_pass_int8_product(out, x, w)
 
 
 def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
