@@ -91,6 +91,8 @@ typedef struct {
 
 static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) {
     const int64_t nb = k / QK;
+    /* a few rows' blocks cost less than waking the other threads (8,192 values: about 15 us on one core) */
+#pragma omp parallel for schedule(static) if (m * nb >= 256)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
         int8_t *hi = a->hi + tb * QK, *lo = a->lo + tb * QK;
