@@ -21,6 +21,9 @@ class ModelPrefetch:
         self.path: Path = resolve_model_path(model)
         self._result: tuple[GGUFFile, Tokenizer] | None = None
         self._error: BaseException | None = None
+        self._engine: LLMEngine | None = None
+        self._engine_error: BaseException | None = None
+        self._engine_thread: threading.Thread | None = None  # set by start_engine
         self._thread = threading.Thread(target=self._run, name="tokenmill-prefetch", daemon=True)
         self._thread.start()
 
@@ -40,8 +43,6 @@ class ModelPrefetch:
 
     def start_engine(self, dtype: str, quantization: str | None, options: dict[str, Any]) -> None:
         """Build the LLMEngine for this model in a thread from now on (engine() hands it over)."""
-        self._engine: LLMEngine | None = None
-        self._engine_error: BaseException | None = None
         self._engine_thread = threading.Thread(
             target=self._build_engine, args=(dtype, quantization, options), name="tokenmill-engine", daemon=True
         )
@@ -49,7 +50,7 @@ class ModelPrefetch:
 
     @property
     def builds_engine(self) -> bool:
-        return hasattr(self, "_engine_thread")
+        return self._engine_thread is not None
 
     def _build_engine(self, dtype: str, quantization: str | None, options: dict[str, Any]) -> None:
         try:
@@ -61,6 +62,7 @@ class ModelPrefetch:
             self._engine_error = exc
 
     def engine(self) -> "LLMEngine":
+        assert self._engine_thread is not None, "start_engine() was not called"
         self._engine_thread.join()
         if self._engine_error is not None:
             raise self._engine_error

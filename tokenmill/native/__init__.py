@@ -1,11 +1,11 @@
 """tokenmill's hand-written CPU kernels (C, compiled for this machine on first use, loaded with ctypes).
 
 q4_kernels.c has 4-bit and 8-bit matrix products for decode-sized batches (integer dot products on weights
-kept in groups of 16 interleaved rows) and the decoder layers of a llama model for the tokens of a decode step
+kept in groups of 16 interleaved rows), the decoder layers of a llama model for the tokens of a decode step
 (norms, projections, rope, the KV-cache write, attention over the paged cache, SwiGLU) in one call per step
-instead of ~40 torch operations per layer. The library is built with
-the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without a
-compiler tokenmill falls back to torch's kernels and says so once in the log.
+instead of ~40 torch operations per layer, and the Q4_1/Q8_0 dequantization used at load. The library is built
+with the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without
+a compiler tokenmill falls back to torch's kernels and says so once in the log.
 """
 
 import ctypes
