@@ -47,9 +47,10 @@ def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return codes, scale, low
 
 
-# GGUF blocks taken as they are: (packed codes uint8 [out, in/32, 16], scale [out, in/32], min [out, in/32])
+# GGUF blocks taken as they are: (packed codes uint8 [out, in/32, 16], scale [out, in/32], min [out, in/32]),
+# scales and minimums as the file's half floats
 Q4Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-Q8Blocks = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [out, in], scale [out, in/32])
+Q8Blocks = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [out, in], half-float scale [out, in/32])
 
 
 def q4_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q4Blocks | None:
@@ -75,8 +76,8 @@ def q8_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q
 
 
 def _half(pairs: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., 2] little-endian half floats -> float32 [...]"""
-    return pairs.contiguous().view(torch.float16).squeeze(-1).float().contiguous()
+    """uint8 [..., 2] little-endian half floats -> float16 [...] (the native kernels keep them as they are)"""
+    return pairs.contiguous().view(torch.float16).squeeze(-1)
 
 
 NATIVE_GROUP = 16  # output rows per group in the native kernels' interleaved weight layouts
@@ -152,8 +153,8 @@ class Q8Head(nn.Module):
         else:
             groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)
             # Q8_0's scales are half floats; rounding them so recovers a Q8_0 embedding's codes exactly
-            scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16).float()  # [out, in/32]
-            safe = scale.clamp(min=1e-30).unsqueeze(-1)
+            scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16)  # [out, in/32]
+            safe = scale.float().clamp(min=1e-30).unsqueeze(-1)
             codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
         codes, scale = codes.contiguous(), scale.half().contiguous()
         num_blocks, groups = self.in_features // INT4_GROUP_SIZE, -(-self.out_features // NATIVE_GROUP)

@@ -49,7 +49,7 @@ class _FastArrayReader(GGUFReader):
         scalar_type = self.gguf_scalar_to_np.get(item_type)
         if scalar_type is not None:
             values = self._get(offs, scalar_type, count)
-            parts.append(_WholeArray(memoryview(values.view(np.uint8)), values.tolist()))
+            parts.append(_WholeArray(int(values.nbytes), values.tolist()))
             return 12 + int(values.nbytes), parts, [], [GGUFValueType.ARRAY, item_type]
         if item_type != GGUFValueType.STRING:
             return super()._get_field_parts(orig_offs, raw_type)
@@ -66,21 +66,17 @@ class _FastArrayReader(GGUFReader):
             offs += 8 + length
         if offs > len(buf):
             raise ValueError("string array runs past the end of the file")
-        parts.append(_WholeArray(view[start:offs], strings))
+        parts.append(_WholeArray(offs - start, strings))
         return offs - orig_offs, parts, [], [GGUFValueType.ARRAY, GGUFValueType.STRING]
 
 
 class _WholeArray:
-    """One part for a whole metadata array: its bytes (`.nbytes`, as GGUFReader sums parts) and its values as a
-    Python list (GGUFReader keeps one part per element, ~3 us each to build and to read back)."""
+    """One part for a whole metadata array: its size in the file (`.nbytes`, which GGUFReader sums over parts) and
+    its values as a Python list (GGUFReader keeps one part per element, ~3 us each to build and to read back)."""
 
-    def __init__(self, raw: memoryview, values: list):
-        self.raw = raw
+    def __init__(self, nbytes: int, values: list):
+        self.nbytes = nbytes
         self.values = values
-        self.nbytes = raw.nbytes
-
-    def tobytes(self) -> bytes:
-        return self.raw.tobytes()
 
 
 @dataclass(frozen=True)
