@@ -1,6 +1,6 @@
-"""The native 4-bit decode step against the dense GEMM path of `auto`, per decode batch size: what sets
-AUTO_MAX_NATIVE_DECODE_ROWS (tokenmill/model/llama.py). Both run in one process, alternating, on the same KV cache
-(150-token contexts), so a drifting machine affects them alike.
+"""The native 4-bit decode step against the dense GEMM path of `auto`, per decode batch size: why `auto` sends
+every generated token through the native decoder (tokenmill/runner/model_runner.py). Both run in one process,
+alternating, on the same KV cache (150-token contexts), so a drifting machine affects them alike.
 
     .venv/bin/python benchmarks/native_vs_dense.py [--rows 8 16 32 64 128] [--reps 10]
 
@@ -15,7 +15,6 @@ import time
 import numpy as np
 
 from tokenmill import LLM
-from tokenmill.layers.quantized_linear import AutoLinear
 from tokenmill.runner.model_runner import StepChunk
 
 
@@ -29,7 +28,6 @@ def main() -> None:
     decoder = runner.native_decoder
     if decoder is None:
         raise SystemExit("the native kernels are not built here: nothing to compare")
-    auto_layers = [m for m in runner.model.modules() if isinstance(m, AutoLinear)]
     rng = np.random.default_rng(0)
     blocks_per_seq = args.context // runner.block_size + 1
     for rows in args.rows:
@@ -43,10 +41,8 @@ def main() -> None:
         times: dict[str, list[float]] = {"native_ms": [], "dense_ms": []}
         for _ in range(args.reps):
             for path in ("native_ms", "dense_ms"):
-                native = path == "native_ms"
-                decoder.max_rows = rows if native else 0  # 0: the native decoder declines, the torch path runs
-                for layer in auto_layers:  # ... with the dense GEMM in every projection
-                    layer.max_int4_rows = rows if native else 0
+                # without the native decoder every token takes the torch path: dense GEMMs, attention in torch
+                runner.native_decoder = decoder if path == "native_ms" else None
                 start = time.perf_counter()
                 runner.execute(chunks)
                 times[path].append(time.perf_counter() - start)

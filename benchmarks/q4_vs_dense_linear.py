@@ -1,6 +1,7 @@
 """The native 4-bit product (Q4Linear) against the dense bfloat16 GEMM of `auto`, per number of rows, on the
-four projection shapes of one SmolLM2-135M layer: what sets AUTO_MAX_NATIVE_ROWS (tokenmill/model/llama.py),
-the per-layer choice of the torch path (prefills and mixed steps). Both alternate in one process.
+four projection shapes of one SmolLM2-135M layer: what a short prompt gives up because `auto` computes every
+prompt token with the dense GEMM (so that no token's kernel depends on its step's row count; until 2026-11-30
+it took the 4-bit product up to 20 rows). Both alternate in one process.
 
     .venv/bin/python benchmarks/q4_vs_dense_linear.py [--rows 4 8 12 16 20 24 32] [--reps 7]
 

@@ -124,6 +124,33 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
     assert torch.equal(runner.execute(step[::-1]).last_logits, native_logits.flip(0))
 
 
+@pytest.mark.parametrize("quantization", ["int4", "auto"])
+def test_a_tokens_path_depends_on_its_position_not_on_its_neighbours(tmp_path: Path, quantization: str) -> None:
+    """Generated tokens go through the native decoder, prompt tokens through the torch path, whatever else the
+    step holds: a decode gives the same bits beside a prefill chunk as alone, and so does the same token when a
+    preemption recomputes it in one chunk with its prompt."""
+    model = TinyLlama(seed=5, tie_embeddings=True)
+    path = write_tiny_llama(tmp_path / "tiny.gguf", model)
+    runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization=quantization)
+    runner.allocate_kv_cache(64)
+    assert runner.native_decoder is not None
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, model.vocab_size, size=6).tolist()
+    table = [3, 4, 5]
+    runner.execute([StepChunk(prompt, 0, table, prompt_len=6)])
+    token = int(rng.integers(0, model.vocab_size))
+    decode = StepChunk([token], 6, table, prompt_len=6)
+    alone = runner.execute([decode]).last_logits[0]
+    other = StepChunk(rng.integers(0, model.vocab_size, size=7).tolist(), 0, [10, 11], prompt_len=7)
+    beside_a_prefill = runner.execute([other, decode]).last_logits[1]
+    assert torch.equal(beside_a_prefill, alone)
+    recomputed = runner.execute([StepChunk([*prompt, token], 0, table, prompt_len=6)]).last_logits[0]
+    assert torch.equal(recomputed, alone)
+    # without the position, a one-token chunk is taken for a generated token and a longer one for prompt
+    assert StepChunk([token], 6, table).num_prompt_tokens() == 0
+    assert StepChunk(prompt, 0, table).num_prompt_tokens() == 6
+
+
 def test_without_native_kernels_torch_kernels_take_over() -> None:
     code = (
         "from tokenmill import LLM, SamplingParams, native\n"

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.test_golden import greedy
-from tokenmill import LLM
+from tokenmill import LLM, native
 from tokenmill.errors import InvalidParameterError
 from tokenmill.layers.quantized_linear import AutoLinear, BFloat16Head, Int4Linear, Int8Linear, four_bit_linear
 
@@ -45,14 +45,19 @@ def test_int8_and_bf16_head_are_close_to_float32() -> None:
 
 
 @pytest.mark.parametrize("dense_bfloat16", [False, True])
-def test_auto_linear_picks_int4_for_few_rows_and_dense_for_more(dense_bfloat16: bool) -> None:
+def test_auto_linear_is_dense_for_any_rows_and_keeps_4bit_weights_for_the_native_decoder(dense_bfloat16: bool) -> None:
+    """The torch path (prompt tokens) computes every row count with the dense weight: which kernel a row meets
+    never depends on how many rows share its step."""
     w = q4_1_grid_weight(64, 128, seed=1)
-    auto = AutoLinear(w, max_int4_rows=4, dense_bfloat16=dense_bfloat16)
-    four_bit = four_bit_linear(w)  # tokenmill's native kernel where built, torch's int4 kernel otherwise
-    few, many = torch.randn(4, 128), torch.randn(5, 128)
-    assert torch.equal(auto(few), four_bit(few))
-    dense = F.linear(many.bfloat16(), w.bfloat16()).float() if dense_bfloat16 else F.linear(many, w)
-    assert torch.equal(auto(many), dense)
+    auto = AutoLinear(w, dense_bfloat16=dense_bfloat16)
+    for rows in (1, 4, 5, 33):
+        x = torch.randn(rows, 128)
+        dense = F.linear(x.bfloat16(), w.bfloat16()).float() if dense_bfloat16 else F.linear(x, w)
+        assert torch.equal(auto(x), dense)
+    assert (auto.q4 is not None) == (native.load() is not None)
+    if auto.q4 is not None:
+        x = torch.randn(3, 128)
+        assert torch.equal(auto.q4(x), four_bit_linear(w)(x))
 
 
 @pytest.mark.slow

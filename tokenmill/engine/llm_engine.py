@@ -248,6 +248,7 @@ class LLMEngine:
                     block_table=s.seq.block_table,
                     want_last_logits=s.completes_sequence,
                     want_all_logits=self._collects_prompt_logprobs(request, s.seq, s.start),
+                    prompt_len=s.seq.num_prompt_tokens,
                 )
             )
         self.runner.copy_blocks(sched.block_copies)

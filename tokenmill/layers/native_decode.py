@@ -1,9 +1,11 @@
-"""Decode steps of a llama-style model through the native decoder (tokenmill/native/q4_kernels.c).
+"""Generated tokens of a llama-style model through the native decoder (tokenmill/native/q4_kernels.c).
 
-Used for steps made only of decodes (one new token per sequence) of at most `max_rows` sequences, in a float32
-model with 4-bit projections (Q4Linear). Everything else (prefills, mixed steps, other dtypes) takes the torch
-path of the model. The native decoder computes what the torch path computes, with the same 4-bit kernel for the
-projections, in one call per step: a table of every layer's weights and KV-cache pointers is built once, here.
+In a float32 model with 4-bit projections (`int4` and `auto`), the runner sends every generated token of a step
+here, one row each (a row attends to its own context, so several rows of one sequence, as after a preemption,
+are fine); prompt tokens take the torch path of the model. The native decoder computes what the torch path
+computes, with the same 4-bit kernel for the projections, in one call per step: a table of every layer's
+weights and KV-cache pointers is built once, here. Each row's result is the same bits whatever other rows the
+step has.
 """
 
 import ctypes
@@ -48,10 +50,9 @@ def _q4(layer: torch.nn.Module) -> Q4Weight:
 
 
 class NativeLlamaDecoder:
-    def __init__(self, model: torch.nn.Module, lib: ctypes.CDLL, max_rows: int):
+    def __init__(self, model: torch.nn.Module, lib: ctypes.CDLL):
         self.model = model
         self.lib = lib
-        self.max_rows = max_rows
         c = model.config
         self.projections = [
             [
@@ -85,18 +86,12 @@ class NativeLlamaDecoder:
         self.table = (LlamaLayer * len(rows))(*rows)
         self._kv = kv_caches  # the table points into these tensors: keep them alive
 
-    def accepts(self, num_tokens: int, meta: AttentionMetadata) -> bool:
-        return (
-            self.ok
-            and self.table is not None
-            and not meta.prefills
-            and meta.decode is not None
-            and num_tokens <= self.max_rows
-        )
-
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions [M] -> final hidden states [M, hidden] (normed), as the model's forward."""
+        """input_ids, positions [M] -> final hidden states [M, hidden] (normed), as the model's forward; `meta` has
+        only a decode batch (one query per row)."""
+        if self.table is None:
+            raise RuntimeError("the native decoder has no KV cache yet (bind_kv_cache)")
         model = self.model
         d = meta.decode
         hidden = F.embedding(input_ids, model.embed_tokens).float().contiguous()  # [M, hidden], updated in place

@@ -9,8 +9,8 @@
   convert without further loss, up to bfloat16 scales) through `_weight_int4pack_mm_for_cpu`, which computes in
   bfloat16: the 4-bit kernel where the native ones cannot be built. Fastest at a few rows.
 - Int8Linear: int8 weights with one scale per output row through `_weight_int8pack_mm` (bfloat16 activations).
-- AutoLinear: 4-bit for a few rows; for more rows a dense GEMM, in bfloat16 where the CPU has it in hardware
-  and in float32 where it does not.
+- AutoLinear: a dense GEMM (bfloat16 where the CPU has it in hardware, float32 where it does not) for prompt
+  tokens, and the 4-bit weight the native decoder uses for generated tokens.
 
 - BFloat16Head: the LM head in bfloat16, where the native kernels are missing (int8 and int4 heads through
   torch's kernels cost far more accuracy: the tied embedding is Q8_0, per-row int8 moved top log-probabilities
@@ -222,27 +222,21 @@ def cpu_has_native_bfloat16() -> bool:
 
 
 class AutoLinear(nn.Module):
-    """The fastest kernel for each batch size, as measured (benchmarks/README.md): int4 for up to
-    `max_int4_rows` rows (decode reads every weight once per token, so fewer bytes win), then a dense GEMM:
-    bfloat16 where the CPU has native bfloat16 (AVX512-BF16/AMX), float32 elsewhere."""
+    """`auto`'s projection: a dense weight for the torch path, which computes prompt tokens (bfloat16 where the
+    CPU has it in hardware, float32 elsewhere), and the 4-bit weight (`q4`, where the native kernels are built)
+    that the native decoder reads for generated tokens. Which kernel computes a token depends only on whether
+    it is a prompt token or a generated one, never on how many rows its step has: a request's numbers do not
+    depend on what else is in the batch."""
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        max_int4_rows: int,
-        dense_bfloat16: bool | None = None,
-        blocks: Q4Blocks | None = None,
-    ):
+    def __init__(self, weight: torch.Tensor, dense_bfloat16: bool | None = None, blocks: Q4Blocks | None = None):
         super().__init__()
-        self.q4 = four_bit_linear(weight, blocks)
-        self.max_int4_rows = max_int4_rows
+        lib = native.load()
+        self.q4 = Q4Linear(weight, lib, blocks) if lib is not None else None
         use_bf16 = cpu_has_native_bfloat16() if dense_bfloat16 is None else dense_bfloat16
         self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
         self.register_buffer("dense", weight.to(self.dense_dtype).contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.max_int4_rows:
-            return self.q4.forward(x)
         return F.linear(x.to(self.dense_dtype), self.dense).to(x.dtype)
 
 
@@ -273,14 +267,12 @@ def four_bit_linear(weight: torch.Tensor, blocks: Q4Blocks | None = None) -> nn.
     return Q4Linear(weight, lib, blocks) if lib is not None else Int4Linear(weight)
 
 
-def quantized_linear(
-    weight: torch.Tensor, mode: str, max_int4_rows: int = 1, blocks: Q4Blocks | None = None
-) -> nn.Module:
+def quantized_linear(weight: torch.Tensor, mode: str, blocks: Q4Blocks | None = None) -> nn.Module:
     """`blocks`: the GGUF file's own 4-bit blocks for this weight, when it has them."""
     if mode == "int8":
         return Int8Linear(weight)
     if mode == "int4":
         return four_bit_linear(weight, blocks)
     if mode == "auto":
-        return AutoLinear(weight, max_int4_rows, blocks=blocks)
+        return AutoLinear(weight, blocks=blocks)
     raise ValueError(f"unknown quantization mode {mode!r}")

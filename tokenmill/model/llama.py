@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from tokenmill import native
 from tokenmill.layers.activation import silu_and_mul
 from tokenmill.layers.attention import AttentionMetadata, paged_attention
 from tokenmill.layers.linear import Linear
@@ -29,20 +28,7 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
 
-# "auto" mode, per linear layer (the torch path: prefills and mixed steps): 4-bit kernels up to this many rows,
-# a dense GEMM above. The native 4-bit product beats the dense bfloat16 GEMM on one layer's four projections up
-# to 20 rows and breaks even at 20-24 (benchmarks/q4_vs_dense_linear.py); torch's int4 kernel wins up to about 4
-AUTO_MAX_NATIVE_ROWS = 20
-AUTO_MAX_TORCH_INT4_ROWS = 4
-# "auto" mode, steps made only of decodes: the native decoder (whole layers in C) up to this many sequences. It
-# beats the torch path (dense GEMMs, paged attention in torch) at every size measured, 1.2x at 64-128 and 2.8x
-# at 8 (benchmarks/native_vs_dense.py); the scheduler's max_num_seqs defaults to 64
-AUTO_MAX_NATIVE_DECODE_ROWS = 128
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
-
-
-def auto_max_4bit_rows() -> int:
-    return AUTO_MAX_NATIVE_ROWS if native.load() is not None else AUTO_MAX_TORCH_INT4_ROWS
 
 
 class StepContext(NamedTuple):
@@ -150,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
                     types.add(ggml_type)
                 blocks = q4_blocks_from_gguf(torch.cat(rows), types.pop()) if len(types) == 1 else None
                 weight = getattr(parent, name).weight.data
-                setattr(parent, name, quantized_linear(weight, mode, auto_max_4bit_rows(), blocks))
+                setattr(parent, name, quantized_linear(weight, mode, blocks))
 
     # ---- weights -------------------------------------------------------------------------------------------------
 

@@ -4,11 +4,15 @@ A step is a list of `StepChunk`s, one per sequence: the new tokens to compute (a
 or the one token of a decode), where they start, and the sequence's block table. The runner flattens them
 into [T] tensors, builds the attention metadata once for all layers, runs the model and returns the logits
 the caller asked for.
+
+With the native decoder (`int4` and `auto` on the CPU), a token's path depends only on its position, never on
+its neighbours: prompt tokens go through the torch path, generated tokens (also when recomputed after a
+preemption) through the native decoder, one row each. Both paths compute a row the same way whatever else the
+step holds, so a request's greedy output does not depend on what else is running.
 """
 
-import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -17,7 +21,7 @@ from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillCh
 from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model import ModelConfig, build_model
-from tokenmill.model.llama import AUTO_MAX_NATIVE_DECODE_ROWS, LlamaForCausalLM
+from tokenmill.model.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,17 @@ class StepChunk:
     block_table: list[int]  # physical KV blocks of the sequence, covering at least start_position + len(token_ids)
     want_last_logits: bool = True  # logits after the last token (to sample the next one)
     want_all_logits: bool = False  # logits after every token of the chunk (prompt log-probabilities)
+    # the sequence's prompt length: tokens at positions from here on are generated ones. None: a one-token chunk
+    # is a generated token, a longer one is prompt
+    prompt_len: int | None = None
+
+    def num_prompt_tokens(self) -> int:
+        """How many of token_ids are prompt tokens (they come first)."""
+        n = len(self.token_ids)
+        prompt_len = self.prompt_len
+        if prompt_len is None:
+            prompt_len = self.start_position + (0 if n == 1 else n)
+        return min(max(prompt_len - self.start_position, 0), n)
 
 
 @dataclass
@@ -52,13 +67,12 @@ class ModelRunner:
         self.num_blocks = 0
 
     def _native_decoder(self, quantization: str | None) -> NativeLlamaDecoder | None:
-        """Whole decoder layers in native code for decode steps, where the projections are 4-bit ones."""
+        """Whole decoder layers in native code for generated tokens, where the projections are 4-bit ones."""
         lib = native.load()
         if lib is None or quantization not in ("int4", "auto") or not isinstance(self.model, LlamaForCausalLM):
             return None
-        max_rows = AUTO_MAX_NATIVE_DECODE_ROWS if quantization == "auto" else 1 << 30
         try:
-            decoder = NativeLlamaDecoder(self.model, lib, max_rows)
+            decoder = NativeLlamaDecoder(self.model, lib)
         except ValueError:
             return None
         return decoder if decoder.ok else None
@@ -102,19 +116,44 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
-        # Decodes (one query each) first, then prefill chunks: each kind becomes one attention group.
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
-        ordered = [chunks[i] for i in order]
-        input_ids, positions, slot_mapping, meta = self._prepare(ordered)
-        if self.native_decoder is not None and self.native_decoder.accepts(len(ordered), meta):
-            hidden = self.native_decoder.forward(input_ids, positions, meta)  # [T, hidden]
-        else:
-            hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        prompt_parts: list[StepChunk] = []  # through the torch path (every token, without the native decoder)
+        generated: list[StepChunk] = []  # through the native decoder: one token each
+        routes: list[tuple[int, int, int]] = []  # per chunk: (its prompt part or -1, first generated row, count)
+        for c in chunks:
+            num_prompt = c.num_prompt_tokens() if self.native_decoder is not None else len(c.token_ids)
+            part = -1
+            if num_prompt:
+                part = len(prompt_parts)
+                whole = num_prompt == len(c.token_ids)
+                prompt_parts.append(c if whole else replace(c, token_ids=c.token_ids[:num_prompt]))
+            routes.append((part, len(generated), len(c.token_ids) - num_prompt))
+            if num_prompt == 0 and len(c.token_ids) == 1:
+                generated.append(c)
+            else:
+                for j in range(num_prompt, len(c.token_ids)):
+                    generated.append(StepChunk([c.token_ids[j]], c.start_position + j, c.block_table))
 
-        ends = list(itertools.accumulate(len(c.token_ids) for c in ordered))  # row after each chunk's last
-        row_of_last = {order[j]: ends[j] - 1 for j in range(len(ordered))}
-        first_row = {order[j]: ends[j] - len(ordered[j].token_ids) for j in range(len(ordered))}
-        last_rows = [row_of_last[i] for i, c in enumerate(chunks) if c.want_last_logits]
+        # the prompt parts first: a sequence recomputed after a preemption reads their K/V in its generated rows
+        hidden_parts, first_row = [], []
+        if prompt_parts:
+            hidden, first_row = self._torch_forward(prompt_parts)
+            hidden_parts.append(hidden)
+        num_prompt_rows = hidden_parts[0].shape[0] if hidden_parts else 0
+        if generated:
+            input_ids, positions, _, meta = self._prepare(generated)
+            hidden_parts.append(self.native_decoder.forward(input_ids, positions, meta))  # [G, hidden]
+        hidden = hidden_parts[0] if len(hidden_parts) == 1 else torch.cat(hidden_parts)  # [T, hidden]
+
+        def rows(i: int) -> list[int]:
+            """Rows of `hidden` that chunk i's tokens became, in token order."""
+            part, first_generated, count = routes[i]
+            start = num_prompt_rows + first_generated
+            generated_rows = range(start, start + count)
+            if part < 0:
+                return list(generated_rows)
+            return [*range(first_row[part], first_row[part] + len(prompt_parts[part].token_ids)), *generated_rows]
+
+        last_rows = [rows(i)[-1] for i, c in enumerate(chunks) if c.want_last_logits]
         if last_rows:
             last_logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
         else:
@@ -122,11 +161,23 @@ class ModelRunner:
         all_logits: list[torch.Tensor | None] = []
         for i, c in enumerate(chunks):
             if c.want_all_logits:
-                rows = hidden[first_row[i] : first_row[i] + len(c.token_ids)]
-                all_logits.append(self.model.compute_logits(rows))
+                all_logits.append(self.model.compute_logits(hidden[torch.tensor(rows(i), device=self.device)]))
             else:
                 all_logits.append(None)
         return StepOutput(last_logits, all_logits)
+
+    def _torch_forward(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, list[int]]:
+        """The model's forward over the chunks -> (hidden [T, hidden], the first row of each chunk). Decodes (one
+        query each) go first in the flat layout, then prefill chunks: each kind becomes one attention group."""
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
+        input_ids, positions, _, meta = self._prepare([chunks[i] for i in order])
+        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        first_row = [0] * len(chunks)
+        row = 0
+        for i in order:
+            first_row[i] = row
+            row += len(chunks[i].token_ids)
+        return hidden, first_row
 
     def _prepare(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat step tensors and attention metadata; `chunks` come decodes first (see execute).
