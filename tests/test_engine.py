@@ -3,6 +3,7 @@ streaming, aborts, limits, stats and timings. Every test ends with the block acc
 
 import importlib.util
 import math
+import time
 
 import numpy as np
 import pytest
@@ -255,6 +256,16 @@ def test_requests_that_cannot_fit_are_rejected(llm: LLM) -> None:
         llm.generate({"prompt_token_ids": []}, use_tqdm=False)
     with pytest.raises(InvalidParameterError, match="unknown engine option"):
         LLM(block_sise=16)
+    # n samples run together: more than max_num_seqs could never be scheduled (and used to wait forever, in front
+    # of every later request)
+    with pytest.raises(InvalidParameterError, match="max_num_seqs") as excinfo:
+        llm.generate("Hi", SamplingParams(n=llm.engine.config.max_num_seqs + 1), use_tqdm=False)
+    assert excinfo.value.param == "n"
+    # a text too long by its length alone is refused before it is tokenized (10 MB of words: about 10 s to tokenize)
+    start = time.monotonic()
+    with pytest.raises(PromptTooLongError, match="characters"):
+        llm.generate("word " * 2_000_000, use_tqdm=False)
+    assert time.monotonic() - start < 1.0
     assert not llm.engine.has_unfinished_requests()  # a rejected call leaves nothing behind
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.tokenizer import Tokenizer
 
@@ -131,3 +132,28 @@ def test_decode_skips_special_tokens_on_request(smollm2_tokenizer: Tokenizer) ->
     ids = smollm2_tokenizer.encode("<|im_start|>assistant\nHi!<|im_end|>")
     assert smollm2_tokenizer.decode(ids) == "<|im_start|>assistant\nHi!<|im_end|>"
     assert smollm2_tokenizer.decode(ids, skip_special_tokens=True) == "assistant\nHi!"
+
+
+@pytest.mark.parametrize("name", ["smollm2_tokenizer", "gemma3_tokenizer"])
+def test_min_tokens_is_a_lower_bound_without_tokenizing(name: str, request: pytest.FixtureRequest) -> None:
+    """The server refuses a text too long for max_model_len by its length alone: the bound must never exceed the
+    real count, also for the longest tokens (runs of '#', '=', spaces after a newline)."""
+    tokenizer: Tokenizer = request.getfixturevalue(name)
+    assert tokenizer.max_token_chars is not None
+    longest = max(range(tokenizer.vocab_size), key=lambda t: len(tokenizer.token_bytes(t)))
+    texts = [
+        *OTHER_TEXTS,
+        *random_texts(30, seed=5),
+        "#" * 500,
+        "\n" + " " * 400,
+        "=" * 333,
+        tokenizer.decode([longest]),
+    ]
+    for text in texts:
+        assert tokenizer.min_tokens(text) <= len(tokenizer.encode(text)), repr(text[:40])
+    assert tokenizer.min_tokens("x" * 10 * tokenizer.max_token_chars) == 10
+
+
+def test_text_that_is_not_unicode_is_a_typed_error(smollm2_tokenizer: Tokenizer) -> None:
+    with pytest.raises(InvalidParameterError, match="not valid Unicode"):
+        smollm2_tokenizer.encode("a\ud800b")

@@ -124,7 +124,7 @@ class LLMEngine:
 
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+            return prompt, self.encode_prompt(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             text = prompt.get("prompt")
@@ -132,19 +132,48 @@ class LLMEngine:
             ids, text = prompt, None
         else:
             raise InvalidParameterError("a prompt is a string or {'prompt_token_ids': [...]}", "prompt")
+        if not isinstance(ids, list):
+            raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
+        self._check_prompt_length(len(ids))  # before looking at each id of a list that may be huge
         vocab = self.model_config.vocab_size
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InvalidParameterError(f"prompt token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", "prompt")
         return text, list(ids)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A text prompt -> token ids (BOS added as the model wants). A text too long for max_model_len by its
+        length alone is refused before it is tokenized. Safe to call from any thread."""
+        self._check_text_length(text)
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Render the chat template and tokenize it (special tokens in the template are parsed as special)."""
+        """Render the chat template and tokenize it (special tokens in the template are parsed as special); the
+        rendered text is checked against max_model_len as encode_prompt checks a prompt. Safe from any thread."""
         text = self.chat_template.render(messages, add_generation_prompt)
+        self._check_text_length(text)
         # a real template writes its own BOS; the plain fallback gets it the usual way
         return self.tokenizer.encode(text, add_special_tokens=self.chat_template.is_fallback)
+
+    def _check_text_length(self, text: str) -> None:
+        at_least = self.tokenizer.min_tokens(text)
+        if at_least >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(text):,} characters, so at least {at_least:,} tokens; this engine allows at "
+                f"most {self.max_model_len - 1} prompt tokens (max_model_len {self.max_model_len})",
+                "prompt",
+            )
+
+    def _check_prompt_length(self, prompt_len: int) -> None:
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise PromptTooLongError(
+                f"the prompt has {prompt_len} tokens; this engine allows at most {limit - 1} prompt tokens "
+                f"(max_model_len {limit}, which also counts the output)",
+                "prompt",
+            )
 
     def add_request(
         self,
@@ -155,15 +184,13 @@ class LLMEngine:
     ) -> str:
         """Validate and queue a request; raises InvalidParameterError / PromptTooLongError when it cannot run."""
         params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidParameterError("sampling_params must be a SamplingParams", "sampling_params")
+        self.check_params(params)
         request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.requests:
             raise InvalidParameterError(f"request id {request_id!r} is already in use", "request_id")
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise InvalidParameterError("the prompt is empty", "prompt")
-        params.validate_token_ids(self.model_config.vocab_size)
         max_tokens = self._check_fits(len(ids), params)
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else time.monotonic())
         request = Request(request_id, text, ids, params, metrics)
@@ -175,14 +202,22 @@ class LLMEngine:
         self.scheduler.add(seq)
         return request_id
 
+    def check_params(self, params: SamplingParams) -> None:
+        """What a request's parameters must satisfy on this engine, whatever its prompt. Safe from any thread."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameterError("sampling_params must be a SamplingParams", "sampling_params")
+        if params.n > self.config.max_num_seqs:
+            # the n samples of a request run together: more than fit in a step could never be scheduled
+            raise InvalidParameterError(
+                f"n={params.n} samples run together, but this engine runs at most {self.config.max_num_seqs} "
+                f"sequences at a time (max_num_seqs); ask for at most {self.config.max_num_seqs}",
+                "n",
+            )
+        params.validate_token_ids(self.model_config.vocab_size)
+
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> int:
         limit = self.max_model_len
-        if prompt_len >= limit:
-            raise PromptTooLongError(
-                f"the prompt has {prompt_len} tokens; this engine allows at most {limit - 1} prompt tokens "
-                f"(max_model_len {limit}, which also counts the output)",
-                "prompt",
-            )
+        self._check_prompt_length(prompt_len)
         max_tokens = params.max_tokens if params.max_tokens is not None else limit - prompt_len
         if prompt_len + max_tokens > limit:
             raise PromptTooLongError(

@@ -13,7 +13,7 @@ tokens written in a prompt are parsed as special (as HF's tokenizers and llama.c
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.errors import InvalidParameterError, ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.tokenizer.pretokenizers import PRE_TOKENIZERS
 
@@ -50,8 +50,10 @@ class Tokenizer:
         add_eos: bool = False,
         eos_token_ids: frozenset[int] = frozenset(),
         kind: str = "gpt2",
+        max_token_chars: int | None = None,
     ):
         self.backend = backend
+        self._encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
         self.kind = kind
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -61,14 +63,28 @@ class Tokenizer:
         self.stop_token_ids = eos_token_ids | ({eos_token_id} if eos_token_id is not None else set())
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self._added_ids = set(backend.get_added_tokens_decoder())  # special and user-defined tokens
+        # no token covers more characters of the text than this (None: no such bound is known), so a text of
+        # n characters has at least n / max_token_chars tokens: a length check that needs no tokenizing
+        self.max_token_chars = max_token_chars
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> "Tokenizer":
         return build_tokenizer(gguf)
 
+    def min_tokens(self, text: str) -> int:
+        """A lower bound of the number of tokens `text` becomes, without tokenizing it."""
+        return -(-len(text) // self.max_token_chars) if self.max_token_chars else 0
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Text -> ids. With `add_special_tokens`, BOS (and EOS) are added when the model's metadata says so."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        try:
+            # the batch call lets other threads run while it works (encode() holds the GIL throughout: a long text
+            # would stop the server's event loop); the fast variant skips the character offsets we never read
+            ids = self._encode_batch([text], add_special_tokens=False)[0].ids
+        except TypeError as exc:  # a lone surrogate ("\ud800"): not text the tokenizer can take
+            if isinstance(text, str):
+                raise InvalidParameterError("the text is not valid Unicode (a lone surrogate?)", "prompt") from exc
+            raise
         if add_special_tokens:
             if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
                 ids = [self.bos_token_id, *ids]
@@ -111,12 +127,18 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
     types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise ModelFileError(f"{gguf.path}: {len(tokens)} tokens but {len(types)} token types")
+    # a token covers at most as many characters of the text as its piece has (a byte-level piece: one per byte;
+    # a SentencePiece piece: "▁" for a space). Without all 256 byte tokens, SentencePiece fuses what it cannot
+    # spell into one unknown token of any length: no bound then.
+    max_token_chars: int | None = max(map(len, tokens), default=1)
     if kind == "gpt2":
         backend = _byte_level_bpe(gguf, tokens)
         default_add_bos = False
     elif kind == "llama":
         backend = _sentencepiece_bpe(gguf, tokens, types)
         default_add_bos = True
+        if sum(t == TOKEN_BYTE for t in types) < 256:
+            max_token_chars = None
     else:
         raise UnsupportedModelError(
             f"{gguf.path}: tokenizer model {kind!r} is not supported (supported: 'gpt2', 'llama')"
@@ -142,6 +164,7 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
         add_eos=bool(gguf.get("tokenizer.ggml.add_eos_token", False)),
         eos_token_ids=frozenset(eog),
         kind=kind,
+        max_token_chars=max_token_chars,
     )
 
 
