@@ -1,9 +1,12 @@
 """The request explorer in a real browser: headless Debian Chromium driven by Playwright against a real server."""
 
+import json
 import re
 import shutil
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import sync_playwright  # installed by `make install`
 
@@ -25,9 +28,12 @@ ARGS = [
 ]
 
 
+KEY = "explorer-key"
+
+
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server()
+    proc = start_server("--api-key", KEY)  # the page and its event stream ask for the key
     yield proc
     proc.stop()
 
@@ -41,6 +47,17 @@ def browser():
         b.close()
 
 
+def open_explorer(browser, url: str, **page_options):
+    """A new tab on the explorer, past its question for the API key."""
+    page = browser.new_page(**page_options)
+    page.goto(url + "/")
+    page.wait_for_selector("#key-form", state="visible")
+    page.fill("#api-key", KEY)
+    page.click("#key-submit")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    return page
+
+
 def run_prompt(page, text: str, max_tokens: int = 24) -> None:
     page.fill("#prompt", text)
     page.fill("#max-tokens", str(max_tokens))
@@ -49,9 +66,7 @@ def run_prompt(page, text: str, max_tokens: int = 24) -> None:
 
 
 def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
-    page = browser.new_page(viewport={"width": 1280, "height": 1100})
-    page.goto(server.url + "/")
-    page.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    page = open_explorer(browser, server.url, viewport={"width": 1280, "height": 1100})
     run_prompt(page, "How do GPUs work?")
 
     prompt_chips = page.locator("#prompt-tokens .chip")
@@ -80,12 +95,8 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
 
 
 def test_another_tabs_request_shows_in_the_engine_panel(server, browser) -> None:
-    watcher = browser.new_page()
-    watcher.goto(server.url + "/")
-    watcher.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
-    other = browser.new_page()
-    other.goto(server.url + "/")
-    other.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    watcher = open_explorer(browser, server.url)
+    other = open_explorer(browser, server.url)
     other.fill("#prompt", "Write a long story about a lighthouse.")
     other.fill("#max-tokens", "200")
     other.click("#submit")
@@ -97,11 +108,54 @@ def test_another_tabs_request_shows_in_the_engine_panel(server, browser) -> None
 
 
 def test_readable_on_a_phone(server, browser) -> None:
-    page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True)
-    page.goto(server.url + "/")
-    page.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    page = open_explorer(
+        browser, server.url, viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True
+    )
     run_prompt(page, "Name three colors.", max_tokens=12)
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the page scrolls sideways on a phone ({width}px)"
     page.screenshot(path=str(ARTIFACTS / "explorer-phone.png"), full_page=True)
     page.close()
+
+
+def test_the_explorer_needs_the_api_key_and_shows_no_ones_text(server, browser) -> None:
+    """With --api-key, the page's data (/explorer/info, /explorer/events) needs the key: the page asks for it, and
+    asks again when it is wrong. The event stream tells request ids and token counts, never text or token ids."""
+    for path in ("/explorer/info", "/explorer/events"):
+        assert httpx.get(server.url + path, timeout=10).status_code == 401
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_selector("#key-form", state="visible")
+    assert "SmolLM2" not in page.inner_text("#model-info")
+    page.fill("#api-key", "wrong")
+    page.click("#key-submit")
+    page.wait_for_function("document.getElementById('key-message').textContent.includes('refused')")
+    page.fill("#api-key", KEY)
+    page.click("#key-submit")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('SmolLM2')")
+    page.close()
+
+    secret = "The vault code is purple-falcon-1234"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": secret}, headers=headers).json()["tokens"]
+    events: list[str] = []
+    with httpx.stream("GET", f"{server.url}/explorer/events", headers=headers, timeout=30) as r:
+        body = {"prompt": secret, "max_tokens": 6, "ignore_eos": True}
+        threading.Thread(
+            target=lambda: httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=60)
+        ).start()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                event = json.loads(line[6:])
+                if event["type"] == "step" and any(b["kind"] == "decode" for b in event["batch"]):
+                    break
+    seen = "".join(events)
+    assert "purple" not in seen and "vault" not in seen
+    steps = [json.loads(e) for e in events if json.loads(e)["type"] == "step"]
+    assert steps and all(set(b) <= STEP_FIELDS for step in steps for b in step["batch"])
+    assert json.dumps(ids)[1:-1] not in seen
+
+
+# what an engine step tells about each sequence: counts and ids, no content
+STEP_FIELDS = {"request_id", "sample", "kind", "start", "tokens", "prompt_tokens", "cached_tokens", "blocks"}

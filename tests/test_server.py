@@ -366,44 +366,6 @@ def test_tokenizer_endpoints(server: ServerProcess, llm: LLM) -> None:
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": [-5]}).status_code == 400
 
 
-def test_api_key_and_queue_limit() -> None:
-    proc = start_server("--api-key", "sekret", "--max-num-seqs", "1", "--max-queue", "1")
-    try:
-        url = proc.url
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-        bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
-        assert bad.status_code == 401
-        assert httpx.get(f"{url}/health").status_code == 200  # health needs no key
-        good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0)
-        assert good.completions.create(model="SmolLM2-135M-Instruct", prompt="x", max_tokens=2).usage
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
-
-        # one request running (max_num_seqs 1), one waiting (max_queue 1): the next is refused with 503
-        headers = {"Authorization": "Bearer sekret"}
-        long_body = {"prompt": "Story:", "max_tokens": 400, "ignore_eos": True}
-        running = threading.Thread(
-            target=httpx.post,
-            args=(f"{url}/v1/completions",),
-            kwargs={"json": long_body, "headers": headers, "timeout": 300},
-        )
-        waiting = threading.Thread(
-            target=httpx.post,
-            args=(f"{url}/v1/completions",),
-            kwargs={"json": {**long_body, "max_tokens": 2}, "headers": headers, "timeout": 300},
-        )
-        running.start()
-        time.sleep(1.0)
-        waiting.start()
-        time.sleep(1.0)
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
-        assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert r.json()["error"]["code"] == "overloaded"
-    finally:
-        proc.stop(timeout=60)
-
-
 def test_sigterm_drains_then_aborts_with_an_error_event() -> None:
     proc = start_server("--shutdown-grace", "3")
     url = proc.url

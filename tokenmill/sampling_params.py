@@ -5,7 +5,14 @@ from typing import Any
 
 from tokenmill.errors import InvalidParameterError
 
+# the ranges every parameter is checked against (the server's OpenAPI schema states the same ones)
+MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]
+MAX_LOGIT_BIAS = 100.0  # biases lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 @dataclass
@@ -32,14 +39,14 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _int_range("n", self.n, 1, 128)
-        _float_range("temperature", self.temperature, 0.0, 100.0)
+        _int_range("n", self.n, 1, MAX_N)
+        _float_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
         _float_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _int_range("top_k", self.top_k, -1, None)
         _float_range("min_p", self.min_p, 0.0, 1.0)
-        _float_range("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
-        _float_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _float_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _float_range("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY, low_open=True)
+        _float_range("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        _float_range("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
         if self.max_tokens is not None:
             _int_range("max_tokens", self.max_tokens, 1, None)
         _int_range("min_tokens", self.min_tokens, 0, None)
@@ -48,7 +55,7 @@ class SamplingParams:
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", "min_tokens"
             )
         if self.seed is not None:
-            _int_range("seed", self.seed, -(2**63), 2**64 - 1)
+            _int_range("seed", self.seed, *SEED_RANGE)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -62,7 +69,7 @@ class SamplingParams:
                     token = int(key)
                 except (TypeError, ValueError) as exc:
                     raise InvalidParameterError(f"logit_bias key {key!r} is not a token id", "logit_bias") from exc
-                _float_range("logit_bias", value, -100.0, 100.0)
+                _float_range("logit_bias", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
                 bias[token] = float(value)
             self.logit_bias = bias
         if self.stop is None:

@@ -7,6 +7,7 @@ import time
 
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
+from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
@@ -99,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds requests in flight may finish after SIGTERM (default 30)",
     )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="answer 413 to request bodies larger than this, before parsing them "
+        f"(default {DEFAULT_MAX_REQUEST_BYTES:,}; 0: no limit)",
+    )
+    serve.add_argument(
+        "--no-explorer",
+        dest="explorer",
+        action="store_false",
+        help="do not serve the request explorer (/ and /explorer/*)",
+    )
+    serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
     serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_model_args(serve)
     add_engine_args(serve)
@@ -148,11 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="a streaming load generator against a running server",
         description="Sends the offline workload to --url over /v1/completions.",
     )
+    soak = bench_sub.add_parser(
+        "soak",
+        help="mixed traffic against a running server for a while, its memory sampled",
+        description="Completions and chat, streamed or not, n > 1, log-probabilities, clients that leave early and "
+        "requests that must fail, from --concurrency clients for --duration seconds; every answer is checked, and "
+        "the server's resident memory is read from its /metrics every --sample seconds.",
+    )
+    soak.add_argument("--url", default="http://127.0.0.1:8000")
+    soak.add_argument("--duration", type=float, default=300.0, help="seconds (default 300)")
+    soak.add_argument("--concurrency", type=int, default=8)
+    soak.add_argument("--sample", type=float, default=5.0, help="seconds between memory samples (default 5)")
+    soak.add_argument("--api-key", default=None, help="the server's API key, if it has one")
     for p in (offline, serve_bench):
         p.add_argument("--num-prompts", type=int, default=32)
         p.add_argument("--input-len", default="32:256", help="prompt length range, inclusive (default 32:256)")
         p.add_argument("--output-len", default="16:128", help="output length range, inclusive (default 16:128)")
-    for p in (offline, latency, serve_bench):
+    for p in (offline, latency, serve_bench, soak):
         p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
         p.add_argument("--json", action="store_true", help="print one JSON line")
     latency.add_argument("--input-len", type=int, default=128)
@@ -296,6 +323,9 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace,
+        max_request_bytes=args.max_request_bytes or None,
+        explorer=args.explorer,
+        metrics_require_key=args.metrics_require_key,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched)
 
@@ -305,7 +335,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from tokenmill.bench.workload import parse_range
 
-    if args.bench == "serve":
+    if args.bench == "soak":
+        from tokenmill.bench.soak import run_soak
+
+        result = run_soak(args.url, args.duration, args.concurrency, args.sample, args.seed, args.api_key)
+    elif args.bench == "serve":
         from tokenmill.bench.serve import run_serve_bench
 
         result = run_serve_bench(

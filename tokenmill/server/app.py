@@ -1,27 +1,33 @@
-"""The FastAPI application: OpenAI endpoints, health, metrics, tokenizer endpoints, auth."""
+"""The FastAPI application: OpenAI endpoints, health, metrics, tokenizer endpoints, the request explorer, auth.
 
-import hmac
+Every route declares what it answers (tokenmill/server/schemas.py), so /openapi.json describes the server as it
+behaves: errors are 400 (never FastAPI's 422), 401, 404, 413 and 503 in OpenAI's shape.
+"""
+
+import asyncio
 import json
-import logging
 import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenmill.engine.llm_engine import LLMEngine
+from tokenmill.server import schemas
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
 from tokenmill.server.errors import APIError, install_error_handlers
+from tokenmill.server.middleware import APIKeyGuard, BodyLimit
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tokenmill.server.schemas import error_responses, streaming_ok
 from tokenmill.server.state import ServerState
 
-logger = logging.getLogger(__name__)
-
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+# with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/explorer/")
 STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
 
@@ -34,26 +40,27 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         if state.engine is not None:
             state.engine.shutdown()
 
+    settings = state.settings
     app = FastAPI(title="tokenmill", lifespan=lifespan)
     app.state.tokenmill = state
-    install_error_handlers(app)
+    install_error_handlers(app, state.metrics.internal_errors.inc)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        path = request.url.path
-        key = state.settings.api_key
-        if key and path.startswith(PROTECTED_PREFIXES):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                return APIError(
-                    401, "Incorrect API key provided; send it as 'Authorization: Bearer <key>'", code="invalid_api_key"
-                ).response()
-        return await call_next(request)
+    def protected(path: str) -> bool:
+        return path.startswith(PROTECTED_PREFIXES) or (settings.metrics_require_key and path == "/metrics")
 
-    @app.get("/health")
-    async def health() -> Response:
+    # outermost first: the key is checked before a body is read, and bodies are bounded before they are parsed
+    app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
+    app.add_middleware(APIKeyGuard, key=lambda: settings.api_key, protects=protected)
+    with_model = error_responses(400, 401, 404, 413, 503)
+
+    @app.get(
+        "/health",
+        response_model=schemas.HealthStatus,
+        responses={503: {"model": schemas.HealthStatus, "description": "not ready (loading, failed, stopping)"}},
+    )
+    async def health() -> JSONResponse:
         if state.healthy:
-            return Response(status_code=200)
+            return JSONResponse({"status": "ok"})
         reason = (
             "shutting down"
             if state.shutting_down
@@ -65,7 +72,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         )
         return JSONResponse({"status": reason}, status_code=503)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
     async def models() -> dict:
         engine = state.require_engine()
         return {
@@ -82,35 +89,35 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             ],
         }
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses={**streaming_ok(schemas.CompletionResponse), **with_model})
     async def completions(req: CompletionRequest, request: Request):
         return await create_completion(req, request, state)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={**streaming_ok(schemas.ChatCompletionResponse), **with_model})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return await create_chat_completion(req, request, state)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(401)},
+    )
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> dict:
+    @app.post(
+        "/tokenize", response_class=Response, responses={200: {"model": schemas.TokenizeResponse}, **with_model}
+    )
+    async def tokenize(req: TokenizeRequest) -> Response:
         state.check_model(req.model)
         engine = state.require_engine().engine
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
-        if req.messages is not None:
-            tokens = engine.encode_chat(req.messages, req.add_generation_prompt)
-        else:
-            tokens = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        strs = [engine.tokenizer.id_to_token(t) for t in tokens] if req.return_token_strs else None
-        out = {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens, "token_strs": strs}
-        if req.return_token_texts:
-            out["token_texts"] = [engine.tokenizer.decode([t]) for t in tokens]
-        return out
+        # a long text takes a while to tokenize, and its answer to write: neither on the event loop
+        body = await asyncio.to_thread(_tokenize, engine, req)
+        return Response(body, media_type="application/json")
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=schemas.DetokenizeResponse, responses=with_model)
     async def detokenize(req: DetokenizeRequest) -> dict:
         state.check_model(req.model)
         engine = state.require_engine().engine
@@ -120,11 +127,44 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", param="tokens")
         return {"prompt": engine.tokenizer.decode(req.tokens)}
 
+    @app.get("/tokenizer_info", response_model=schemas.TokenizerInfo, responses=error_responses(401, 503))
+    async def tokenizer_info() -> dict:
+        engine = state.require_engine().engine
+        tok = engine.tokenizer
+        return {
+            "tokenizer_class": "tokenmill.Tokenizer",
+            "model": state.model_name,
+            "bos_token": tok.bos_token or None,
+            "eos_token": tok.eos_token or None,
+            "pad_token": tok.eos_token or None,
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "add_bos_token": tok.add_bos,
+            "vocab_size": tok.vocab_size,
+            "model_max_length": engine.max_model_len,
+            "chat_template": None if engine.chat_template.is_fallback else engine.chat_template.source,
+        }
+
+    if settings.explorer:
+        _add_explorer(app, state)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _without_422(
+                get_openapi(title=app.title, version=app.version, routes=app.routes, description=__doc__)
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi
+    return app
+
+
+def _add_explorer(app: FastAPI, state: ServerState) -> None:
     @app.get("/", include_in_schema=False)
     async def explorer_page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
 
-    @app.get("/explorer/info")
+    @app.get("/explorer/info", response_model=schemas.ExplorerInfo, responses=error_responses(401, 503))
     async def explorer_info() -> dict:
         """What the page needs to turn block counts into bytes, and the cache's size."""
         engine = state.require_engine().engine
@@ -148,9 +188,17 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             "chat_template": not engine.chat_template.is_fallback,
         }
 
-    @app.get("/explorer/events")
+    @app.get(
+        "/explorer/events",
+        response_class=StreamingResponse,
+        responses={
+            200: {"content": {"text/event-stream": {"schema": schemas.SSE_EVENT}}, "description": "never ends"},
+            **error_responses(401, 503),
+        },
+    )
     async def explorer_events() -> StreamingResponse:
-        """Server-sent events: one per engine step (the batch, per sequence), and engine stats while idle."""
+        """Server-sent events: one per engine step (the batch, per sequence: request ids, token counts and blocks,
+        never prompt text or token ids), and engine stats while idle."""
         state.require_engine()
 
         async def stream():
@@ -159,49 +207,33 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    @app.get("/tokenizer_info")
-    async def tokenizer_info() -> dict:
-        engine = state.require_engine().engine
-        tok = engine.tokenizer
-        return {
-            "tokenizer_class": "tokenmill.Tokenizer",
-            "model": state.model_name,
-            "bos_token": tok.bos_token or None,
-            "eos_token": tok.eos_token or None,
-            "pad_token": tok.eos_token or None,
-            "bos_token_id": tok.bos_token_id,
-            "eos_token_id": tok.eos_token_id,
-            "add_bos_token": tok.add_bos,
-            "vocab_size": tok.vocab_size,
-            "model_max_length": engine.max_model_len,
-            "chat_template": None if engine.chat_template.is_fallback else engine.chat_template.source,
-        }
-
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    return app
 
 
-class APIKeyMiddleware:
-    """With an API key set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <key>`.
+def _tokenize(engine: LLMEngine, req: TokenizeRequest) -> bytes:
+    """The /tokenize answer as JSON bytes (runs in a worker thread)."""
+    tok = engine.tokenizer
+    if req.messages is not None:
+        messages = [m.model_dump(exclude_unset=True) for m in req.messages]
+        tokens = engine.encode_chat(messages, req.add_generation_prompt)
+    else:
+        tokens = tok.encode(req.prompt or "", req.add_special_tokens)
+    strs = [tok.id_to_token(t) for t in tokens] if req.return_token_strs else None
+    out = {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens, "token_strs": strs}
+    if req.return_token_texts:
+        out["token_texts"] = [tok.decode([t]) for t in tokens]
+    return json.dumps(out).encode()
 
-    A plain ASGI middleware (not BaseHTTPMiddleware), so that handlers still see client disconnects.
-    """
 
-    def __init__(self, app: ASGIApp, state: ServerState):
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        key = self.state.settings.api_key
-        if key and scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
-                response = APIError(
-                    401, "Incorrect API key provided; send it as 'Authorization: Bearer <key>'", code="invalid_api_key"
-                ).response()
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+def _without_422(schema: dict) -> dict:
+    """FastAPI documents 422 for every body it validates; tokenmill answers those with 400 (OpenAI's status)."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    components = schema.get("components", {}).get("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    return schema
 
 
 def _load(state: ServerState) -> None:

@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: the chat template rendered server-side, streaming or not, with logprobs."""
 
+import asyncio
 import json
 import time
 import uuid
@@ -10,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.completions import SHUTDOWN_ERROR, _usage
-from tokenmill.server.errors import APIError
+from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation
 from tokenmill.server.logprobs_format import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest
@@ -30,15 +31,17 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     k = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling_params(req.max_completion_tokens or req.max_tokens, k)
     llm_engine = engine.engine
-    prompt_ids = llm_engine.encode_chat(req.messages, req.add_generation_prompt)
+    # rendering and tokenizing a long conversation takes a while: not on the event loop
+    prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, req.message_dicts(), req.add_generation_prompt)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id)
     await generation.start()
     created = int(time.time())
     tokenizer = llm_engine.tokenizer
     if req.stream:
+        events = _stream(generation, req, tokenizer, state, request_id, created, k)
         return StreamingResponse(
-            _stream(generation, req, tokenizer, state, request_id, created, k), media_type="text/event-stream"
+            guarded_stream(events, state.metrics.internal_errors.inc), media_type="text/event-stream"
         )
     try:
         (final,) = await generation.collect(http_request)

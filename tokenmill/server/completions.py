@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.llm_engine import PromptInput
 from tokenmill.outputs import CompletionOutput, RequestOutput
-from tokenmill.server.errors import APIError
+from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation
 from tokenmill.server.logprobs_format import CompletionLogprobs
 from tokenmill.server.protocol import CompletionRequest
@@ -107,7 +107,10 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     fmt = CompletionFormatter(req, tokenizer, drop_generated)
     created = int(time.time())
     if req.stream:
-        return StreamingResponse(_stream(generation, fmt, state, request_id, created), media_type="text/event-stream")
+        events = _stream(generation, fmt, state, request_id, created)
+        return StreamingResponse(
+            guarded_stream(events, state.metrics.internal_errors.inc), media_type="text/event-stream"
+        )
     try:
         finals = await generation.collect(http_request)
     except ClientDisconnected:

@@ -1,6 +1,14 @@
-"""Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}} with the right HTTP status."""
+"""Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}} with the right HTTP status.
+
+Every error body is ASCII JSON, so a message that quotes the client's input cannot fail to encode. An exception
+nobody expected gets the handler of last resort: a JSON 500 that names an error id, the traceback in the log
+under the same id, and a count on /metrics (tests assert that no input ever gets there).
+"""
 
 import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -8,6 +16,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
+
+logger = logging.getLogger(__name__)
+
+
+class ErrorJSONResponse(JSONResponse):
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 class APIError(Exception):
@@ -32,11 +47,11 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorJSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
     def sse(self) -> str:
         """The error as a server-sent event, for failures after a stream has started."""
-        return f"data: {json.dumps(self.body())}\n\n"
+        return f"data: {json.dumps(self.body(), ensure_ascii=True)}\n\n"
 
 
 def from_engine_error(exc: InvalidParameterError) -> APIError:
@@ -44,20 +59,46 @@ def from_engine_error(exc: InvalidParameterError) -> APIError:
     return APIError(400, str(exc), param=exc.param, code=code)
 
 
+def internal_error(exc: BaseException) -> APIError:
+    """Log an unexpected exception with its traceback under a new error id; the 500 the client gets names it."""
+    error_id = f"err-{uuid.uuid4().hex[:16]}"
+    logger.error("internal error %s: %r", error_id, exc, exc_info=exc)
+    return APIError(
+        500,
+        f"internal server error (id {error_id}); the server's log has the details",
+        "server_error",
+        code="internal_error",
+        headers={"X-Error-Id": error_id},
+    )
+
+
+async def guarded_stream(events: AsyncIterator[str], on_internal_error: Callable[[], None]) -> AsyncIterator[str]:
+    """A stream of server-sent events that ends with an error event, never a cut connection, if it fails."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:  # noqa: BLE001 - the last resort for a stream whose headers are sent
+        on_internal_error()
+        yield internal_error(exc).sse()
+        yield "data: [DONE]\n\n"
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
+    ctx = first.get("ctx") or {}
     if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+        return f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}", None
+    if first.get("type") == "invalid_unicode":
+        return first["msg"], ctx.get("param")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
     where = ".".join(loc) if loc else "body"
-    return f"{where}: {first.get('msg')}", param
+    return f"{where}: {first.get('msg')}", loc[0] if loc else None
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_internal_error: Callable[[], None]) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
@@ -75,3 +116,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return APIError(exc.status_code, str(exc.detail), type_=type_, headers=exc.headers).response()
+
+    @app.exception_handler(Exception)
+    async def last_resort(_: Request, exc: Exception) -> JSONResponse:
+        on_internal_error()
+        return internal_error(exc).response()

@@ -1,7 +1,9 @@
 """One API call's engine requests (one per prompt), merged into a single stream of (prompt index, output).
 
-Every request is added before anything is returned, so a bad prompt fails the whole call with a 400 and leaves
-nothing running. Leaving the stream early (client gone, task cancelled) aborts whatever is still running.
+The call is admitted (or refused with 503, --max-queue) before anything else; text prompts are tokenized in a
+worker thread, never on the event loop or the engine's thread, so a long prompt stalls no other client. Every
+request is added before anything is returned, so a bad prompt fails the whole call with a 400 and leaves nothing
+running. Leaving the stream early (client gone, task cancelled) aborts whatever is still running.
 """
 
 import asyncio
@@ -12,7 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from tokenmill.engine.async_engine import EngineDeadError
-from tokenmill.engine.llm_engine import PromptInput
+from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.errors import APIError
@@ -39,18 +41,32 @@ class Generation:
 
     async def start(self) -> None:
         engine = self.state.require_engine()
-        self.state.check_queue()
+        engine.engine.check_params(self.params)  # a request that can never run is a 400, not a 503
+        self.state.admit(self.call_id, len(self.prompts) * self.params.n)
         self.state.in_flight[self.call_id] = self._pending
         try:
-            for i, prompt in enumerate(self.prompts):
+            prompts = await asyncio.to_thread(self._tokenized, engine.engine, self.prompts)
+            for i, prompt in enumerate(prompts):
                 rid, _ = await engine.add_request(prompt, self.params, f"{self.api_id}-{i}", out_queue=self._queue)
                 self.request_ids.append(rid)
                 self._index[rid] = i
                 self._pending.add(rid)
         except BaseException:
-            self.abort()
-            self.state.in_flight.pop(self.call_id, None)
+            self.close()
             raise
+
+    @staticmethod
+    def _tokenized(engine: LLMEngine, prompts: list[PromptInput]) -> list[PromptInput]:
+        """Text prompts as token ids (runs in a worker thread)."""
+        return [
+            {"prompt": p, "prompt_token_ids": engine.encode_prompt(p)} if isinstance(p, str) else p for p in prompts
+        ]
+
+    def close(self) -> None:
+        """Abort what is still running and stop counting this call (idempotent)."""
+        self.abort()
+        self.state.in_flight.pop(self.call_id, None)
+        self.state.release(self.call_id)
 
     async def stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs as they come, each with the index of its prompt; ends when every request finished."""
@@ -64,8 +80,7 @@ class Generation:
                     self.state.metrics.observe(item)
                 yield self._index[item.request_id], item
         finally:
-            self.abort()
-            self.state.in_flight.pop(self.call_id, None)
+            self.close()
 
     async def collect(self, http_request: Request | None = None) -> list[RequestOutput]:
         """The final output of every prompt, in prompt order; aborts if the client goes away meanwhile."""

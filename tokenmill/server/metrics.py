@@ -3,7 +3,7 @@
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -69,7 +69,11 @@ class ServerMetrics:
         self.requests = Counter(
             "tokenmill:request_success", "Finished requests by finish reason", ["finished_reason"], registry=r
         )
+        self.internal_errors = Counter(
+            "tokenmill:internal_errors", "Requests answered by the handler of last resort (a bug)", registry=r
+        )
         r.register(_EngineCollector(stats))
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open files
 
     def observe(self, out: RequestOutput) -> None:
         """A finished request."""

@@ -1,44 +1,123 @@
 """Request bodies of the OpenAI API (and the extras vLLM users send), validated by pydantic.
 
 Unknown fields are accepted and ignored, as OpenAI clients send fields we do not need (user, service_tier...).
-Values are checked again when SamplingParams is built, with the parameter named in the error.
+The ranges here are SamplingParams' own (so the OpenAPI schema states what the server accepts); values are
+checked again when SamplingParams is built, with the parameter named in the error. Every text in a body must be
+valid Unicode: JSON can carry a lone surrogate ("\\ud800", or its bytes in CESU-8), which no tokenizer can take.
 """
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError
 
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    SEED_RANGE,
+    SamplingParams,
+)
+from tokenmill.tokenizer.chat_template import ROLES
+
+MAX_PROMPTS_PER_REQUEST = 1024  # a list of prompts becomes one engine request each
+
+TokenId = Annotated[int, Field(ge=0)]
+# any integer seeds a request; the sampler takes it modulo 2**64
+Seed = Annotated[int, AfterValidator(lambda s: s if SEED_RANGE[0] <= s <= SEED_RANGE[1] else s % 2**64)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
+
+
+def normalize_json(body: Any) -> str | None:
+    """Turn whole-number floats into ints in place (JSON's 3.0 is the integer 3), and return the path of the first
+    string that is not valid Unicode (a lone surrogate), else None. Iterative: a body may nest deeply."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}.{key}" if path else str(key)
+                if not _is_unicode(key):
+                    return path or "the body"
+                if isinstance(item, float) and item.is_integer():
+                    value[key] = int(item)
+                stack.append((item, where))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, float) and item.is_integer():
+                    value[i] = int(item)
+                stack.append((item, f"{path}.{i}"))
+        elif isinstance(value, str) and not _is_unicode(value):
+            return path or "the body"
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # JSON's types as the schema states them: "1" is no integer
+
+
+class APIRequest(BaseModel):
+    """A request body: unknown fields are kept and ignored; values have the types the schema states (no "1" for
+    1, no 0 for false, but 3.0 for 3, as JSON has it); numbers are finite; texts are valid Unicode."""
+
+    model_config = ConfigDict(**STRICT, extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalized(cls, data: Any) -> Any:
+        where = normalize_json(data)
+        if where is not None:
+            raise PydanticCustomError(
+                "invalid_unicode",
+                "{where} is not valid Unicode text (it holds a lone surrogate, e.g. \\ud800)",
+                {"where": where, "param": where.split(".")[0]},
+            )
+        return data
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(APIRequest):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="allow")
-
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    stop: NonEmptyText | list[NonEmptyText] | None = None
+    seed: Seed | None = None
+    presence_penalty: Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)] | None = None
+    logit_bias: (
+        dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]]
+        | None
+    ) = None
     user: str | None = None
     # extras (vLLM names)
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=MAX_REPETITION_PENALTY)] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # vLLM's extension: token ids of the prompt and of every choice
@@ -77,39 +156,94 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    # max_tokens 0 only with echo (the prompt's log-probabilities)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]},
+            "then": {"properties": {"echo": {"const": True}}, "required": ["echo"]},
+        }
+    )
+
+    prompt: (
+        NonEmptyText
+        | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)
+        ]
+    )
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # must equal n
+    suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "not supported"})] = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message; fields beyond role and content (name, tool_call_id, ...) reach the chat template as sent."""
+
+    model_config = ConfigDict(**STRICT, extra="allow")
+
+    role: Literal[ROLES]
+    content: str | list[TextPart] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[dict[str, Any]]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    # top_logprobs only with logprobs: true, as OpenAI's API has it
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        }
+    )
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[
+        list[dict[str, Any]] | None,
+        WithJsonSchema({"type": ["array", "null"], "maxItems": 0, "description": "tool calling is not supported"}),
+    ] = None
+    response_format: Annotated[
+        dict[str, Any] | None,
+        WithJsonSchema({"type": ["object", "null"], "properties": {"type": {"const": "text"}}}),
+    ] = None
     add_generation_prompt: bool = True
 
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_unset=True) for m in self.messages]
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+
+class TokenizeRequest(APIRequest):
+    """Exactly one of prompt (text) and messages (rendered with the chat template first)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            ]
+        }
+    )
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False  # the vocabulary pieces (vLLM's field)
     return_token_texts: bool = False  # each token decoded on its own (what the request explorer shows)
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class DetokenizeRequest(APIRequest):
     model: str | None = None
-    tokens: list[int] = Field(default_factory=list)
+    tokens: list[TokenId] = Field(default_factory=list)

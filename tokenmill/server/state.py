@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
 from tokenmill.server.errors import APIError
 from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
@@ -25,6 +26,9 @@ class ServerSettings:
     api_key: str | None = None
     max_queue: int | None = None  # waiting sequences above which new requests get 503
     shutdown_grace_s: float = 30.0
+    max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413 before they are parsed
+    explorer: bool = True  # serve the request explorer (/, /explorer/*)
+    metrics_require_key: bool = False  # /metrics needs the API key too
 
 
 class ServerState:
@@ -37,6 +41,9 @@ class ServerState:
         self.created = int(time.time())
         self.shutting_down = False
         self.in_flight: dict[str, set[str]] = {}  # call id -> its engine request ids
+        # call id -> sequences it asked for (prompts x n), counted from admission (before its requests reach the
+        # engine) until it ends: what --max-queue compares with, exact however fast requests arrive
+        self.admitted: dict[str, int] = {}
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
         self.events = EventHub()
         self.ready = threading.Event()
@@ -91,16 +98,29 @@ class ServerState:
                 code="model_not_found",
             )
 
-    def check_queue(self) -> None:
+    def admit(self, call_id: str, num_seqs: int) -> None:
+        """Count a call's sequences from now on, or refuse it with 503 when it would wait beyond --max-queue.
+
+        Sequences beyond max_num_seqs wait; so do those the engine last reported waiting (its batch may be short
+        of KV blocks). Called on the event loop with no await before the count is taken, so a burst is counted
+        one request at a time."""
         limit = self.settings.max_queue
-        if limit is not None and self.engine is not None and self.engine.stats()["num_waiting"] >= limit:
-            raise APIError(
-                503,
-                f"the server is busy: {limit} or more requests are waiting; retry shortly",
-                "server_error",
-                code="overloaded",
-                headers={"Retry-After": "1"},
-            )
+        if limit is not None and self.engine is not None:
+            engine = self.engine.engine
+            demand = sum(self.admitted.values()) + num_seqs
+            waiting = max(demand - engine.config.max_num_seqs, self.engine.stats()["num_waiting"])
+            if waiting > limit:
+                raise APIError(
+                    503,
+                    f"the server is busy: more than {limit} requests would wait; retry shortly",
+                    "server_error",
+                    code="overloaded",
+                    headers={"Retry-After": "1"},
+                )
+        self.admitted[call_id] = num_seqs
+
+    def release(self, call_id: str) -> None:
+        self.admitted.pop(call_id, None)
 
     def abort_all(self) -> None:
         """Abort every request in flight (the grace period of a shutdown has passed)."""

@@ -1,10 +1,37 @@
 // tokenmill request explorer: follows one request through the engine while it runs.
 // Talks only to this server: /v1/chat/completions or /v1/completions (streaming, with token ids and logprobs),
 // /tokenize (the prompt's tokens), /explorer/info (the cache's geometry) and /explorer/events (engine steps).
+// When the server has an API key, every one of them needs it: the page asks for it once and keeps it for the tab.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const state = { info: null, run: null, engine: { steps: 0, history: [], tokenTimes: [] } };
+const KEY_ITEM = "tokenmill-api-key";
+
+// fetch with the API key (if one was given); a 401 asks for the key and tries again
+async function api(url, options = {}) {
+  for (;;) {
+    const key = sessionStorage.getItem(KEY_ITEM);
+    const headers = { ...(options.headers || {}), ...(key ? { Authorization: `Bearer ${key}` } : {}) };
+    const r = await fetch(url, { ...options, headers });
+    if (r.status !== 401) return r;
+    sessionStorage.setItem(KEY_ITEM, await askForKey(key ? "that key was refused; try again" : ""));
+  }
+}
+
+function askForKey(message) {
+  const form = $("key-form");
+  $("key-message").textContent = message;
+  form.hidden = false;
+  $("api-key").focus();
+  return new Promise((resolve) => {
+    form.onsubmit = (event) => {
+      event.preventDefault();
+      form.hidden = true;
+      resolve($("api-key").value.trim());
+    };
+  });
+}
 
 function fmtMs(ms) { return ms == null || isNaN(ms) ? "–" : ms < 1000 ? `${ms.toFixed(0)} ms` : `${(ms / 1000).toFixed(2)} s`; }
 function fmtBytes(b) {
@@ -26,7 +53,7 @@ function chip(text, id, cls) {
 }
 
 async function postJSON(url, body) {
-  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const r = await api(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
   const data = await r.json();
   if (!r.ok) throw new Error(data.error ? data.error.message : `HTTP ${r.status}`);
   return data;
@@ -35,7 +62,7 @@ async function postJSON(url, body) {
 async function loadInfo() {
   for (;;) {
     try {
-      const r = await fetch("/explorer/info");
+      const r = await api("/explorer/info");
       if (r.ok) { state.info = await r.json(); break; }
     } catch (e) { /* server still starting */ }
     $("model-info").textContent = "waiting for the model to load…";
@@ -51,32 +78,50 @@ async function loadInfo() {
 
 // ---- engine events -------------------------------------------------------------------------------------------
 
-function listenToEngine() {
-  const source = new EventSource("/explorer/events");
-  source.onmessage = (msg) => {
-    const ev = JSON.parse(msg.data);
-    const now = performance.now();
-    $("eng-running").textContent = ev.num_running;
-    $("eng-waiting").textContent = ev.num_waiting;
-    $("kv-total").textContent = `${ev.kv_blocks_in_use} / ${ev.kv_blocks_total}`;
-    $("kv-bar").style.width = `${(100 * ev.kv_blocks_in_use / ev.kv_blocks_total).toFixed(1)}%`;
-    if (ev.type !== "step") return;
-    const eng = state.engine;
-    eng.steps += 1;
-    eng.history.push(ev.batch.length);
-    if (eng.history.length > 120) eng.history.shift();
-    eng.tokenTimes.push([now, ev.num_tokens]);
-    while (eng.tokenTimes.length && now - eng.tokenTimes[0][0] > 2000) eng.tokenTimes.shift();
-    const tokens = eng.tokenTimes.reduce((a, [, n]) => a + n, 0);
-    $("eng-batch").textContent = ev.batch.length;
-    $("eng-steps").textContent = eng.steps;
-    $("eng-step").textContent = `${ev.duration_ms.toFixed(1)} ms`;
-    $("eng-tps").textContent = `${(tokens / 2).toFixed(0)}`;
-    const ids = [...new Set(ev.batch.map((b) => b.request_id.replace(/-\d+$/, "")))];
-    $("eng-requests").textContent = `in this step: ${ids.map((x) => x.slice(0, 14) + "…").join(", ")}`;
-    drawBars($("batch-chart"), eng.history, "#2563eb");
-    if (state.run) onStepForRun(ev, now);
-  };
+// server-sent events read through fetch (EventSource cannot send the API key); reconnects when the stream ends
+async function listenToEngine() {
+  for (;;) {
+    try {
+      const r = await api("/explorer/events");
+      const reader = r.body.getReader(), decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const line = buffer.slice(0, cut).trim(); buffer = buffer.slice(cut + 2);
+          if (line.startsWith("data: ")) onEngineEvent(JSON.parse(line.slice(6)));
+        }
+      }
+    } catch (e) { /* the server went away: try again */ }
+    await new Promise((res) => setTimeout(res, 1000));
+  }
+}
+
+function onEngineEvent(ev) {
+  const now = performance.now();
+  $("eng-running").textContent = ev.num_running;
+  $("eng-waiting").textContent = ev.num_waiting;
+  $("kv-total").textContent = `${ev.kv_blocks_in_use} / ${ev.kv_blocks_total}`;
+  $("kv-bar").style.width = `${(100 * ev.kv_blocks_in_use / ev.kv_blocks_total).toFixed(1)}%`;
+  if (ev.type !== "step") return;
+  const eng = state.engine;
+  eng.steps += 1;
+  eng.history.push(ev.batch.length);
+  if (eng.history.length > 120) eng.history.shift();
+  eng.tokenTimes.push([now, ev.num_tokens]);
+  while (eng.tokenTimes.length && now - eng.tokenTimes[0][0] > 2000) eng.tokenTimes.shift();
+  const tokens = eng.tokenTimes.reduce((a, [, n]) => a + n, 0);
+  $("eng-batch").textContent = ev.batch.length;
+  $("eng-steps").textContent = eng.steps;
+  $("eng-step").textContent = `${ev.duration_ms.toFixed(1)} ms`;
+  $("eng-tps").textContent = `${(tokens / 2).toFixed(0)}`;
+  const ids = [...new Set(ev.batch.map((b) => b.request_id.replace(/-\d+$/, "")))];
+  $("eng-requests").textContent = `in this step: ${ids.map((x) => x.slice(0, 14) + "…").join(", ")}`;
+  drawBars($("batch-chart"), eng.history, "#2563eb");
+  if (state.run) onStepForRun(ev, now);
 }
 
 function onStepForRun(ev, now) {
@@ -220,7 +265,7 @@ async function stream(mode, body) {
   const url = mode === "chat" ? "/v1/chat/completions" : "/v1/completions";
   const request = { ...body, stream: true, stream_options: { include_usage: true }, return_token_ids: true,
                     logprobs: mode === "chat" ? true : 0 };
-  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request) });
+  const r = await api(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request) });
   if (!r.ok) { const data = await r.json(); throw new Error(data.error ? data.error.message : `HTTP ${r.status}`); }
   const reader = r.body.getReader(), decoder = new TextDecoder();
   const run = state.run;

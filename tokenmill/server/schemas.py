@@ -1,0 +1,196 @@
+"""Response bodies, for the OpenAPI schema (/openapi.json): what each endpoint answers, per status code.
+
+The handlers build plain dicts (no validation on the way out); tests/test_fuzz.py checks with schemathesis that
+every answer conforms to what is declared here.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")  # token_ids, prompt_token_ids with return_token_ids
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class CompletionResponse(BaseModel):
+    """A whole completion; with "stream": true, server-sent events of chunks of this shape instead."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")  # token_ids with return_token_ids
+
+    index: int
+    message: AssistantMessage
+    logprobs: ChatChoiceLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionResponse(BaseModel):
+    """A whole chat completion; with "stream": true, server-sent events of chat.completion.chunk objects."""
+
+    model_config = ConfigDict(extra="allow")  # prompt_token_ids with return_token_ids
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str | None] | None
+    token_texts: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    tokenizer_class: str
+    model: str
+    bos_token: str | None
+    eos_token: str | None
+    pad_token: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    add_bos_token: bool
+    vocab_size: int
+    model_max_length: int
+    chat_template: str | None
+
+
+class HealthStatus(BaseModel):
+    status: str  # "ok", or why not: "loading", "shutting down", "engine failed: ..."
+
+
+class ExplorerInfo(BaseModel):
+    model: str
+    quantization: str
+    device: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str
+    kv_element_bytes: int
+    block_size: int
+    kv_blocks_total: int
+    kv_bytes_per_block: int
+    max_model_len: int
+    prefix_caching: bool
+    max_num_batched_tokens: int
+    chat_template: bool
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` entry of a route for the error statuses it can answer."""
+    what = {
+        400: "invalid parameters, a schema error, JSON that does not parse, or a prompt that does not fit",
+        401: "the API key is missing or wrong (when the server has one)",
+        404: "a model this server does not serve",
+        413: "a body over --max-request-bytes",
+        503: "loading, shutting down, a failed engine, or more than --max-queue requests waiting",
+    }
+    return {status: {"model": ErrorResponse, "description": what[status]} for status in statuses}
+
+
+# one server-sent event: its data is a JSON object (a chunk, or an error) or the final [DONE]
+SSE_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "required": ["data"],
+}
+
+
+def streaming_ok(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """200 of a generation endpoint: JSON, or server-sent events when the request asks to stream."""
+    return {
+        200: {
+            "model": model,
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
+            "description": "the result as JSON; with stream: true, server-sent events ending with data: [DONE]",
+        }
+    }
