@@ -1,5 +1,6 @@
 """Quantized modes: kernels agree with float32, and the bundled model keeps the reference's greedy tokens."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +8,18 @@ import torch.nn.functional as F
 from tests.test_golden import greedy
 from tokenmill import LLM, native
 from tokenmill.errors import InvalidParameterError
-from tokenmill.layers.quantized_linear import AutoLinear, BFloat16Head, Int4Linear, Int8Linear, four_bit_linear
+from tokenmill.layers.quantized_linear import (
+    AutoLinear,
+    BFloat16Head,
+    Int4Linear,
+    Int8Linear,
+    Q8Embedding,
+    Q8Head,
+    four_bit_linear,
+    q8_blocks_from_gguf,
+)
+from tokenmill.loader.dequantize import dequantize
+from tokenmill.loader.gguf_file import GGUFFile
 
 
 def q4_1_grid_weight(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
@@ -83,3 +95,51 @@ def test_quantized_modes_keep_the_reference_tokens(mode: str, smollm2_reference:
 def test_unknown_quantization_is_rejected() -> None:
     with pytest.raises(InvalidParameterError, match="quantization 'fp8'"):
         LLM(quantization="fp8")
+
+
+def test_q8_embedding_looks_up_exactly_the_dequantized_table(bundled_path) -> None:
+    """The quantized modes keep a Q8_0 embedding as its blocks (a quarter of the memory): every looked-up row must
+    be the very float32 values of the whole table dequantized."""
+    t = GGUFFile(bundled_path).tensor("token_embd.weight")
+    table = dequantize(t.data, t.ggml_type, t.shape)
+    blocks = q8_blocks_from_gguf(torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type)
+    embedding = Q8Embedding(*blocks)
+    ids = torch.tensor([0, 1, 2020, 49151, 2020, 17])
+    assert torch.equal(embedding(ids), table[ids])
+    assert embedding.codes.nbytes + embedding.scale.nbytes < table.nbytes / 3  # 1.06 bytes a value, not 4
+
+
+def test_a_tied_q8_head_gives_the_embedding_rows(bundled_path) -> None:
+    """A tied Q8_0 table is looked up from the head's interleaved codes (no second copy): the same values."""
+    lib = native.load()
+    assert lib is not None
+    t = GGUFFile(bundled_path).tensor("token_embd.weight")
+    table = dequantize(t.data, t.ggml_type, t.shape)
+    blocks = q8_blocks_from_gguf(torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type)
+    head = Q8Head(table, lib, blocks)
+    ids = torch.tensor([0, 15, 16, 2020, 49151, 2020])
+    assert torch.equal(head.rows(ids), table[ids])
+    llm = LLM(quantization="auto")
+    model = llm.engine.runner.model
+    assert model.token_rows == model.lm_head.rows and model.embed_tokens.numel() == 0
+    assert torch.equal(model.embed(ids), table[ids])
+
+
+def test_reduced_precision_products_run_with_few_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN keeps a compiled GEMM per row count for good: bfloat16 products run with 1 or a multiple of 16 rows
+    (zero padding, dropped after); float32 ones (MKL, nothing kept) as they are."""
+    import tokenmill.layers.linear as linear
+
+    real = F.linear
+    seen: list[int] = []
+    monkeypatch.setattr(linear.F, "linear", lambda x, weight: seen.append(x.shape[0]) or real(x, weight))
+    w = torch.randn(64, 32)
+    for rows in (1, 2, 15, 16, 17, 100):
+        x = torch.randn(rows, 32)
+        out = linear.dense_linear(x.bfloat16(), w.bfloat16())
+        assert out.shape == (rows, 64)
+        assert torch.allclose(out.float(), real(x, w), rtol=0.05, atol=0.1)
+    assert seen == [1, 16, 16, 16, 32, 112]
+    seen.clear()
+    linear.dense_linear(torch.randn(17, 32), w)
+    assert seen == [17]

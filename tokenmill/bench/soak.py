@@ -96,7 +96,9 @@ async def _metrics(client: httpx.AsyncClient) -> dict[str, float]:
     return values
 
 
-async def _soak(url: str, duration_s: float, concurrency: int, sample_s: float, seed: int, headers: dict) -> dict:
+async def _soak(
+    url: str, duration_s: float, warmup_s: float, concurrency: int, sample_s: float, seed: int, headers: dict
+) -> dict:
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, headers=headers) as client:
         info = (await client.get("/tokenizer_info")).json()
@@ -132,7 +134,7 @@ async def _soak(url: str, duration_s: float, concurrency: int, sample_s: float, 
         await asyncio.sleep(1.0)  # let the engine drop what the last clients left
         samples.append((time.monotonic() - start, await _metrics(client)))
     rss = [(t, m.get("process_resident_memory_bytes", 0) / 2**20) for t, m in samples]
-    warm = next((r for t, r in rss if t >= min(60.0, duration_s / 10)), rss[-1][1])
+    warm = next((r for t, r in rss if t >= warmup_s), rss[-1][1])
     end = samples[-1][1]
     return {
         "bench": "soak",
@@ -143,6 +145,7 @@ async def _soak(url: str, duration_s: float, concurrency: int, sample_s: float, 
         "outcomes": dict(sorted(outcomes.items())),
         "unexpected": len(unexpected),
         "unexpected_examples": unexpected[:10],
+        "warmup_s": warmup_s,
         "rss_mib": {
             "start": round(rss[0][1], 1),
             "after_warmup": round(warm, 1),
@@ -158,7 +161,16 @@ async def _soak(url: str, duration_s: float, concurrency: int, sample_s: float, 
 
 
 def run_soak(
-    url: str, duration_s: float, concurrency: int = 8, sample_s: float = 5.0, seed: int = 0, api_key: str | None = None
+    url: str,
+    duration_s: float,
+    concurrency: int = 8,
+    sample_s: float = 5.0,
+    seed: int = 0,
+    api_key: str | None = None,
+    warmup_s: float | None = None,
 ) -> dict[str, Any]:
+    """`rss_drift_pct` compares the memory at the end with the memory after `warmup_s` (default: a tenth of the
+    run, at most a minute), when the first requests have brought in what every later one reuses."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return asyncio.run(_soak(url.rstrip("/"), duration_s, concurrency, sample_s, seed, headers))
+    warmup = min(60.0, duration_s / 10) if warmup_s is None else warmup_s
+    return asyncio.run(_soak(url.rstrip("/"), duration_s, warmup, concurrency, sample_s, seed, headers))

@@ -16,6 +16,7 @@ from typing import Any
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.errors import TokenmillError
 from tokenmill.outputs import RequestOutput
+from tokenmill.runner.memory import MemoryTrimmer
 from tokenmill.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -42,9 +43,11 @@ class AsyncEngine:
     # ---- engine thread ------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        trimmer = MemoryTrimmer()  # a long-running server gives freed memory back (runner/memory.py)
         try:
             while not self._stop.is_set():
                 self._drain_commands()
+                trimmer.maybe_release()
                 if not self.engine.has_unfinished_requests():
                     self._stats = self.engine.stats()
                     self._wake.clear()

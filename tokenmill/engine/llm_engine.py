@@ -22,6 +22,7 @@ from tokenmill.loader.prefetch import ModelPrefetch
 from tokenmill.outputs import Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from tokenmill.runner.device import parse_dtype, select_device
 from tokenmill.runner.kv_cache import num_kv_blocks_for
+from tokenmill.runner.memory import bound_onednn_cache, release_free_memory
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
 from tokenmill.sampling_params import SamplingParams
@@ -46,6 +47,7 @@ class LLMEngine:
         prefetched: ModelPrefetch | None = None,
     ):
         start = time.monotonic()
+        bound_onednn_cache()  # before the first matrix product
         self.config = config or EngineConfig()
         if quantization == "none":
             quantization = None
@@ -59,7 +61,7 @@ class LLMEngine:
         self.model_path = path
         self.model_name = BUNDLED_NAME if model is None else path.stem
         if prefetched is not None and prefetched.path == path:
-            gguf, self.tokenizer = prefetched.result()  # parsed while the caller was starting up
+            gguf, self.tokenizer = prefetched.take()  # parsed while the caller was starting up
         else:
             gguf = GGUFFile(path)
             self.tokenizer = Tokenizer.from_gguf(gguf)
@@ -92,6 +94,7 @@ class LLMEngine:
         self._step_count = itertools.count(1)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
+        release_free_memory()  # the float32 copies made while loading are gone: give their memory back
         self.load_seconds = time.monotonic() - start
         logger.info(
             "loaded %s on %s in %.2f s; KV cache: %d blocks of %d tokens (%.0f MiB), max_model_len %d, "

@@ -4,6 +4,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+ROW_QUANTUM = 16
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a reduced-precision CPU product runs with: one row as is (a matrix-vector product), more
+    rows up to a multiple of 16.
+
+    oneDNN compiles a GEMM for every row count it meets and keeps it for good (about 300 KiB each): steps with
+    prompt tokens have a new row count almost every time, and a soak of the server grew by 600 MiB that way.
+    33 row counts per weight up to 512 rows keep that to about 40 MiB (benchmarks/README.md, "Reliability"); a
+    few rows cost about what 16 do (the product reads every weight either way)."""
+    return rows if rows == 1 else -(-rows // ROW_QUANTUM) * ROW_QUANTUM
+
+
+def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear over [rows, in] x; a bfloat16/float16 product on the CPU runs with padded_rows(rows) rows (the
+    padding is zeros, and its rows are dropped)."""
+    rows = x.shape[0]
+    padded = padded_rows(rows)
+    if weight.dtype == torch.float32 or weight.device.type != "cpu" or padded == rows:
+        return F.linear(x, weight)
+    return F.linear(F.pad(x, (0, 0, 0, padded - rows)), weight)[:rows]
+
 
 class Linear(nn.Module):
     """A dense linear layer without bias over weights already in the compute dtype."""
@@ -15,4 +38,4 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return dense_linear(x, self.weight)

@@ -11,7 +11,6 @@ step has.
 import ctypes
 
 import torch
-import torch.nn.functional as F
 
 from tokenmill.layers.attention import AttentionMetadata
 from tokenmill.layers.quantized_linear import NATIVE_GROUP, Q4Linear
@@ -94,7 +93,7 @@ class NativeLlamaDecoder:
             raise RuntimeError("the native decoder has no KV cache yet (bind_kv_cache)")
         model = self.model
         d = meta.decode
-        hidden = F.embedding(input_ids, model.embed_tokens).float().contiguous()  # [M, hidden], updated in place
+        hidden = model.embed(input_ids).float().contiguous()  # [M, hidden], updated in place
         cos, sin = model.rotary.cos_full[positions], model.rotary.sin_signed[positions]  # [M, D], contiguous
         slots = meta.slot_mapping.contiguous()
         ctx_slots = d.kv_index.contiguous()  # [M * max_ctx]

@@ -5,6 +5,7 @@ sees a padded batch. Q/K/V and gate/up projections are fused into one matmul eac
 """
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +19,8 @@ from tokenmill.layers.attention import AttentionMetadata, paged_attention
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.quantized_linear import (
+    Q8Embedding,
+    Q8Head,
     q4_blocks_from_gguf,
     q8_blocks_from_gguf,
     quantized_head,
@@ -97,6 +100,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # with tied embeddings the head's weight is the embedding table itself (set in load_gguf)
         self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, dtype)
+        # the quantized modes' embedding lookup, when the file's table is Q8_0: [T] ids -> float32 [T, hidden]
+        self.token_rows: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(
         self,
@@ -106,11 +111,17 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         step = StepContext(self.rotary, self.rotary.tables(positions), meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(step, hidden, kv_cache)
         return self.norm.forward(hidden)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, hidden] embeddings."""
+        if self.token_rows is not None:
+            return self.token_rows(input_ids).to(self.dtype)
+        return F.embedding(input_ids, self.embed_tokens)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]."""
@@ -126,7 +137,16 @@ class LlamaForCausalLM(nn.Module):
             return torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type
 
         head_name = "token_embd.weight" if self.config.tie_word_embeddings else "output.weight"
-        self.lm_head = quantized_head(self.lm_head.weight.data, q8_blocks_from_gguf(*raw(head_name)))
+        head_blocks = q8_blocks_from_gguf(*raw(head_name))
+        self.lm_head = quantized_head(self.lm_head.weight.data, head_blocks)
+        # a Q8_0 table is looked up from its blocks (the same values in a quarter of the memory); a tied one from
+        # the head's own codes, which are the file's
+        if self.config.tie_word_embeddings and head_blocks is not None and isinstance(self.lm_head, Q8Head):
+            self.token_rows = self.lm_head.rows
+        elif (embedding_blocks := q8_blocks_from_gguf(*raw("token_embd.weight"))) is not None:
+            self.token_rows = Q8Embedding(*embedding_blocks)
+        if self.token_rows is not None:
+            self.embed_tokens = nn.Parameter(torch.empty(0, self.config.hidden_size, dtype=self.dtype), False)
         for i, layer in enumerate(self.layers):
             for parent, name, sources in self._projections(i, layer):
                 rows, types = [], set()

@@ -1,4 +1,5 @@
-"""How many KV blocks to allocate: from an explicit count, a memory budget, or a default share of free memory."""
+"""How many KV blocks to allocate: from an explicit count, a memory budget, or a default (on the CPU, 8,192 tokens
+within a quarter of available memory; on CUDA, a share of free GPU memory)."""
 
 import logging
 
@@ -8,8 +9,11 @@ from tokenmill.config import EngineConfig, parse_memory
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CPU_SHARE = 0.25  # of available memory
-DEFAULT_CPU_CAP_BYTES = 1024**3
+DEFAULT_CPU_SHARE = 0.25  # of available memory, at most
+# and at most this many tokens: a whole 8K context (llama.cpp's and Ollama's servers default to 4,096). The cache
+# is resident from the start (it is written when allocated): for the bundled model, 360 MiB, so that an idle
+# `tokenmill serve` stays under 1 GiB (benchmarks/README.md, "Reliability"). More with --kv-cache-memory.
+DEFAULT_CPU_CACHE_TOKENS = 8192
 DEFAULT_GPU_SHARE = 0.7  # of free GPU memory after the weights are loaded
 
 
@@ -35,5 +39,6 @@ def num_kv_blocks_for(config: EngineConfig, bytes_per_block: int, device: torch.
     elif device.type == "cuda":
         budget = int(available_memory_bytes(device) * DEFAULT_GPU_SHARE)
     else:
-        budget = min(int(available_memory_bytes(device) * DEFAULT_CPU_SHARE), DEFAULT_CPU_CAP_BYTES)
+        budget = int(available_memory_bytes(device) * DEFAULT_CPU_SHARE)
+        return max(1, min(budget // bytes_per_block, -(-DEFAULT_CPU_CACHE_TOKENS // config.block_size)))
     return max(1, budget // bytes_per_block)

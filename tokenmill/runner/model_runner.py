@@ -90,12 +90,11 @@ class ModelRunner:
         """Two tensors per layer, each [num_blocks * block_size, num_kv_heads, head_dim] (slot-major)."""
         c = self.config
         shape = (c.num_layers, num_blocks * self.block_size, c.num_kv_heads, c.head_dim)
-        # torch.empty: pages are only touched (and counted in resident memory) once blocks are used. Masked-out
-        # padding reads slot 0, so block 0 is zeroed: garbage there could be NaN, and NaN * 0 is NaN.
-        k = torch.empty(shape, dtype=self.dtype, device=self.device)
-        v = torch.empty(shape, dtype=self.dtype, device=self.device)
-        k[:, : self.block_size].zero_()
-        v[:, : self.block_size].zero_()
+        # Written once now (zeros), so the cache is resident memory from the start instead of growing block by
+        # block under load (prefix caching cycles through every block). Masked-out padding reads slot 0: zeros,
+        # never NaN (NaN * 0 is NaN).
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(k[i], v[i]) for i in range(c.num_layers)]
         self.num_blocks = num_blocks
         if self.native_decoder is not None:

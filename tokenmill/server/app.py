@@ -105,9 +105,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post(
-        "/tokenize", response_class=Response, responses={200: {"model": schemas.TokenizeResponse}, **with_model}
-    )
+    @app.post("/tokenize", response_class=Response, responses={200: {"model": schemas.TokenizeResponse}, **with_model})
     async def tokenize(req: TokenizeRequest) -> Response:
         state.check_model(req.model)
         engine = state.require_engine().engine

@@ -23,7 +23,7 @@ from tokenmill.sampling_params import (
 )
 from tokenmill.tokenizer.chat_template import ROLES
 
-MAX_PROMPTS_PER_REQUEST = 1024  # a list of prompts becomes one engine request each
+MAX_PROMPTS_PER_REQUEST = 128  # a list of prompts becomes one engine request each (as many as n may ask for)
 
 TokenId = Annotated[int, Field(ge=0)]
 # any integer seeds a request; the sampler takes it modulo 2**64
