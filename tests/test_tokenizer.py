@@ -157,3 +157,11 @@ def test_min_tokens_is_a_lower_bound_without_tokenizing(name: str, request: pyte
 def test_text_that_is_not_unicode_is_a_typed_error(smollm2_tokenizer: Tokenizer) -> None:
     with pytest.raises(InvalidParameterError, match="not valid Unicode"):
         smollm2_tokenizer.encode("a\ud800b")
+
+
+def test_long_decodes_take_the_call_that_lets_other_threads_run(smollm2_tokenizer: Tokenizer) -> None:
+    ids = smollm2_tokenizer.encode(" ".join(OTHER_TEXTS) * 40)
+    assert len(ids) > 4096
+    for skip in (False, True):
+        expected = smollm2_tokenizer.backend.decode(ids, skip_special_tokens=skip)
+        assert smollm2_tokenizer.decode(ids, skip_special_tokens=skip) == expected

@@ -123,7 +123,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", param="tokens")
-        return {"prompt": engine.tokenizer.decode(req.tokens)}
+        return {"prompt": await asyncio.to_thread(engine.tokenizer.decode, req.tokens)}
 
     @app.get("/tokenizer_info", response_model=schemas.TokenizerInfo, responses=error_responses(401, 503))
     async def tokenizer_info() -> dict:

@@ -20,6 +20,7 @@ from tokenmill.tokenizer.pretokenizers import PRE_TOKENIZERS
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 SPIECE_SPACE = "\u2581"  # "▁"
+LONG_DECODE = 4096  # ids; fewer (the detokenizer's few at a time) through the plain call, which costs less
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:
@@ -93,6 +94,8 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        if len(ids) > LONG_DECODE:  # the batch call lets other threads run while it works (decode() does not)
+            return self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)[0]
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
