@@ -74,7 +74,11 @@ def test_schemathesis_finds_no_failure(server: ServerProcess, tmp_path: Path) ->
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(codec=None), max_size=12),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_subnormal=False)  # the native library (-ffast-math) flushes subnormals in this process
+    | st.text(st.characters(codec=None), max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=10,
 )
