@@ -63,7 +63,7 @@ def test_schemathesis_finds_no_failure(server: ServerProcess, tmp_path: Path) ->
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json",
         "--checks", ",".join(SCHEMATHESIS_CHECKS),
-        "--seed", "1", "--max-examples", "25", "--generation-database", "none",
+        "--seed", "1", "--max-examples", "15", "--generation-database", "none",
         "--exclude-path", "/explorer/events",  # an event stream that never ends
         "--request-timeout", "60", "--no-color",
     ]  # fmt: skip
@@ -104,7 +104,7 @@ BODIES = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]), body=BODIES)
 def test_any_body_gets_an_answer_or_a_4xx_in_openais_shape(server: ServerProcess, path: str, body: bytes) -> None:
     r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=120)
@@ -124,11 +124,11 @@ def test_the_handler_of_last_resort_was_never_reached(server: ServerProcess) -> 
 
 
 def test_a_bounded_soak_keeps_every_answer_right_and_memory_flat(default_server: ServerProcess) -> None:
-    """`tokenmill bench soak` for 45 s (benchmarks/README.md has the 30-minute one): memory within 5% of what it
-    was after the first 15 s, when the first requests have brought in what the later ones reuse."""
-    result = run_soak(default_server.url, duration_s=45, concurrency=6, sample_s=1.0, warmup_s=15)
+    """`tokenmill bench soak` for 30 s (benchmarks/README.md has the 30-minute one): memory within 5% of what it
+    was after the first 10 s, when the first requests have brought in what the later ones reuse."""
+    result = run_soak(default_server.url, duration_s=30, concurrency=6, sample_s=1.0, warmup_s=10)
     assert result["unexpected"] == 0, result["unexpected_examples"]
-    assert result["requests"] > 100 and result["internal_errors"] == 0
+    assert result["requests"] > 60 and result["internal_errors"] == 0
     assert abs(result["rss_drift_pct"]) <= 5, result["rss_samples_mib"]
     server = default_server
     deadline = time.monotonic() + 30

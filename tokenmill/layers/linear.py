@@ -12,8 +12,9 @@ def padded_rows(rows: int) -> int:
     rows up to a multiple of 16.
 
     oneDNN compiles a GEMM for every row count it meets and keeps it for good (about 300 KiB each): steps with
-    prompt tokens have a new row count almost every time, and a soak of the server grew by 600 MiB that way.
-    33 row counts per weight up to 512 rows keep that to about 40 MiB (benchmarks/README.md, "Reliability"); a
+    prompt tokens have a new row count almost every time; four weight shapes at random row counts up to 512 kept
+    610 MiB that way.
+    33 row counts per weight up to 512 rows keep that to about 45 MiB (benchmarks/README.md, "Reliability"); a
     few rows cost about what 16 do (the product reads every weight either way)."""
     return rows if rows == 1 else -(-rows // ROW_QUANTUM) * ROW_QUANTUM
 

@@ -1,24 +1,21 @@
 """Keeping a long-running process's memory flat: the allocator and oneDNN, not tokenmill's own objects.
 
-Measured on a 5-minute soak of `tokenmill serve` (benchmarks/README.md, "Reliability"): Python's own objects
-did not grow (tracemalloc), but resident memory did, for three reasons:
+A soak of `tokenmill serve` (benchmarks/README.md, "Reliability") grew by about 30 MiB a minute while Python's
+own objects did not (tracemalloc). What grew, and what keeps it in bounds:
 - glibc keeps memory that tensors and tokenizer threads freed in its arenas: `malloc_trim(0)` hands it back
-  (200-300 MiB after loading the model, whose float32 copies are temporary, and tens of MiB a minute under
+  (about 230 MiB after loading the model, whose float32 copies are temporary, and tens of MiB a minute under
   load). It takes 2-15 ms here, so the engine calls it after loading and then at most every TRIM_INTERVAL_S;
-- oneDNN compiles and keeps a GEMM for every shape it meets, 1,024 of them by default; a prompt step has a new
-  row count almost every time, so that cache grew by about 100 MiB. 32 keep what repeats (no measurable cost:
-  offline-32 and 512-token prefill within the noise);
-- the KV cache's pages became resident one by one as new blocks were used: it is now written once when it is
-  allocated (runner/model_runner.py), so its memory is there from the start instead of growing.
+- oneDNN compiles a bfloat16 GEMM for every shape it meets and keeps it: its primitive cache holds 1,024 of
+  them by default, about 330 MiB at random row counts. 32 keep what repeats (no measurable cost on offline-32
+  or a 512-token prefill); the row counts themselves are few (layers/linear.py, padded_rows);
+- the KV cache's pages became resident one by one as prefix caching cycled through every block: it is written
+  when allocated (runner/model_runner.py), so its memory is there from the start instead of growing.
 """
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import time
-
-logger = logging.getLogger(__name__)
 
 ONEDNN_CACHE_CAPACITY = 32  # compiled GEMMs oneDNN keeps (its own default: 1,024)
 TRIM_INTERVAL_S = 10.0
