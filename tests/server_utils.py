@@ -43,14 +43,14 @@ class ServerProcess:
 
 def start_server(*args: str, timeout: float = 120) -> ServerProcess:
     port = free_port()
+    command = [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(port), *args]
+    return start_command(command, port, timeout)
+
+
+def start_command(command: list[str], port: int, timeout: float = 120) -> ServerProcess:
+    """Run `command` (a server that will listen on `port`) until its /health answers 200."""
     env = {**os.environ, "TOKENMILL_LOG_LEVEL": "INFO"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(port), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     server = ServerProcess(process, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -39,15 +39,22 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output limit; default: the model's context, capped by the cache
     device: str | None = None  # None/"auto": CUDA when available, else CPU
     seed: int = 0  # seeds the sampler of requests without their own seed
+    tensor_parallel_size: int = 1  # ranks (processes, one per device) the model is split over
+    collective_timeout_s: float = 15.0  # a rank that does not answer a step's collective within this has failed
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             _positive_int(name, getattr(self, name))
         for name in ("num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
         if self.kv_cache_memory is not None:
             parse_memory(self.kv_cache_memory)
+        timeout = self.collective_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise InvalidParameterError(
+                f"collective_timeout_s must be a positive number, got {timeout!r}", "collective_timeout_s"
+            )
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidParameterError("enable_prefix_caching must be true or false", "enable_prefix_caching")
 

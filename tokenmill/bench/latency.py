@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.bench.offline import machine
+from tokenmill.bench.offline import collective_figures, machine
 from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 
@@ -20,6 +20,7 @@ def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, run
     warm = rng.integers(100, 10000, size=input_len).tolist()
     llm.generate({"prompt_token_ids": warm}, params, use_tqdm=False)
     ttfts, decodes, totals = [], [], []
+    before = llm.stats()
     for _ in range(runs):
         prompt = rng.integers(100, 10000, size=input_len).tolist()  # fresh tokens: no prefix-cache hits
         out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
@@ -29,6 +30,8 @@ def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, run
             decodes.append((output_len - 1) / (m.last_token_time - m.first_token_time))
         totals.append(m.finished_time - m.arrival_time)
     ttft = statistics.median(ttfts)
+    coordination = collective_figures(before, llm.stats())
+    llm.close()
     return {
         "bench": "latency",
         "input_len": input_len,
@@ -38,6 +41,7 @@ def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, run
         "prefill_tok_s": round(input_len / ttft, 2),
         "decode_tok_s": round(statistics.median(decodes), 2) if decodes else None,
         "end_to_end_s": round(statistics.median(totals), 3),
+        **coordination,
         "load_seconds": round(load_s, 3),
         "options": {k: v for k, v in llm_kwargs.items() if v is not None},
         "machine": machine(),

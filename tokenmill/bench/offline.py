@@ -22,6 +22,17 @@ def machine() -> dict[str, Any]:
     }
 
 
+def collective_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The cost of tensor-parallel coordination between two stats snapshots: rank 0's time in collectives."""
+    steps = after["num_steps"] - before["num_steps"]
+    seconds = after["collective_seconds_total"] - before["collective_seconds_total"]
+    return {
+        "tensor_parallel_size": after["tensor_parallel_size"],
+        "steps": steps,
+        "collective_ms_per_step": round(seconds * 1000 / max(steps, 1), 3),
+    }
+
+
 def run_offline(
     llm_kwargs: dict[str, Any], num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int
 ) -> dict[str, Any]:
@@ -41,9 +52,12 @@ def run_offline(
     )
     warmup_s = time.monotonic() - start
 
+    before = llm.stats()
     start = time.monotonic()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.monotonic() - start
+    coordination = collective_figures(before, llm.stats())
+    llm.close()
     prompt_tokens = sum(len(p) for p, _ in workload)
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
@@ -57,6 +71,7 @@ def run_offline(
         "load_seconds": round(load_s, 3),
         "warmup_seconds": round(warmup_s, 3),
         "num_preemptions": llm.stats()["num_preemptions"],
+        **coordination,
         "options": {k: v for k, v in llm_kwargs.items() if v is not None},
         "machine": machine(),
     }

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -20,6 +21,8 @@ from tokenmill.runner.memory import MemoryTrimmer
 from tokenmill.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+RANK_CHECK_INTERVAL_S = 1.0  # while idle, how often every tensor-parallel rank must answer
 
 
 class EngineDeadError(TokenmillError):
@@ -44,6 +47,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         trimmer = MemoryTrimmer()  # a long-running server gives freed memory back (runner/memory.py)
+        last_check = time.monotonic()
         try:
             while not self._stop.is_set():
                 self._drain_commands()
@@ -53,6 +57,9 @@ class AsyncEngine:
                     self._wake.clear()
                     if self._commands.empty():  # a command queued after this check sets _wake: no lost wake-up
                         self._wake.wait(timeout=0.5)
+                    if time.monotonic() - last_check >= RANK_CHECK_INTERVAL_S:
+                        self.engine.check_ranks()  # a tensor-parallel rank lost while idle fails the engine now
+                        last_check = time.monotonic()
                     continue
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
@@ -177,3 +184,4 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+        self.engine.close()  # the other ranks of a tensor-parallel model stop too

@@ -8,11 +8,14 @@ stop conditions. Finished sequences free their blocks at once; their slots go to
 import itertools
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.distributed.launcher import RankSpec
+from tokenmill.distributed.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.request import Request, SampleState
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
@@ -76,7 +79,13 @@ class LLMEngine:
                 f"quantization {quantization!r} uses CPU kernels; on {self.device.type} use quantization=None",
                 "quantization",
             )
-        self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
+        self.runner: ModelRunner | TensorParallelRunner
+        if self.config.tensor_parallel_size > 1:
+            del gguf  # each rank reads its own shard of the file
+            self.runner = start_tensor_parallel(self._rank_spec(path, dtype))
+            self.device = self.runner.device
+        else:
+            self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
         self.model_config = self.runner.model_config
         num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
         self.runner.allocate_kv_cache(num_blocks)
@@ -92,6 +101,7 @@ class LLMEngine:
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
         self.last_step: dict[str, Any] | None = None
         self._step_count = itertools.count(1)
+        self.num_steps = 0
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
@@ -108,6 +118,24 @@ class LLMEngine:
             self.max_model_len,
             cache_tokens / self.max_model_len,
         )
+
+    def _rank_spec(self, path: Path, dtype: str | torch.dtype) -> RankSpec:
+        dtype_name = str(parse_dtype(dtype)).removeprefix("torch.")
+        return RankSpec.for_engine(str(path), dtype_name, self.quantization, self.config)
+
+    @property
+    def tensor_parallel(self) -> TensorParallelRunner | None:
+        return self.runner if isinstance(self.runner, TensorParallelRunner) else None
+
+    def check_ranks(self) -> None:
+        """Under tensor parallelism, raise unless every rank still answers (the engine calls it when idle)."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.ping()
+
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel model (nothing to do for one process)."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.close()
 
     def _max_model_len(self, cache_tokens: int) -> int:
         trained = self.model_config.max_position
@@ -291,6 +319,7 @@ class LLMEngine:
             )
         self.runner.copy_blocks(sched.block_copies)
         result = self.runner.execute(chunks)
+        self.num_steps += 1
         self.scheduler.update_after_step(sched)
         if self.record_steps:
             self.last_step = self._describe_step(sched, now)
@@ -328,6 +357,8 @@ class LLMEngine:
             "step": next(self._step_count),
             "duration_ms": round((time.monotonic() - start) * 1000, 3),
             "num_tokens": sched.num_batched_tokens,
+            "ranks": self.config.tensor_parallel_size,  # processes that computed this step
+            "collective_ms": round(tp.last_step_collective_s * 1000, 3) if (tp := self.tensor_parallel) else 0.0,
             "batch": batch,
             "preempted": [seq.request_id for seq in sched.preempted],
         }
@@ -453,6 +484,7 @@ class LLMEngine:
     def stats(self) -> dict[str, Any]:
         usage = self.block_manager.usage()
         running = self.scheduler.running
+        tp = self.tensor_parallel
         return {
             "kv_blocks_total": usage.total,
             "kv_blocks_free": usage.free,
@@ -467,6 +499,11 @@ class LLMEngine:
             "num_requests": len(self.requests),
             "block_size": self.config.block_size,
             "max_model_len": self.max_model_len,
+            "num_steps": self.num_steps,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            # time rank 0 spent in collectives (step broadcasts, all-reduces, the logits' gather): all steps, last
+            "collective_seconds_total": tp.group.collective_seconds if tp is not None else 0.0,
+            "last_step_collective_ms": tp.last_step_collective_s * 1e3 if tp is not None else 0.0,
         }
 
     def check_integrity(self) -> None:

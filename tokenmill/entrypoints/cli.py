@@ -44,6 +44,26 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default 512)")
     g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
     g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
+    add_parallel_args(parser)
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("tensor parallelism")
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=None,
+        help="split the model over this many ranks, one per device (default 1). Without torchrun, tokenmill starts "
+        "the other ranks itself; under torchrun, the world size must equal it",
+    )
+    g.add_argument(
+        "--collective-timeout",
+        dest="collective_timeout_s",
+        type=float,
+        default=None,
+        help="seconds a rank may take to answer a step's collective before it counts as failed (default 15)",
+    )
 
 
 ENGINE_OPTIONS = (
@@ -56,6 +76,8 @@ ENGINE_OPTIONS = (
     "max_model_len",
     "seed",
     "device",
+    "tensor_parallel_size",
+    "collective_timeout_s",
 )
 
 
@@ -200,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument(flag, type=int, default=None)
         g.add_argument("--kv-cache-memory", default=None)
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+        add_parallel_args(p)
     return parser
 
 
@@ -304,6 +327,17 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from tokenmill.distributed.group import torchrun_rank
+
+    if torchrun_rank() not in (None, 0):  # torchrun started this rank: it computes, rank 0 serves HTTP
+        return run_torchrun_worker(args)
+    from tokenmill.server.listen import listen_problem
+
+    problem = listen_problem(args.host, args.port)
+    if problem is not None:  # before any rank starts or anything loads
+        rank = "" if torchrun_rank() is None else "rank 0: "
+        print(f"tokenmill: error: {rank}cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
+        return 1
     from tokenmill.loader.prefetch import ModelPrefetch
 
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
@@ -328,6 +362,18 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_require_key=args.metrics_require_key,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched)
+
+
+def run_torchrun_worker(args: argparse.Namespace) -> int:
+    from tokenmill.config import EngineConfig
+    from tokenmill.distributed.launcher import RankSpec
+    from tokenmill.distributed.worker import run_torchrun_worker as run_worker
+
+    quantization = None if args.quantization == "none" else args.quantization
+    config = EngineConfig.from_options(engine_options(args))
+    # the model file is found after joining the ranks: a rank that cannot load it is named in rank 0's error
+    spec = RankSpec.for_engine(args.model, args.dtype, quantization, config)
+    return run_worker(spec)
 
 
 def run_bench(args: argparse.Namespace) -> int:

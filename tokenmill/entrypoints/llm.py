@@ -21,11 +21,17 @@ class LLM:
 
     dtype: compute dtype ("float32", "bfloat16", "float16"). quantization: None dequantizes the GGUF weights.
     options: engine options (block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching, max_num_seqs,
-    max_num_batched_tokens, max_model_len, device, seed).
+    max_num_batched_tokens, max_model_len, device, seed, tensor_parallel_size, collective_timeout_s).
+    With tensor_parallel_size N > 1 this process is rank 0 and starts N-1 worker processes (or meets the ranks
+    torchrun started); `close()` stops them (they also stop when this process exits).
     """
 
     def __init__(self, model: str | None = None, dtype: str = "float32", quantization: str | None = None, **options):
         self.engine = LLMEngine(model, dtype, quantization, EngineConfig.from_options(options))
+
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel model; nothing to do for one process."""
+        self.engine.close()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer

@@ -12,8 +12,10 @@ import ctypes
 
 import torch
 
+from tokenmill.distributed.shm import CollectiveError
 from tokenmill.layers.attention import AttentionMetadata
 from tokenmill.layers.quantized_linear import NATIVE_GROUP, Q4Linear
+from tokenmill.native import REDUCE_FN
 
 
 class Q4Weight(ctypes.Structure):
@@ -65,6 +67,26 @@ class NativeLlamaDecoder:
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.scale = 1.0 / c.head_dim**0.5
         self.ok = c.rotary_dim == c.head_dim and c.head_dim <= 512 and model.dtype == torch.float32
+        # under tensor parallelism, the sum over ranks after each row-parallel projection, called from the native
+        # loop; an exception there is kept and raised once the call returns (ctypes cannot carry it through C)
+        parallel = getattr(model, "parallel", None)
+        self._reduce_ctx: int | None = None
+        if parallel is None:
+            self._reduce = REDUCE_FN()  # NULL: one process holds the whole model
+        elif parallel.shm is not None:  # the C sum over shared memory, called straight from the native loop
+            self._reduce, self._reduce_ctx = parallel.shm.reduce_fn, parallel.shm.reduce_ctx
+        else:
+            self._reduce = REDUCE_FN(self._all_reduce)
+        self._reduce_error: BaseException | None = None
+
+    def _all_reduce(self, _ctx: int | None, pointer: int, n: int) -> int:
+        try:
+            values = torch.frombuffer((ctypes.c_float * n).from_address(pointer), dtype=torch.float32)  # [n]
+            self.model.parallel.all_reduce(values)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - re-raised by forward
+            self._reduce_error = exc
+            return 1
 
     def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Record every layer's weights and cache tensors in the table the native code walks."""
@@ -115,7 +137,15 @@ class NativeLlamaDecoder:
             ctypes.c_int64(self.kv_heads),
             ctypes.c_int64(self.dim),
             ctypes.c_float(self.scale),
+            self._reduce,
+            ctypes.c_void_p(self._reduce_ctx),
         )
         if rc != 0:
+            if self._reduce_error is not None:
+                error, self._reduce_error = self._reduce_error, None
+                raise error
+            if rc == -3:  # the shared-memory sum failed: its group knows which rank and why
+                shm = self.model.parallel.shm
+                raise shm.error() if shm is not None else CollectiveError("a tensor-parallel collective failed")
             raise RuntimeError(f"native decoder failed ({rc})")
         return model.norm.forward(hidden)

@@ -6,7 +6,7 @@ sees a padded batch. Q/K/V and gate/up projections are fused into one matmul eac
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -31,15 +31,20 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
 
+if TYPE_CHECKING:
+    from tokenmill.distributed.group import ParallelGroup
+
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
 
 class StepContext(NamedTuple):
-    """What every layer of one forward shares: the rotary embedding and the step's tables, and the metadata."""
+    """What every layer of one forward shares: the rotary embedding and the step's tables, the metadata, and
+    under tensor parallelism the sum over ranks that follows each row-parallel projection."""
 
     rotary: RotaryEmbedding
     rope: RopeTables
     meta: AttentionMetadata
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 class LlamaAttention(nn.Module):
@@ -85,15 +90,22 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, dtype)
 
     def forward(self, step: StepContext, hidden: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
-        hidden = hidden + self.self_attn.forward(step, self.input_layernorm.forward(hidden), kv_cache)
-        return hidden + self.mlp.forward(self.post_attention_layernorm.forward(hidden))
+        attn = self.self_attn.forward(step, self.input_layernorm.forward(hidden), kv_cache)
+        hidden = hidden + (attn if step.reduce is None else step.reduce(attn))
+        mlp = self.mlp.forward(self.post_attention_layernorm.forward(hidden))
+        return hidden + (mlp if step.reduce is None else step.reduce(mlp))
 
 
 class LlamaForCausalLM(nn.Module):
+    """`config` is the part this process holds: the whole model, or one tensor-parallel rank's shard
+    (distributed/shard.py), with `parallel` set to the ranks' group and `vocab_start` to its first token id."""
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.parallel: ParallelGroup | None = None
+        self.vocab_start = 0
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
@@ -112,20 +124,32 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
         hidden = self.embed(input_ids)
-        step = StepContext(self.rotary, self.rotary.tables(positions), meta)
+        reduce = self.parallel.all_reduce if self.parallel is not None else None
+        step = StepContext(self.rotary, self.rotary.tables(positions), meta, reduce)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(step, hidden, kv_cache)
         return self.norm.forward(hidden)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[T] token ids -> [T, hidden] embeddings."""
+        """[T] token ids -> [T, hidden] embeddings. Vocabulary-parallel: each rank looks up the ids in its part of
+        the table, zeros for the others, and the sum over ranks is every row (exact: one term is not zero)."""
+        if self.parallel is None:
+            return self._embedding_rows(input_ids)
+        local = input_ids - self.vocab_start
+        inside = (local >= 0) & (local < self.config.vocab_size)  # [T]
+        rows = self._embedding_rows(torch.where(inside, local, 0))
+        return self.parallel.all_reduce(rows.masked_fill_(~inside.unsqueeze(1), 0.0).contiguous())
+
+    def _embedding_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.token_rows is not None:
             return self.token_rows(input_ids).to(self.dtype)
         return F.embedding(input_ids, self.embed_tokens)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[N, hidden] -> float32 logits [N, vocab]. Vocabulary-parallel: each rank computes its columns, which
+        rank 0 gathers; the other ranks get None."""
+        logits = self.lm_head(hidden).float()
+        return logits if self.parallel is None else self.parallel.gather_columns(logits)
 
     def quantize(self, mode: str, gguf: GGUFFile) -> None:
         """Replace every projection by a quantized layer and the LM head by an 8-bit (or bfloat16) one; the

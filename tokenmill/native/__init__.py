@@ -20,12 +20,14 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("q4_kernels.c")
+_SOURCES = [Path(__file__).with_name(name) for name in ("q4_kernels.c", "shm_reduce.c")]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared", "-std=c11"]
 # TOKENMILL_NATIVE_MARCH=haswell (AVX2) or x86-64 (plain C) builds the other code paths, for testing them
 _LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries that earlier objects need
+# tm_reduce_fn(ctx, x, n): sums the n floats at x over the tensor-parallel ranks in place; 0 on success
+REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -50,13 +52,15 @@ def _build(force: bool = False) -> Path:
     compiler = compiler.split()[0]
     march = os.environ.get("TOKENMILL_NATIVE_MARCH")
     flags = [f"-march={march}" if f == "-march=native" and march else f for f in _FLAGS]
-    command = [compiler, *flags, "SOURCE", "-o", "TARGET", *_LIBS]
-    key = hashlib.sha256(_SOURCE.read_bytes() + repr(command).encode() + _cpu_signature().encode())
+    command = [compiler, *flags, "SOURCES", "-o", "TARGET", *_LIBS]
+    sources = b"".join(source.read_bytes() for source in _SOURCES)
+    key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
     target = _cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
     if force or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(tmp), *_LIBS], check=True, capture_output=True)
+        command = [compiler, *flags, *map(str, _SOURCES), "-o", str(tmp), *_LIBS]
+        subprocess.run(command, check=True, capture_output=True)
         tmp.replace(target)  # atomic: concurrent processes never load a half-written file
     return target
 
@@ -104,11 +108,21 @@ def load() -> ctypes.CDLL | None:
     lib.tm_q8_interleave.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2
     lib.tm_q8_interleave.restype = None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, i64, i64, i64, i64, f32]
+    lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, i64, i64, i64, i64, f32, REDUCE_FN, p]
     lib.tm_llama_decode.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         getattr(lib, name).restype = None
+    lib.tm_shm_bytes.argtypes = [i64, i64]
+    lib.tm_shm_bytes.restype = i64
+    lib.tm_shm_init.argtypes = [p, i64, i64]
+    lib.tm_shm_init.restype = None
+    lib.tm_shm_join.argtypes = [p, i64, ctypes.c_int32]
+    lib.tm_shm_join.restype = None
+    lib.tm_shm_allreduce.argtypes = [p, p, i64]
+    lib.tm_shm_allreduce.restype = ctypes.c_int
+    lib.tm_shm_gather_columns.argtypes = [p, p, i64, i64, p]
+    lib.tm_shm_gather_columns.restype = ctypes.c_int
     lib.tm_vector_path.argtypes = []
     lib.tm_vector_path.restype = ctypes.c_char_p
     lib.tm_set_threads.argtypes = [ctypes.c_int]

@@ -477,6 +477,10 @@ typedef struct {
     float *k_cache, *v_cache;                    /* [slots, kv_heads, dim] */
 } tm_llama_layer;
 
+/* sums the n floats at x over the tensor-parallel ranks in place (ctx: the caller's state, say a shared-memory
+ * group); returns 0, or not 0 when the collective failed */
+typedef int (*tm_reduce_fn)(void *ctx, float *x, int64_t n);
+
 typedef struct {
     float *x, *qkv_out, *attn, *gu, *delta, *scores;
     tm_qx qx; /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
@@ -580,10 +584,11 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
 /* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
  * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
  * ctx_slots[t * max_ctx ...] (its own position last). */
-static void decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
-                         const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
-                         const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
-                         int64_t kv_heads, int64_t dim, float scale, const tm_scratch *s) {
+static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
+                        const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
+                        const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
+                        int64_t kv_heads, int64_t dim, float scale, tm_reduce_fn reduce, void *reduce_ctx,
+                        const tm_scratch *s) {
     const tm_q4_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
     const float *norm1 = layer->norm1, *norm2 = layer->norm2;
     float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
@@ -609,6 +614,7 @@ static void decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_lay
         softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
     }
     project(attn, m, o, s, delta);
+    if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
 #pragma omp simd
     for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
     /* MLP block */
@@ -621,16 +627,19 @@ static void decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_lay
         for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
     project(x, m, down, s, delta);
+    if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
 #pragma omp simd
     for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
+    return 0;
 }
 
-/* Every decoder layer for m decode tokens (one call per step). Returns 0, or a negative code on bad sizes or
- * exhausted memory. */
+/* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
+ * shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
+ * place, with `reduce_ctx`. Returns 0, or a negative code on bad sizes or exhausted memory (-2) or a failed reduce (-3). */
 int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
                     const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
                     const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
-                    int64_t kv_heads, int64_t dim, float scale) {
+                    int64_t kv_heads, int64_t dim, float scale, tm_reduce_fn reduce, void *reduce_ctx) {
     if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads) return -1;
     for (int64_t l = 0; l < n_layers; ++l) {
         const tm_q4_weight *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
@@ -650,8 +659,8 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
     int rc = qx_alloc(&s.qx, m, widest);
     if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
     for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
-        decode_layer(hidden, m, h, &layers[l], eps, cos_full, sin_signed, slot_mapping, ctx_slots, ctx_lens, max_ctx,
-                     heads, kv_heads, dim, scale, &s);
+        rc = decode_layer(hidden, m, h, &layers[l], eps, cos_full, sin_signed, slot_mapping, ctx_slots, ctx_lens,
+                          max_ctx, heads, kv_heads, dim, scale, reduce, reduce_ctx, &s);
     free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
     qx_free(&s.qx);
     return rc;

@@ -13,6 +13,7 @@ step holds, so a request's greedy output does not depend on what else is running
 
 import logging
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,10 @@ from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model import ModelConfig, build_model
 from tokenmill.model.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from tokenmill.distributed.group import ParallelGroup
+    from tokenmill.distributed.shard import ShardPlan
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +55,28 @@ class StepChunk:
 
 @dataclass
 class StepOutput:
+    """On the ranks other than 0 of a tensor-parallel model, the logits are None (only rank 0 gets them)."""
+
     last_logits: torch.Tensor  # [num chunks with want_last_logits, vocab] float32, in chunk order
     all_logits: list[torch.Tensor | None]  # per chunk: [len(token_ids), vocab] float32 when asked for, else None
 
 
 class ModelRunner:
     def __init__(
-        self, gguf: GGUFFile, dtype: torch.dtype, device: torch.device, block_size: int, quantization: str | None = None
+        self,
+        gguf: GGUFFile,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        quantization: str | None = None,
+        parallel: "tuple[ShardPlan, ParallelGroup] | None" = None,
     ):
+        """`parallel`: this process is one tensor-parallel rank and holds that shard of the model."""
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
-        self.model, self.config = build_model(gguf, dtype, device, quantization)
+        self.model, self._model_config = build_model(gguf, dtype, device, quantization, parallel)
+        self.config = self.model.config  # the part held here: sizes the KV cache
         self.native_decoder = self._native_decoder(quantization)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
@@ -79,7 +94,8 @@ class ModelRunner:
 
     @property
     def model_config(self) -> ModelConfig:
-        return self.config
+        """The whole model's config (also under tensor parallelism)."""
+        return self._model_config
 
     def kv_bytes_per_block(self) -> int:
         c = self.config
@@ -156,7 +172,7 @@ class ModelRunner:
         if last_rows:
             last_logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
         else:
-            last_logits = torch.empty(0, self.config.vocab_size, device=self.device)
+            last_logits = torch.empty(0, self.model_config.vocab_size, device=self.device)
         all_logits: list[torch.Tensor | None] = []
         for i, c in enumerate(chunks):
             if c.want_all_logits:

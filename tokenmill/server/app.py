@@ -183,6 +183,7 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
             "max_model_len": engine.max_model_len,
             "prefix_caching": engine.config.enable_prefix_caching,
             "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+            "tensor_parallel_size": engine.config.tensor_parallel_size,
             "chat_template": not engine.chat_template.is_fallback,
         }
 

@@ -46,6 +46,21 @@ class _EngineCollector(Collector):
             "tokenmill:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", value=s["kv_cache_usage"]
         )
         yield GaugeMetricFamily("tokenmill:kv_blocks_total", "KV blocks in the cache", value=s["kv_blocks_total"])
+        yield CounterMetricFamily("tokenmill:engine_steps", "Engine steps run", value=s["num_steps"])
+        yield GaugeMetricFamily(
+            "tokenmill:tensor_parallel_size", "Ranks the model is split over", value=s["tensor_parallel_size"]
+        )
+        yield CounterMetricFamily(
+            "tokenmill:collective_seconds",
+            "Time rank 0 spent in tensor-parallel collectives (step broadcasts, all-reduces, the logits' gather); "
+            "per step: its rate over tokenmill:engine_steps_total's",
+            value=s["collective_seconds_total"],
+        )
+        yield GaugeMetricFamily(
+            "tokenmill:last_step_collective_seconds",
+            "Time in collectives during the last step",
+            value=s["last_step_collective_ms"] / 1000,
+        )
 
 
 class ServerMetrics:

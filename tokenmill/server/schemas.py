@@ -162,6 +162,7 @@ class ExplorerInfo(BaseModel):
     max_model_len: int
     prefix_caching: bool
     max_num_batched_tokens: int
+    tensor_parallel_size: int  # ranks (processes) that compute every step of every request
     chat_template: bool
 
 

@@ -69,7 +69,8 @@ async function loadInfo() {
     await new Promise((res) => setTimeout(res, 1000));
   }
   const i = state.info;
-  $("model-info").textContent = `${i.model} · ${i.quantization} · ${i.device} · ${i.kv_blocks_total} KV blocks of ${i.block_size} tokens`;
+  const ranks = i.tensor_parallel_size > 1 ? ` · tensor parallel over ${i.tensor_parallel_size} ranks` : "";
+  $("model-info").textContent = `${i.model} · ${i.quantization} · ${i.device}${ranks} · ${i.kv_blocks_total} KV blocks of ${i.block_size} tokens`;
   $("kv-formula").textContent = `one block = 2 (K and V) × ${i.num_layers} layers × ${i.block_size} tokens × ` +
     `${i.num_kv_heads} KV heads × ${i.head_dim} dims × ${i.kv_element_bytes} bytes (${i.kv_dtype}) = ` +
     `${i.kv_bytes_per_block.toLocaleString()} bytes`;
@@ -117,6 +118,7 @@ function onEngineEvent(ev) {
   $("eng-batch").textContent = ev.batch.length;
   $("eng-steps").textContent = eng.steps;
   $("eng-step").textContent = `${ev.duration_ms.toFixed(1)} ms`;
+  $("eng-collective").textContent = ev.ranks > 1 ? `${ev.collective_ms.toFixed(2)} ms` : "– (one rank)";
   $("eng-tps").textContent = `${(tokens / 2).toFixed(0)}`;
   const ids = [...new Set(ev.batch.map((b) => b.request_id.replace(/-\d+$/, "")))];
   $("eng-requests").textContent = `in this step: ${ids.map((x) => x.slice(0, 14) + "…").join(", ")}`;
@@ -134,6 +136,7 @@ function onStepForRun(ev, now) {
       run.firstScheduled = stepStart;
       segment("queued", run.t0, stepStart, "queued");
       $("fig-queue").textContent = fmtMs(stepStart - run.t0);
+      $("fig-ranks").textContent = ev.ranks;
       markCached(b.cached_tokens);
     }
     if (b.kind === "prefill") {
@@ -242,7 +245,7 @@ async function submit(event) {
   $("submit").disabled = true;
   $("status").textContent = "tokenizing…";
   for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline"]) $(id).innerHTML = "";
-  for (const id of ["fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-e2e", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
+  for (const id of ["fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
   try {
     const messages = [{ role: "user", content: text }];
     const tok = await postJSON("/tokenize", mode === "chat"

@@ -1,0 +1,204 @@
+"""Tensor parallelism on the CPU with gloo: the shard plan and the step messages (no processes), then the bundled
+model split over 3 ranks against 1 rank (float32: the same greedy tokens; auto: the same first tokens), and what
+each rank holds."""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from tests.test_engine import mixed_prompts, token_lists
+from tests.test_golden import agreeing_prefix
+from tokenmill import LLM, SamplingParams
+from tokenmill.distributed import step_message
+from tokenmill.distributed.shard import ShardedGGUF, ShardingError, ShardPlan
+from tokenmill.distributed.step_message import Kind, Message
+from tokenmill.loader.dequantize import dequantize
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.model import build_model, model_config_from_gguf
+from tokenmill.runner.model_runner import StepChunk
+
+
+@pytest.fixture(scope="module")
+def gguf(bundled_path) -> GGUFFile:
+    return GGUFFile(bundled_path)
+
+
+# ---- the plan: which part each rank holds ---------------------------------------------------------------------
+
+
+def test_plan_splits_smollm2_heads_by_kv_groups(gguf: GGUFFile) -> None:
+    config = model_config_from_gguf(gguf)  # 9 heads over 3 KV heads, MLP 1536, vocabulary 49152
+    plans = [ShardPlan.for_rank(config, r, 3) for r in range(3)]
+    assert [p.q_heads for p in plans] == [(0, 3), (3, 6), (6, 9)]
+    assert [p.kv_heads for p in plans] == [(0, 1), (1, 2), (2, 3)]
+    assert [p.intermediate for p in plans] == [(0, 512), (512, 1024), (1024, 1536)]
+    assert [p.vocab for p in plans] == [(0, 16384), (16384, 32768), (32768, 49152)]
+    # two ranks: whole KV groups, as evenly as they go (6 + 3 heads)
+    two = [ShardPlan.for_rank(config, r, 2) for r in range(2)]
+    assert [p.q_heads for p in two] == [(0, 6), (6, 9)] and [p.kv_heads for p in two] == [(0, 2), (2, 3)]
+    local = two[1].local_config
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size, local.vocab_size) == (3, 1, 768, 24576)
+
+
+def test_plan_replicates_kv_heads_when_ranks_outnumber_them(gguf: GGUFFile) -> None:
+    from dataclasses import replace
+
+    config = replace(model_config_from_gguf(gguf), num_heads=12, num_kv_heads=2, intermediate_size=1536)
+    plans = [ShardPlan.for_rank(config, r, 4) for r in range(4)]
+    assert [p.q_heads for p in plans] == [(0, 3), (3, 6), (6, 9), (9, 12)]
+    assert [p.kv_heads for p in plans] == [(0, 1), (0, 1), (1, 2), (1, 2)]  # each KV head on two ranks
+
+
+@pytest.mark.parametrize(
+    ("changes", "size", "message"),
+    [
+        ({}, 4, "cannot split 9 attention heads over 3 KV heads"),
+        ({}, 5, "cannot split 9 attention heads over 3 KV heads"),
+        ({"intermediate_size": 1504}, 3, "intermediate_size 1504 is not a multiple of 3 x 32"),
+        ({"vocab_size": 49153}, 3, "does not divide the vocabulary size 49153"),
+    ],
+)
+def test_sizes_that_do_not_divide_are_named(gguf: GGUFFile, changes: dict, size: int, message: str) -> None:
+    from dataclasses import replace
+
+    config = replace(model_config_from_gguf(gguf), **changes)
+    with pytest.raises(ShardingError, match=message) as info:
+        for rank in range(size):
+            ShardPlan.for_rank(config, rank, size)
+    assert info.value.param == "tensor_parallel_size"
+
+
+def test_a_shard_is_the_same_slice_of_the_dequantized_tensor(gguf: GGUFFile) -> None:
+    """Rows (column-parallel) and whole blocks of columns (row-parallel) of the file's quantized data dequantize
+    to exactly that slice of the whole tensor."""
+    plan = ShardPlan.for_rank(model_config_from_gguf(gguf), 1, 3)
+    sharded = ShardedGGUF(gguf, plan)
+    checked = set()
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_output.weight", "blk.3.ffn_gate.weight"):
+        for name_ in (name, name.replace("ffn_gate", "ffn_down")):
+            full_t, part_t = gguf.tensor(name_), sharded.tensor(name_)
+            full = dequantize(full_t.data, full_t.ggml_type, full_t.shape)
+            part = dequantize(part_t.data, part_t.ggml_type, part_t.shape)
+            axis, start, end = plan.cut(name_)
+            expected = full[start:end] if axis == 0 else full[:, start:end]
+            assert torch.equal(part, expected), name_
+            checked.add(full_t.ggml_type)
+    assert GGMLQuantizationType.Q4_1 in checked or GGMLQuantizationType.Q8_0 in checked, checked
+    norm = sharded.tensor("blk.0.attn_norm.weight")
+    assert norm.shape == gguf.tensor("blk.0.attn_norm.weight").shape  # replicated
+
+
+@pytest.mark.parametrize("quantization", [None, "auto"])
+def test_each_rank_holds_about_a_third_of_the_sharded_weights(gguf: GGUFFile, quantization: str | None) -> None:
+    """Built as each of 3 ranks builds it (only the rank's part read from the file): the bytes of the sharded
+    tensors (projections, embedding, LM head) are a third of the whole model's on every rank."""
+
+    def sharded_bytes(model: torch.nn.Module) -> int:
+        named = [*model.named_parameters(), *model.named_buffers()]
+        tensors = {t.data_ptr(): t for name, t in named if "rotary" not in name and "norm" not in name}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    whole, config = build_model(gguf, torch.float32, torch.device("cpu"), quantization)
+    total = sharded_bytes(whole)
+    del whole
+    shares = []
+    for rank in range(3):
+        plan = ShardPlan.for_rank(config, rank, 3)
+        part, _ = build_model(gguf, torch.float32, torch.device("cpu"), quantization, (plan, None))
+        shares.append(sharded_bytes(part) / total)
+        del part
+    assert all(0.31 < s < 0.36 for s in shares), shares
+
+
+# ---- step messages ----------------------------------------------------------------------------------------------
+
+
+def test_a_step_description_round_trips() -> None:
+    chunks = [
+        StepChunk([5, 6, 7], 0, [3], want_last_logits=False, want_all_logits=True, prompt_len=9),
+        StepChunk([42], 17, [1, 2], prompt_len=None),
+    ]
+    buffer = step_message.encode(Message(Kind.STEP, chunks=chunks, block_copies=[(4, 8)]))
+    assert buffer.shape == (step_message.CAPACITY,) and buffer.dtype == torch.int32
+    decoded = step_message.decode(buffer)
+    assert decoded.kind == Kind.STEP and decoded.block_copies == [(4, 8)] and decoded.chunks == chunks
+    long = [StepChunk(list(range(3000)), 0, list(range(200))), StepChunk(list(range(2000)), 0, [7])]
+    big = step_message.encode(Message(Kind.STEP, chunks=long))
+    assert big.shape[0] > step_message.CAPACITY  # sent in two broadcasts
+    assert step_message.decode(big).chunks == long
+    assert step_message.decode(step_message.encode(Message(Kind.ALLOCATE, 512))).argument == 512
+
+
+# ---- three ranks against one ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tp3():
+    engine = LLM(tensor_parallel_size=3, max_num_batched_tokens=128)
+    yield engine
+    engine.engine.check_integrity()
+    engine.close()
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.slow
+def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_reference: dict) -> None:
+    """float32, sums through shared memory: the reference prompts, then a mixed batch of 32 (chunked prefill at
+    128 tokens a step, prefix-cache hits from the reference prompts seen before)."""
+    assert tp3.engine.runner.group.shm is not None
+    reference = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
+    assert token_lists(tp3.generate(reference, greedy(32), use_tqdm=False)) == token_lists(
+        llm.generate(reference, greedy(32), use_tqdm=False)
+    )
+    hits_before = tp3.stats()["prefix_cache_hit_tokens"]
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(llm, smollm2_reference)]
+    together = token_lists(tp3.generate(prompts, greedy(16), use_tqdm=False))
+    assert together == token_lists(llm.generate(prompts, greedy(16), use_tqdm=False))
+    stats = tp3.stats()
+    assert stats["prefix_cache_hit_tokens"] > hits_before
+    assert stats["tensor_parallel_size"] == 3 and stats["collective_seconds_total"] > 0
+
+
+@pytest.mark.slow
+def test_three_ranks_under_auto_agree_with_one(smollm2_reference: dict) -> None:
+    """Each rank runs the native 4-bit kernels on its shard: the first tokens of every reference prompt agree."""
+    prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
+    outs = {}
+    for size in (1, 3):
+        engine = LLM(quantization="auto", tensor_parallel_size=size)
+        outs[size] = token_lists(engine.generate(prompts, greedy(16), use_tqdm=False))
+        engine.close()
+    agree = [agreeing_prefix(x, y) for x, y in zip(outs[1], outs[3], strict=True)]
+    assert all(n >= 4 for n in agree), agree
+
+
+def test_tensor_parallel_size_is_checked() -> None:
+    from tokenmill.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="tensor_parallel_size must be a positive integer"):
+        LLM(tensor_parallel_size=0)
+    with pytest.raises(ShardingError, match="cannot split 9 attention heads over 3 KV heads"):
+        LLM(tensor_parallel_size=4)  # refused before any worker starts
+
+
+@pytest.mark.slow
+def test_two_ranks_through_gloo_split_heads_unevenly_and_close(
+    llm: LLM, smollm2_reference: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """9 heads over 2 ranks (6 + 3, by KV group), every sum through gloo (TOKENMILL_TP_SHM=0, as between
+    machines): one rank's tokens; close() ends the worker process."""
+    import psutil
+
+    monkeypatch.setenv("TOKENMILL_TP_SHM", "0")
+    engine = LLM(tensor_parallel_size=2)
+    assert engine.engine.runner.group.shm is None
+    pids = engine.engine.runner.workers.pids()
+    assert len(pids) == 1 and psutil.pid_exists(pids[0])
+    prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
+    two = token_lists(engine.generate(prompts, greedy(16), use_tqdm=False))
+    assert two == token_lists(llm.generate(prompts, greedy(16), use_tqdm=False))
+    engine.close()
+    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,125 @@
+"""The ranks of one tensor-parallel model on torch.distributed: meeting through a store, and the collectives a
+step uses.
+
+Two process groups over the same ranks, made as objects on the store (no process-wide default group, so one
+process can hold one tensor-parallel engine after another, or beside single-process ones):
+- `control` (gloo, CPU tensors, no practical timeout): rank 0's step descriptions. A worker waits here between
+  steps for as long as the engine is idle.
+- `compute` (gloo on the CPU, NCCL on CUDA, `collective_timeout_s`): the all-reduces and the logits' gather
+  inside a step. A rank that dies breaks it at once (its sockets close); one that stops answering fails it after
+  the timeout. Either way rank 0's step raises, and the engine fails its requests instead of hanging.
+When every rank is on one machine, the step's sums and the logits' gather go through shared memory instead of
+`compute` (shm.py): microseconds instead of milliseconds. Every collective's wall time on rank 0 is added up
+(`collective_seconds`): the cost of coordination.
+"""
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from tokenmill.distributed.shm import SharedMemoryGroup, open_shared_memory
+
+STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # meeting and loading: a big model loads slowly
+IDLE_TIMEOUT = datetime.timedelta(days=365)  # a worker waits for the next step as long as the engine is idle
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun (or another env:// launcher) started it, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def torchrun_store() -> dist.Store:
+    """The rendezvous store torchrun's environment names (its agent's own store when it has one, as env:// does)."""
+    rank = int(os.environ["RANK"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        rank == 0 and not agent_store,
+        STARTUP_TIMEOUT,
+        wait_for_workers=False,
+    )
+    return dist.PrefixStore(f"tokenmill/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
+@dataclass
+class ParallelGroup:
+    rank: int
+    world_size: int
+    store: dist.Store
+    control: dist.ProcessGroup
+    compute: dist.ProcessGroup
+    shm: SharedMemoryGroup | None = None  # the step's sums and gathers when every rank is on this machine
+    collective_seconds: float = 0.0  # rank 0's wall time in compute collectives and step broadcasts, summed
+    collective_calls: int = 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the ranks, in place; every rank gets the same bits."""
+        start = time.perf_counter()
+        if self.shm is not None:
+            self.shm.all_reduce(x)
+        else:
+            self.compute.allreduce([x]).wait()
+        self._count(start)
+        return x
+
+    def gather_columns(self, x: torch.Tensor) -> torch.Tensor | None:
+        """[N, V / world] on every rank -> [N, V] on rank 0 (ranks' parts side by side), None elsewhere."""
+        x = x.contiguous()
+        start = time.perf_counter()
+        if self.shm is not None:
+            out = self.shm.gather_columns(x)
+            self._count(start)
+            return out
+        options = dist.GatherOptions()
+        options.rootRank = 0
+        parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == 0 else []
+        self.compute.gather([parts] if self.rank == 0 else [], [x], options).wait()
+        self._count(start)
+        return torch.cat(parts, dim=1) if self.rank == 0 else None
+
+    def broadcast_control(self, buffer: torch.Tensor) -> None:
+        """Rank 0's buffer (CPU) to every rank."""
+        start = time.perf_counter()
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = 0, 0
+        self.control.broadcast([buffer], options).wait()
+        if self.rank == 0:  # a worker's wait for the next step is idle time, not coordination
+            self._count(start)
+
+    def _count(self, start: float) -> None:
+        self.collective_seconds += time.perf_counter() - start
+        self.collective_calls += 1
+
+    def destroy(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+            self.shm = None
+        for group in (self.compute, self.control):
+            try:
+                group.shutdown()
+            except (RuntimeError, AttributeError):  # a broken group has nothing left to shut down
+                pass
+
+
+def join_group(
+    rank: int, world_size: int, device: torch.device, collective_timeout_s: float, store: dist.Store
+) -> ParallelGroup:
+    """Meet the other ranks through `store` (every rank makes the same groups in the same order)."""
+    control = dist.ProcessGroupGloo(dist.PrefixStore("control/", store), rank, world_size, IDLE_TIMEOUT)
+    timeout = datetime.timedelta(seconds=collective_timeout_s)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        compute = dist.ProcessGroupNCCL(dist.PrefixStore("compute/", store), rank, world_size, options)
+    else:
+        compute = dist.ProcessGroupGloo(dist.PrefixStore("compute/", store), rank, world_size, timeout)
+    shm = open_shared_memory(store, rank, world_size, collective_timeout_s) if device.type == "cpu" else None
+    return ParallelGroup(rank, world_size, store, control, compute, shm)

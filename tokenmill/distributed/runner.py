@@ -1,0 +1,157 @@
+"""Rank 0 of a tensor-parallel model: the engine's runner, with every step also described to the other ranks.
+
+`TensorParallelRunner` has the ModelRunner interface the engine uses. Each step it broadcasts one compact step
+description (step_message.py) and then runs its own shard; the other ranks build the same tensors from the
+description and run theirs, the collectives in the model joining the parts, and only rank 0 receives the
+logits. It also measures the time spent in collectives per step, pings the ranks when the engine is idle (a rank
+that died or hangs is found within the collective timeout, not at the next request) and stops them at the end.
+"""
+
+import logging
+import os
+import signal
+import time
+
+import torch
+
+from tokenmill.distributed import step_message
+from tokenmill.distributed.group import ParallelGroup, join_group, torchrun_rank, torchrun_store
+from tokenmill.distributed.launcher import RankSpec, RankStartupError, WorkerProcesses
+from tokenmill.distributed.shard import ShardPlan
+from tokenmill.distributed.shm import CollectiveError
+from tokenmill.distributed.startup import load_and_collect
+from tokenmill.distributed.step_message import Kind, Message
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.model_path import resolve_model_path
+from tokenmill.model.config import ModelConfig, model_config_from_gguf
+from tokenmill.runner.device import select_device
+from tokenmill.runner.model_runner import ModelRunner, StepChunk, StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+class TensorParallelRunner:
+    def __init__(self, runner: ModelRunner, group: ParallelGroup, workers: WorkerProcesses | None):
+        self.runner = runner
+        self.group = group
+        self.workers = workers  # None under torchrun, which owns the processes
+        self.world_size = group.world_size
+        self._pending_copies: list[tuple[int, int]] = []
+        self.last_step_collective_s = 0.0  # the last step's time in collectives (rank 0's view)
+        self.steps = 0
+        self._closed = False
+
+    # ---- the ModelRunner interface ----------------------------------------------------------------------------
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.runner.model_config
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.dtype
+
+    def kv_bytes_per_block(self) -> int:
+        """Rank 0's part (its KV heads); every rank holds the same number of blocks."""
+        return self.runner.kv_bytes_per_block()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        step_message.send(self.group, Message(Kind.ALLOCATE, num_blocks))
+        self.runner.allocate_kv_cache(num_blocks)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        self._pending_copies += copies  # sent with the next step's description
+
+    def execute(self, chunks: list[StepChunk]) -> StepOutput:
+        before = self.group.collective_seconds
+        copies, self._pending_copies = self._pending_copies, []
+        try:
+            step_message.send(self.group, Message(Kind.STEP, chunks=chunks, block_copies=copies))
+            self.runner.copy_blocks(copies)
+            out = self.runner.execute(chunks)
+        except (RuntimeError, CollectiveError) as exc:  # gloo raises RuntimeError: a peer closed, or a timeout
+            raise self._failure(exc) from exc
+        self.last_step_collective_s = self.group.collective_seconds - before
+        self.steps += 1
+        return out
+
+    # ---- the ranks -----------------------------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Every rank answers a tiny collective, or this raises (a dead rank at once, a hung one after the
+        collective timeout)."""
+        try:
+            step_message.send(self.group, Message(Kind.PING))
+            self.group.all_reduce(torch.zeros(1))
+        except (RuntimeError, CollectiveError) as exc:
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: BaseException) -> CollectiveError:
+        """What failed, naming the ranks whose processes ended (tokenmill's own workers), else the error."""
+        ended = []
+        for rank, process in (self.workers.processes if self.workers is not None else {}).items():
+            code = process.poll()
+            if code is not None:
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+                ended.append(f"rank {rank} (pid {process.pid}) {how}")
+        return CollectiveError(f"tensor parallelism failed: {'; '.join(ended) or exc}")
+
+    def close(self) -> None:
+        """Tell the ranks to stop and wait for tokenmill's own workers to exit (killing those that do not)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            step_message.send(self.group, Message(Kind.SHUTDOWN))
+        except Exception as exc:  # noqa: BLE001 - a rank already gone: the workers are stopped below anyway
+            logger.warning("could not tell every rank to stop: %s", exc)
+        if self.workers is not None:
+            self.workers.stop()
+        try:
+            self.group.destroy()
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("leaving the process group: %s", exc)
+
+
+def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
+    """Rank 0: check that the model splits, start (or, under torchrun, meet) the other ranks, load every shard.
+    Raises ShardingError when the sizes do not divide, RankStartupError naming the rank that failed."""
+    n = spec.tensor_parallel_size
+    config = model_config_from_gguf(GGUFFile(resolve_model_path(spec.model)))
+    for rank in range(n):
+        ShardPlan.for_rank(config, rank, n)  # a size that does not divide fails here, before anything starts
+    start = time.monotonic()
+    rank = torchrun_rank()
+    if rank is None:
+        workers: WorkerProcesses | None = WorkerProcesses(spec)
+        store, check_alive, local_rank = workers.store, workers.check_alive, 0
+    else:
+        world = int(os.environ["WORLD_SIZE"])
+        if rank != 0 or world != n:
+            raise RankStartupError(
+                f"torchrun started rank {rank} of {world}, but tensor_parallel_size is {n}: the world size must "
+                f"equal the tensor-parallel size, and only rank 0 runs the engine"
+            )
+        workers, store, local_rank = None, torchrun_store(), int(os.environ.get("LOCAL_RANK", 0))
+
+        def check_alive() -> None:  # torchrun watches its own processes
+            pass
+
+    group = None
+    try:
+        if workers is not None:
+            workers.wait_joined()
+        group = join_group(0, n, select_device(spec.device, local_rank), spec.collective_timeout_s, store)
+        runner = load_and_collect(spec, group, check_alive)
+    except BaseException:
+        if workers is not None:
+            workers.stop()
+        if group is not None:
+            group.destroy()
+        raise
+    logger.info("%d ranks joined and loaded their shards in %.2f s", n, time.monotonic() - start)
+    return TensorParallelRunner(runner, group, workers)

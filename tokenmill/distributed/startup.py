@@ -1,0 +1,94 @@
+"""What every rank does once joined: load its shard, and tell rank 0 whether it could.
+
+Every rank leaves its result in the store (an empty string, or what went wrong); rank 0 reads them all before the
+first step and answers with a verdict, so a rank that cannot load is named in rank 0's error and every rank exits
+instead of waiting for the others.
+"""
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from tokenmill import native
+from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup
+from tokenmill.distributed.launcher import RankSpec, RankStartupError
+from tokenmill.distributed.shard import ShardPlan
+from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.model_path import resolve_model_path
+from tokenmill.model.config import model_config_from_gguf
+from tokenmill.runner.device import parse_dtype, select_device
+from tokenmill.runner.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+VERDICT = "verdict"  # store key: "go" once every rank loaded, else "abort"
+
+
+def ranks_on_this_host(world_size: int) -> tuple[int, int]:
+    """(this rank's index among the ranks on its machine, how many there are): torchrun's LOCAL_RANK and
+    LOCAL_WORLD_SIZE, else every rank on this machine."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))), local_world
+
+
+def split_cpu_threads(local_world_size: int) -> int:
+    """On the CPU the machine's cores are split between the ranks on it; returns this rank's thread count."""
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    torch.set_num_threads(threads)
+    lib = native.load()
+    if lib is not None:
+        lib.tm_set_threads(threads)
+    return threads
+
+
+def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
+    """This rank's part of the model, on its device."""
+    local_rank, local_world = ranks_on_this_host(group.world_size)
+    device = select_device(spec.device, local_rank)
+    if device.type == "cpu":
+        split_cpu_threads(local_world)
+    gguf = GGUFFile(resolve_model_path(spec.model))
+    plan = ShardPlan.for_rank(model_config_from_gguf(gguf), group.rank, group.world_size)
+    # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)
+    quantization = None if spec.quantization == "auto" and device.type != "cpu" else spec.quantization
+    return ModelRunner(gguf, parse_dtype(spec.dtype), device, spec.block_size, quantization, (plan, group))
+
+
+def load_and_report(spec: RankSpec, group: ParallelGroup) -> ModelRunner | None:
+    """A worker rank: load the shard, report to rank 0 and wait for its verdict -> the runner, or None when this
+    rank or another could not load (this rank's own error is logged here and named in rank 0's)."""
+    try:
+        runner, status = load_shard(spec, group), ""
+    except Exception as exc:  # noqa: BLE001 - reported to rank 0, which names this rank
+        logger.exception("rank %d could not load its shard", group.rank)
+        runner, status = None, f"{type(exc).__name__}: {exc}"
+    group.store.set(f"loaded/{group.rank}", status)
+    # a failed rank stays until rank 0 has read its report: torchrun ends a node's other ranks when one exits
+    group.store.wait([VERDICT], STARTUP_TIMEOUT)
+    return runner if group.store.get(VERDICT) == b"go" else None
+
+
+def load_and_collect(spec: RankSpec, group: ParallelGroup, check_alive: Callable[[], None]) -> ModelRunner:
+    """Rank 0: load its own shard and hear from every rank (`check_alive` raises when a rank's process is gone).
+    Raises RankStartupError naming each rank that could not load; every rank then exits."""
+    try:
+        runner, status = load_shard(spec, group), ""
+    except Exception as exc:  # noqa: BLE001 - reported with the others
+        runner, status = None, f"{type(exc).__name__}: {exc}"
+    group.store.set("loaded/0", status)
+    keys = [f"loaded/{rank}" for rank in range(group.world_size)]
+    deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
+    while not group.store.check(keys):
+        check_alive()
+        if time.monotonic() > deadline:
+            raise RankStartupError("not every rank loaded its shard within the start-up timeout")
+        time.sleep(0.02)
+    statuses = [group.store.get(key).decode() for key in keys]
+    failures = [f"rank {rank} could not load its shard: {s}" for rank, s in enumerate(statuses) if s]
+    group.store.set(VERDICT, "abort" if failures else "go")
+    if failures or runner is None:
+        raise RankStartupError("; ".join(failures))
+    return runner

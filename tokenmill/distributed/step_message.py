@@ -1,0 +1,105 @@
+"""Rank 0's messages to the other ranks, as one int32 buffer: a step's description (which tokens of which
+sequences at which positions, their block tables, the block copies before it), the KV cache's size, a ping or
+the end. A step is one broadcast of CAPACITY int32s (16 KiB) when its description fits, which a decode step of
+64 sequences or a 512-token prefill does; a longer one sends its remainder in a second broadcast.
+"""
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import torch
+
+from tokenmill.runner.model_runner import StepChunk
+
+if TYPE_CHECKING:
+    from tokenmill.distributed.group import ParallelGroup
+
+CAPACITY = 4096  # int32s in the first broadcast
+HEADER = 3  # kind, total length, argument
+
+
+class Kind(IntEnum):
+    STEP = 1
+    ALLOCATE = 2  # argument: the number of KV blocks
+    PING = 3  # a step with no tokens: rank 0 checks that every rank still answers
+    SHUTDOWN = 4
+
+
+@dataclass
+class Message:
+    kind: Kind
+    argument: int = 0
+    chunks: list[StepChunk] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+def encode(message: Message) -> torch.Tensor:
+    """-> int32 [max(CAPACITY, length)]: header, then for a step the copies and every chunk."""
+    body: list[int] = []
+    if message.kind == Kind.STEP:
+        body += [len(message.chunks), len(message.block_copies)]
+        for src, dst in message.block_copies:
+            body += [src, dst]
+        for c in message.chunks:
+            flags = int(c.want_last_logits) | int(c.want_all_logits) << 1
+            prompt_len = -1 if c.prompt_len is None else c.prompt_len
+            body += [len(c.token_ids), c.start_position, prompt_len, flags, len(c.block_table)]
+            body += c.token_ids
+            body += c.block_table
+    length = HEADER + len(body)
+    buffer = torch.zeros(max(CAPACITY, length), dtype=torch.int32)
+    buffer[:length] = torch.tensor([int(message.kind), length, message.argument, *body], dtype=torch.int32)
+    return buffer
+
+
+def total_length(first: torch.Tensor) -> int:
+    """The message's length in int32s, from its first CAPACITY."""
+    return int(first[1])
+
+
+def decode(buffer: torch.Tensor) -> Message:
+    values = buffer[: total_length(buffer)].tolist()
+    kind, _, argument = values[:HEADER]
+    message = Message(Kind(kind), argument)
+    if message.kind != Kind.STEP:
+        return message
+    num_chunks, num_copies = values[HEADER], values[HEADER + 1]
+    i = HEADER + 2
+    message.block_copies = [(values[i + 2 * j], values[i + 2 * j + 1]) for j in range(num_copies)]
+    i += 2 * num_copies
+    for _ in range(num_chunks):
+        n, start, prompt_len, flags, num_blocks = values[i : i + 5]
+        i += 5
+        tokens, table = values[i : i + n], values[i + n : i + n + num_blocks]
+        i += n + num_blocks
+        message.chunks.append(
+            StepChunk(
+                token_ids=tokens,
+                start_position=start,
+                block_table=table,
+                want_last_logits=bool(flags & 1),
+                want_all_logits=bool(flags & 2),
+                prompt_len=None if prompt_len < 0 else prompt_len,
+            )
+        )
+    return message
+
+
+def send(group: "ParallelGroup", message: Message) -> None:
+    """Rank 0: broadcast the message (one broadcast, two when it is longer than CAPACITY)."""
+    buffer = encode(message)
+    group.broadcast_control(buffer[:CAPACITY])
+    if buffer.shape[0] > CAPACITY:
+        group.broadcast_control(buffer[CAPACITY:].clone())
+
+
+def receive(group: "ParallelGroup", first: torch.Tensor) -> Message:
+    """Another rank: wait for rank 0's next message (`first`: a reused int32 [CAPACITY] buffer)."""
+    group.broadcast_control(first)
+    length = total_length(first)
+    if length <= CAPACITY:
+        return decode(first)
+    rest = torch.empty(length - CAPACITY, dtype=torch.int32)
+    group.broadcast_control(rest)
+    return decode(torch.cat([first, rest]))

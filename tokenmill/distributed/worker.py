@@ -1,0 +1,99 @@
+"""A rank other than 0: load its shard, then run every step rank 0 describes until told to stop.
+
+Started by tokenmill itself (`python -m tokenmill.distributed.worker --spec ... --rank R --store-port P`, see
+launcher.py) or by torchrun (`tokenmill serve` on a rank other than 0 comes here). A worker never schedules or
+samples: it builds the step's tensors from rank 0's description, runs its shard (the collectives join the
+ranks' parts), sends its logits' columns to rank 0 and waits for the next message.
+"""
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from tokenmill.distributed import step_message
+from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup, join_group, torchrun_store
+from tokenmill.distributed.launcher import RankSpec
+from tokenmill.distributed.startup import load_and_report
+from tokenmill.distributed.step_message import Kind
+from tokenmill.runner.device import select_device
+from tokenmill.runner.model_runner import ModelRunner
+
+logger = logging.getLogger("tokenmill.worker")
+
+PARENT_CHECK_S = 0.5
+
+
+def serve_steps(runner: ModelRunner, group: ParallelGroup) -> int:
+    """Rank 0's messages until SHUTDOWN (-> 0). A broken collective raises."""
+    first = torch.empty(step_message.CAPACITY, dtype=torch.int32)
+    while True:
+        message = step_message.receive(group, first)
+        if message.kind == Kind.STEP:
+            runner.copy_blocks(message.block_copies)
+            runner.execute(message.chunks)
+        elif message.kind == Kind.ALLOCATE:
+            runner.allocate_kv_cache(message.argument)
+        elif message.kind == Kind.PING:
+            group.all_reduce(torch.zeros(1))
+        else:
+            return 0
+
+
+def run_rank(spec: RankSpec, group: ParallelGroup) -> int:
+    runner = load_and_report(spec, group)
+    if runner is None:
+        return 1
+    code = serve_steps(runner, group)
+    group.destroy()
+    return code
+
+
+def run_torchrun_worker(spec: RankSpec) -> int:
+    """A rank > 0 started by torchrun: the rendezvous comes from its environment (env://)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    device = select_device(spec.device, local_rank)
+    group = join_group(rank, world, device, spec.collective_timeout_s, torchrun_store())
+    logger.info("rank %d of %d joined", rank, world)
+    return run_rank(spec, group)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """tokenmill's own workers leave as soon as the process that started them is gone (however it ended)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tokenmill-parent-watch", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="a tokenmill tensor-parallel worker (started by tokenmill)")
+    parser.add_argument("--spec", required=True, help="the model and engine settings (JSON)")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--store-port", type=int, required=True, help="rank 0's TCPStore on 127.0.0.1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank {args.rank} %(levelname)s %(message)s")
+    _exit_with_parent(os.getppid())
+    spec = RankSpec.from_json(args.spec)
+    store = dist.TCPStore("127.0.0.1", args.store_port, spec.tensor_parallel_size, False, STARTUP_TIMEOUT)
+    store.set(f"joined/{args.rank}", "1")
+    device = select_device(spec.device, args.rank)
+    group = join_group(args.rank, spec.tensor_parallel_size, device, spec.collective_timeout_s, store)
+    try:
+        return run_rank(spec, group)
+    except Exception:
+        logger.exception("rank %d stopped", args.rank)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
