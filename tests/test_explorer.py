@@ -82,6 +82,8 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     assert re.search(r"\d+(\.\d+)? (KiB|MiB)", page.inner_text("#kv-bytes"))
     assert "bytes" in page.inner_text("#kv-formula")
     assert int(page.inner_text("#eng-steps")) > 0
+    assert page.inner_text("#fig-ranks") == "1"  # one process computed it (more under tensor parallelism)
+    assert "one rank" in page.inner_text("#eng-collective")
     assert page.locator("#timeline .seg.prefill").count() >= 1
     assert page.locator("#timeline .seg.decode").count() >= 1
     ARTIFACTS.mkdir(exist_ok=True)

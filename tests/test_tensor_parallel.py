@@ -163,12 +163,14 @@ def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_re
 
 
 @pytest.mark.slow
-def test_three_ranks_under_auto_agree_with_one(smollm2_reference: dict) -> None:
-    """Each rank runs the native 4-bit kernels on its shard: the first tokens of every reference prompt agree."""
+@pytest.mark.parametrize("quantization", ["auto", "int8"])
+def test_three_ranks_quantized_agree_with_one(smollm2_reference: dict, quantization: str) -> None:
+    """Each rank runs the quantized kernels (native 4-bit decoder, 8-bit head) on its shard: the first tokens of
+    every reference prompt agree with one rank's."""
     prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
     outs = {}
     for size in (1, 3):
-        engine = LLM(quantization="auto", tensor_parallel_size=size)
+        engine = LLM(quantization=quantization, tensor_parallel_size=size)
         outs[size] = token_lists(engine.generate(prompts, greedy(16), use_tqdm=False))
         engine.close()
     agree = [agreeing_prefix(x, y) for x, y in zip(outs[1], outs[3], strict=True)]

@@ -133,6 +133,25 @@ def test_a_killed_worker_fails_requests_and_health_quickly() -> None:
     assert_all_gone(processes)
 
 
+def test_a_stopped_worker_fails_requests_after_the_collective_timeout() -> None:
+    """SIGSTOP (alive, not answering): the step fails after --collective-timeout, not never."""
+    server = start_server("--tensor-parallel-size", "2", "--collective-timeout", "2")
+    processes = family(server.process.pid)
+    worker = next(p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline()))
+    worker.suspend()
+    stopped = time.monotonic()
+    try:
+        while httpx.get(f"{server.url}/health").status_code != 503:
+            assert time.monotonic() - stopped < 10, "health still 200"
+            time.sleep(0.1)
+        assert time.monotonic() - stopped > 1.5  # the timeout, not an early false alarm
+        assert "rank 1" in httpx.get(f"{server.url}/health").json()["status"]
+    finally:
+        worker.resume()
+    assert server.stop() == 0
+    assert_all_gone(processes)
+
+
 def exit_output(command: list[str], timeout: float = 120) -> tuple[int, str]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     return done.returncode, done.stdout + done.stderr

@@ -19,7 +19,7 @@ from tokenmill.distributed.group import ParallelGroup, join_group, torchrun_rank
 from tokenmill.distributed.launcher import RankSpec, RankStartupError, WorkerProcesses
 from tokenmill.distributed.shard import ShardPlan
 from tokenmill.distributed.shm import CollectiveError
-from tokenmill.distributed.startup import load_and_collect
+from tokenmill.distributed.startup import load_and_collect, split_cpu_threads
 from tokenmill.distributed.step_message import Kind, Message
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import resolve_model_path
@@ -31,14 +31,14 @@ logger = logging.getLogger(__name__)
 
 
 class TensorParallelRunner:
-    def __init__(self, runner: ModelRunner, group: ParallelGroup, workers: WorkerProcesses | None):
+    def __init__(self, runner: ModelRunner, group: ParallelGroup, workers: WorkerProcesses | None, threads_before: int):
         self.runner = runner
+        self._threads_before = threads_before  # this process's CPU threads before its cores were split
         self.group = group
         self.workers = workers  # None under torchrun, which owns the processes
         self.world_size = group.world_size
         self._pending_copies: list[tuple[int, int]] = []
         self.last_step_collective_s = 0.0  # the last step's time in collectives (rank 0's view)
-        self.steps = 0
         self._closed = False
 
     # ---- the ModelRunner interface ----------------------------------------------------------------------------
@@ -76,7 +76,6 @@ class TensorParallelRunner:
         except (RuntimeError, CollectiveError) as exc:  # gloo raises RuntimeError: a peer closed, or a timeout
             raise self._failure(exc) from exc
         self.last_step_collective_s = self.group.collective_seconds - before
-        self.steps += 1
         return out
 
     # ---- the ranks -----------------------------------------------------------------------------------------------
@@ -115,6 +114,8 @@ class TensorParallelRunner:
             self.group.destroy()
         except Exception as exc:  # noqa: BLE001
             logger.warning("leaving the process group: %s", exc)
+        if self.device.type == "cpu":
+            split_cpu_threads(1, self._threads_before)  # the process may go on with other engines
 
 
 def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
@@ -125,6 +126,7 @@ def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
     for rank in range(n):
         ShardPlan.for_rank(config, rank, n)  # a size that does not divide fails here, before anything starts
     start = time.monotonic()
+    threads_before = torch.get_num_threads()
     rank = torchrun_rank()
     if rank is None:
         workers: WorkerProcesses | None = WorkerProcesses(spec)
@@ -152,6 +154,7 @@ def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
             workers.stop()
         if group is not None:
             group.destroy()
+        split_cpu_threads(1, threads_before)
         raise
     logger.info("%d ranks joined and loaded their shards in %.2f s", n, time.monotonic() - start)
-    return TensorParallelRunner(runner, group, workers)
+    return TensorParallelRunner(runner, group, workers, threads_before)

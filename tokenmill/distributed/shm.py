@@ -97,10 +97,16 @@ def open_shared_memory(store: dist.Store, rank: int, world_size: int, timeout_s:
         name = ""
         if enabled:
             name = os.path.join(SHM_DIR, f"tokenmill-tp-{uuid.uuid4().hex}")
-            with open(name, "w+b") as f:
-                f.truncate(size)  # zeros: every flag at 0
-                memory = mmap.mmap(f.fileno(), size)
-            lib.tm_shm_init(ctypes.addressof(ctypes.c_char.from_buffer(memory)), world_size, CAPACITY_FLOATS)
+            try:
+                with open(name, "w+b") as f:
+                    f.truncate(size)  # zeros: every flag at 0
+                    memory = mmap.mmap(f.fileno(), size)
+                lib.tm_shm_init(ctypes.addressof(ctypes.c_char.from_buffer(memory)), world_size, CAPACITY_FLOATS)
+            except OSError as exc:  # /dev/shm full or read-only: gloo it is
+                logger.warning("tensor parallel: no shared memory segment (%s)", exc)
+                if os.path.exists(name):
+                    os.unlink(name)
+                name, memory = "", None
         store.set("shm/name", name)
     else:
         store.wait(["shm/name"])

@@ -32,11 +32,12 @@ def ranks_on_this_host(world_size: int) -> tuple[int, int]:
     return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))), local_world
 
 
-def split_cpu_threads(local_world_size: int) -> int:
-    """On the CPU the machine's cores are split between the ranks on it; returns this rank's thread count."""
+def split_cpu_threads(local_world_size: int, cores: int | None = None) -> int:
+    """On the CPU the machine's cores (or `cores`) are split between the ranks on it, for torch and the native
+    kernels alike; returns this rank's thread count."""
     import torch
 
-    threads = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    threads = max(1, (cores or os.cpu_count() or 1) // max(1, local_world_size))
     torch.set_num_threads(threads)
     lib = native.load()
     if lib is not None:

@@ -22,6 +22,7 @@ from tokenmill.distributed.launcher import RankSpec
 from tokenmill.distributed.startup import load_and_report
 from tokenmill.distributed.step_message import Kind
 from tokenmill.runner.device import select_device
+from tokenmill.runner.memory import MemoryTrimmer, bound_onednn_cache
 from tokenmill.runner.model_runner import ModelRunner
 
 logger = logging.getLogger("tokenmill.worker")
@@ -32,8 +33,10 @@ PARENT_CHECK_S = 0.5
 def serve_steps(runner: ModelRunner, group: ParallelGroup) -> int:
     """Rank 0's messages until SHUTDOWN (-> 0). A broken collective raises."""
     first = torch.empty(step_message.CAPACITY, dtype=torch.int32)
+    trimmer = MemoryTrimmer()  # as rank 0's engine loop: freed memory goes back to the system
     while True:
         message = step_message.receive(group, first)
+        trimmer.maybe_release()
         if message.kind == Kind.STEP:
             runner.copy_blocks(message.block_copies)
             runner.execute(message.chunks)
@@ -46,6 +49,7 @@ def serve_steps(runner: ModelRunner, group: ParallelGroup) -> int:
 
 
 def run_rank(spec: RankSpec, group: ParallelGroup) -> int:
+    bound_onednn_cache()  # before the first matrix product, as LLMEngine does on rank 0
     runner = load_and_report(spec, group)
     if runner is None:
         return 1
