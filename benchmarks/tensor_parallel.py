@@ -33,7 +33,9 @@ def main() -> None:
             offline, latency = bench("offline", size, quantization), bench("latency", size, quantization)
             print(json.dumps(offline), json.dumps(latency), sep="\n", flush=True)
             rows.append((quantization, size, offline, latency))
-    print("| quantization | TP | offline-32 s | offline collective ms/step | decode tok/s | decode collective ms/step |")
+    print(
+        "| quantization | TP | offline-32 s | offline collective ms/step | decode tok/s | decode collective ms/step |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for quantization, size, offline, latency in rows:
         print(

@@ -49,6 +49,18 @@ def llm():
     engine.engine.check_integrity()
 
 
+@pytest.fixture(scope="session")
+def mixed_batch(llm, smollm2_reference: dict) -> tuple[list[dict], list[list[int]]]:
+    """32 mixed prompts (tests/test_engine.py, mixed_prompts) and the float32 greedy tokens (16, EOS ignored) the
+    shared engine gives them in one batch: computed once for the batch-invariance and tensor-parallel tests."""
+    from tests.test_engine import mixed_prompts, token_lists
+    from tokenmill import SamplingParams
+
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(llm, smollm2_reference)]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    return prompts, token_lists(llm.generate(prompts, greedy, use_tqdm=False))
+
+
 @pytest.fixture(autouse=True)
 def seeded_randomness() -> None:
     """Every test draws the same random numbers on every run, so a tolerance that holds once holds in CI.

@@ -50,14 +50,14 @@ def token_lists(outs) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quantization", [None, "auto"])
-def test_batch_invariance(llm: LLM, smollm2_reference: dict, quantization: str | None) -> None:
+def test_batch_invariance(llm: LLM, mixed_batch, quantization: str | None) -> None:
     """Greedy tokens are the same alone as in a batch of 32 (mixed steps, chunked prompts, prefix-cache hits).
     Under `auto`, the prompt tokens of a step took the 4-bit or the dense kernel by the step's row count until
     2026-11-30: 2 of these 32 prompts differed (one at its second token)."""
-    batched = llm if quantization is None else LLM(quantization=quantization)
-    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(llm, smollm2_reference)]
+    prompts, together = mixed_batch  # float32, in one batch
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    together = token_lists(batched.generate(prompts, greedy, use_tqdm=False))
+    if quantization is not None:
+        together = token_lists(LLM(quantization=quantization).generate(prompts, greedy, use_tqdm=False))
     alone_engine = LLM(quantization=quantization, enable_prefix_caching=False)
     alone = [token_lists(alone_engine.generate(p, greedy, use_tqdm=False))[0] for p in prompts]
     mismatched = [i for i in range(len(prompts)) if together[i] != alone[i]]

@@ -50,7 +50,8 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
     local_rank, local_world = ranks_on_this_host(group.world_size)
     device = select_device(spec.device, local_rank)
     if device.type == "cpu":
-        split_cpu_threads(local_world)
+        # ranks that share memory share this machine's cores, even when torchrun counts them as separate nodes
+        split_cpu_threads(group.world_size if group.shm is not None else local_world)
     gguf = GGUFFile(resolve_model_path(spec.model))
     plan = ShardPlan.for_rank(model_config_from_gguf(gguf), group.rank, group.world_size)
     # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)

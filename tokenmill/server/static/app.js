@@ -79,23 +79,29 @@ async function loadInfo() {
 
 // ---- engine events -------------------------------------------------------------------------------------------
 
-// server-sent events read through fetch (EventSource cannot send the API key); reconnects when the stream ends
+// the JSON of each "data: " event of a server-sent event stream read through fetch (EventSource cannot send the
+// API key), until the stream ends or says [DONE]
+async function* sseData(response) {
+  const reader = response.body.getReader(), decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const line = buffer.slice(0, cut).trim(); buffer = buffer.slice(cut + 2);
+      if (line.startsWith("data: ") && line !== "data: [DONE]") yield JSON.parse(line.slice(6));
+    }
+  }
+}
+
+// the engine's step events; reconnects when the stream ends
 async function listenToEngine() {
   for (;;) {
     try {
       const r = await api("/explorer/events");
-      const reader = r.body.getReader(), decoder = new TextDecoder();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        let cut;
-        while ((cut = buffer.indexOf("\n\n")) >= 0) {
-          const line = buffer.slice(0, cut).trim(); buffer = buffer.slice(cut + 2);
-          if (line.startsWith("data: ")) onEngineEvent(JSON.parse(line.slice(6)));
-        }
-      }
+      for await (const ev of sseData(r)) onEngineEvent(ev);
     } catch (e) { /* the server went away: try again */ }
     await new Promise((res) => setTimeout(res, 1000));
   }
@@ -123,7 +129,8 @@ function onEngineEvent(ev) {
   const ids = [...new Set(ev.batch.map((b) => b.request_id.replace(/-\d+$/, "")))];
   $("eng-requests").textContent = `in this step: ${ids.map((x) => x.slice(0, 14) + "…").join(", ")}`;
   drawBars($("batch-chart"), eng.history, "#2563eb");
-  if (state.run) onStepForRun(ev, now);
+  if (state.run && state.run.id) onStepForRun(ev, now);
+  else if (state.run) state.run.early.push([ev, now]);  // before the first chunk names the request: kept
 }
 
 function onStepForRun(ev, now) {
@@ -255,7 +262,7 @@ async function submit(event) {
     tok.tokens.forEach((id, i) => frag.append(chip(tok.token_texts[i], id, "")));
     $("prompt-tokens").append(frag);
     $("status").textContent = `${tok.count} prompt tokens; waiting in the queue…`;
-    state.run = { id: null, t0: performance.now(), segments: [], chunks: 0, tokenTimes: [], blocks: 0 };
+    state.run = { id: null, t0: performance.now(), segments: [], chunks: 0, tokenTimes: [], blocks: 0, early: [] };
     await stream(mode, mode === "chat" ? { messages, ...params } : { prompt: tok.tokens, ...params });
   } catch (e) {
     $("status").textContent = `error: ${e.message}`;
@@ -270,37 +277,30 @@ async function stream(mode, body) {
                     logprobs: mode === "chat" ? true : 0 };
   const r = await api(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request) });
   if (!r.ok) { const data = await r.json(); throw new Error(data.error ? data.error.message : `HTTP ${r.status}`); }
-  const reader = r.body.getReader(), decoder = new TextDecoder();
   const run = state.run;
-  let buffer = "", answer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const line = buffer.slice(0, cut).trim(); buffer = buffer.slice(cut + 2);
-      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-      const chunk = JSON.parse(line.slice(6));
-      if (chunk.error) throw new Error(chunk.error.message);
-      run.id = run.id || chunk.id;
-      if (chunk.usage) { onUsage(chunk.usage); continue; }
-      const c = chunk.choices[0];
-      if (!c) continue;
-      const ids = c.token_ids || [];
-      const texts = mode === "chat"
-        ? ((c.logprobs && c.logprobs.content) || []).map((x) => x.token)
-        : ((c.logprobs && c.logprobs.tokens) || []);
-      const now = performance.now();
-      ids.forEach((id, i) => {
-        run.tokenTimes.push(now);
-        $("output-tokens").append(chip(texts[i] != null ? texts[i] : "", id, "out new"));
-      });
-      answer += mode === "chat" ? (c.delta && c.delta.content) || "" : c.text || "";
-      $("answer").textContent = answer;
-      if (ids.length) { $("status").textContent = `generating… ${run.tokenTimes.length} tokens`; updateFigures(); drawTimeline(); }
-      if (c.finish_reason) $("status").textContent = `done: ${run.tokenTimes.length} tokens, finish reason "${c.finish_reason}"`;
+  let answer = "";
+  for await (const chunk of sseData(r)) {
+    if (chunk.error) throw new Error(chunk.error.message);
+    if (!run.id) {  // now the steps seen before this first chunk (its prefill) can be told apart
+      run.id = chunk.id;
+      for (const [ev, t] of run.early.splice(0)) onStepForRun(ev, t);
     }
+    if (chunk.usage) { onUsage(chunk.usage); continue; }
+    const c = chunk.choices[0];
+    if (!c) continue;
+    const ids = c.token_ids || [];
+    const texts = mode === "chat"
+      ? ((c.logprobs && c.logprobs.content) || []).map((x) => x.token)
+      : ((c.logprobs && c.logprobs.tokens) || []);
+    const now = performance.now();
+    ids.forEach((id, i) => {
+      run.tokenTimes.push(now);
+      $("output-tokens").append(chip(texts[i] != null ? texts[i] : "", id, "out new"));
+    });
+    answer += mode === "chat" ? (c.delta && c.delta.content) || "" : c.text || "";
+    $("answer").textContent = answer;
+    if (ids.length) { $("status").textContent = `generating… ${run.tokenTimes.length} tokens`; updateFigures(); drawTimeline(); }
+    if (c.finish_reason) $("status").textContent = `done: ${run.tokenTimes.length} tokens, finish reason "${c.finish_reason}"`;
   }
   run.tEnd = performance.now();
   $("fig-e2e").textContent = fmtMs(run.tEnd - run.t0);
