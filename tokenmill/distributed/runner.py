@@ -97,7 +97,8 @@ class TensorParallelRunner:
             if code is not None:
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
                 ended.append(f"rank {rank} (pid {process.pid}) {how}")
-        return CollectiveError(f"tensor parallelism failed: {'; '.join(ended) or exc}")
+        what = str(exc) if isinstance(exc, CollectiveError) else f"a tensor-parallel collective failed: {exc}"
+        return CollectiveError("; ".join([what, *ended]))
 
     def close(self) -> None:
         """Tell the ranks to stop and wait for tokenmill's own workers to exit (killing those that do not)."""

@@ -61,7 +61,8 @@ class ShardPlan:
                 raise ShardingError(
                     f"tensor_parallel_size {n} cannot split {c.num_heads} attention heads over {c.num_kv_heads} KV "
                     f"heads: with more ranks than KV heads, the ranks must be a multiple of the KV heads and divide "
-                    f"the attention heads (use at most {c.num_kv_heads} ranks, or a size that divides both)"
+                    f"the attention heads (use at most {c.num_kv_heads} ranks, or a multiple of {c.num_kv_heads} "
+                    f"that divides {c.num_heads})"
                 )
             q = _even_split(c.num_heads, n, rank)
             kv = (q[0] // group, q[0] // group + 1)
