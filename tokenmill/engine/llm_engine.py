@@ -88,9 +88,13 @@ class LLMEngine:
             self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
         self.model_config = self.runner.model_config
         num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
-        self.runner.allocate_kv_cache(num_blocks)
         cache_tokens = num_blocks * self.config.block_size
-        self.max_model_len = self._max_model_len(cache_tokens)
+        try:
+            self.max_model_len = self._max_model_len(cache_tokens)
+            self.runner.allocate_kv_cache(num_blocks)
+        except BaseException:
+            self.close()  # no worker rank outlives an engine that could not be built
+            raise
         self.block_manager = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len),
