@@ -33,6 +33,7 @@ from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 from tokenmill.tokenizer import ChatTemplate, Tokenizer
+from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,8 @@ class LLMEngine:
         else:
             gguf = GGUFFile(path)
             self.tokenizer = Tokenizer.from_gguf(gguf)
-        self.chat_template = ChatTemplate(
-            gguf.get("tokenizer.chat_template"), self.tokenizer.bos_token, self.tokenizer.eos_token
-        )
+        template = gguf.get("tokenizer.chat_template") or BUILTIN_TEMPLATES.get(gguf.architecture)
+        self.chat_template = ChatTemplate(template, self.tokenizer.bos_token, self.tokenizer.eos_token)
         self.device = select_device(self.config.device)
         if quantization == "auto" and self.device.type != "cpu":
             quantization = self.quantization = None  # the quantized kernels are CPU kernels: dense weights there

@@ -13,7 +13,7 @@ describes how they attend in `AttentionMetadata`, built once per step and shared
   its context from the cache, and its causal mask is aligned to the end of that context.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,9 @@ class PrefillChunk:
     token_start: int
     token_end: int
     kv_index: torch.Tensor | None  # [context_len] int64 slots of the whole context; None for a fresh prompt
-    mask: torch.Tensor | None  # [1, 1, q_len, context_len] bool causal mask aligned to the end; None when fresh
+    # [1, 1, q_len, context_len] bool causal mask aligned to the end; None when fresh (plain causal), except in
+    # a sliding-window layer's copy of the step (windowed), where a long fresh prompt has its band here
+    mask: torch.Tensor | None
 
 
 @dataclass
@@ -73,7 +75,10 @@ def paged_attention(
         if chunk.kv_index is None:
             keys = k[chunk.token_start : chunk.token_end].transpose(0, 1)  # [KVH, q_len, D]
             values = v[chunk.token_start : chunk.token_end].transpose(0, 1)
-            out = F.scaled_dot_product_attention(q_c, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+            mask = None if chunk.mask is None else chunk.mask[0]  # a sliding window's band, else plain causal
+            out = F.scaled_dot_product_attention(
+                q_c, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+            )
         else:
             keys = k_cache.index_select(0, chunk.kv_index).transpose(0, 1)  # [KVH, ctx, D]
             values = v_cache.index_select(0, chunk.kv_index).transpose(0, 1)
@@ -82,3 +87,27 @@ def paged_attention(
             )
         outputs.append(out.transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def windowed(meta: AttentionMetadata, window: int) -> AttentionMetadata:
+    """The step as the layers with a sliding window see it: a query at position p attends to the keys at
+    positions p - window < k <= p (the `window` latest, itself included), as HF transformers' Gemma 3 does."""
+    d = meta.decode
+    if d is not None:
+        index = torch.arange(d.max_context, device=d.context_lens.device)  # [max_ctx]
+        lens = d.context_lens.unsqueeze(1)  # [S, 1]: the query is the last of its context
+        keep = (index < lens) & (index >= lens - window)  # [S, max_ctx]
+        d = replace(d, mask=keep.view(d.num_seqs, 1, 1, d.max_context))
+    prefills = []
+    for chunk in meta.prefills:
+        q_len = chunk.token_end - chunk.token_start
+        context = q_len if chunk.kv_index is None else chunk.kv_index.shape[0]
+        if context <= window:  # nothing falls out of the window
+            prefills.append(chunk)
+            continue
+        device = meta.slot_mapping.device
+        query_positions = torch.arange(context - q_len, context, device=device).unsqueeze(1)  # [q_len, 1]
+        keys = torch.arange(context, device=device)  # [context]
+        band = (keys <= query_positions) & (keys > query_positions - window)  # [q_len, context]
+        prefills.append(replace(chunk, mask=band.view(1, 1, q_len, context)))
+    return replace(meta, decode=d, prefills=prefills)

@@ -21,6 +21,30 @@ class ModelConfig:
     rms_norm_eps: float
     max_position: int  # context length the model was trained for
     tie_word_embeddings: bool
+    # what an architecture changes in the shared decoder (defaults: llama)
+    activation: str = "silu"  # the MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    qk_norm: bool = False  # an RMSNorm over each query and key head before rope
+    sandwich_norms: bool = False  # RMSNorms on the attention's and the MLP's outputs too (Gemma)
+    embedding_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden_size))
+    sliding_window: int | None = None  # local layers attend to at most this many latest positions
+    global_layer_every: int = 1  # every Nth layer attends to everything (1: all of them), the others are local
+    local_rope_theta: float | None = None  # the local layers' rope base, when different
+    rope_rows_permuted: bool = True  # Q/K rows stored permuted for ggml's interleaved rope (llama's GGUF files)
+
+    def is_local(self, layer: int) -> bool:
+        """Whether a layer attends only to its sliding window."""
+        return self.sliding_window is not None and (layer + 1) % self.global_layer_every != 0
+
+    @property
+    def is_plain_llama(self) -> bool:
+        """No difference from llama: what the native decoder implements."""
+        return (
+            self.activation == "silu"
+            and not self.qk_norm
+            and not self.sandwich_norms
+            and self.embedding_scale is None
+            and self.sliding_window is None
+        )
 
 
 def _int(gguf: GGUFFile, key: str, default: int | None = None) -> int:
@@ -60,4 +84,29 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         rms_norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position=_int(gguf, f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in gguf.tensors,
+        **ARCHITECTURE_TRAITS.get(arch, _llama)(gguf, arch, hidden),
     )
+
+
+def _llama(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    return {}
+
+
+def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Gemma 3 (text): GeGLU, QK-norm, sandwich norms, scaled embeddings; five local layers (sliding window,
+    rope base 10,000) to one global one, as llama.cpp and HF transformers define it. GGUF stores the norms'
+    weights with Gemma's +1 already added, and Q/K rows unpermuted (neox rope)."""
+    return {
+        "activation": "gelu_tanh",
+        "qk_norm": True,
+        "sandwich_norms": True,
+        "embedding_scale": hidden**0.5,
+        "sliding_window": _int(gguf, f"{arch}.attention.sliding_window"),
+        "global_layer_every": 6,
+        "local_rope_theta": 10000.0,
+        "rope_rows_permuted": False,
+    }
+
+
+# the declarative differences of each architecture from llama, read from its GGUF metadata
+ARCHITECTURE_TRAITS = {"llama": _llama, "gemma3": _gemma3}

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from tokenmill.layers.activation import silu_and_mul
-from tokenmill.layers.attention import AttentionMetadata, paged_attention
+from tokenmill.layers.activation import ACTIVATIONS
+from tokenmill.layers.attention import AttentionMetadata, paged_attention, windowed
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.quantized_linear import (
@@ -39,17 +39,22 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_h
 
 class StepContext(NamedTuple):
     """What every layer of one forward shares: the rotary embedding and the step's tables, the metadata, and
-    under tensor parallelism the sum over ranks that follows each row-parallel projection."""
+    under tensor parallelism the sum over ranks that follows each row-parallel projection. Layers with a sliding
+    window (Gemma's local layers) use the `local_` ones: their own rope base and the step's windowed metadata."""
 
     rotary: RotaryEmbedding
     rope: RopeTables
     meta: AttentionMetadata
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    local_rotary: RotaryEmbedding | None = None
+    local_rope: RopeTables | None = None
+    local_meta: AttentionMetadata | None = None
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False):
         super().__init__()
+        self.local = local  # attends to its sliding window only, with the local rope base
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -59,15 +64,21 @@ class LlamaAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, dtype)
         self.o_proj = Linear(self.q_size, config.hidden_size, dtype)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, step: StepContext, x: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         # submodules are called through .forward: the nn.Module call machinery costs ~1 ms per decoded token
         tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)  # [T, (H + 2 KVH) * D]
         qk = qkv[:, : self.q_size + self.kv_size].view(tokens, self.qk_heads, self.head_dim)
-        q, k = step.rotary.forward(step.rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        if self.q_norm is not None:  # each head normalized on its own, before rope
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm.forward(q), self.k_norm.forward(k)], dim=1)
+        rotary, rope, meta = (step.local_rotary, step.local_rope, step.local_meta) if self.local else step[:3]
+        q, k = rotary.forward(rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], step.meta, self.scale)  # [T, H, D]
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, H, D]
         return self.o_proj.forward(out.reshape(tokens, self.q_size))
 
 
@@ -76,24 +87,34 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, dtype)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, dtype)
+        self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+        return self.down_proj.forward(self.activation(self.gate_up_proj.forward(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    """Pre-norm attention and MLP blocks; with sandwich norms (Gemma) each block's output is normed as well,
+    before the residual addition (the attention's by post_attention_norm; the MLP's input by
+    post_attention_layernorm, as llama names its second norm, and its output by post_mlp_norm)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, dtype)
+        self.self_attn = LlamaAttention(config, dtype, local)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config, dtype)
+        sandwich = config.sandwich_norms
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
+        self.post_mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
 
     def forward(self, step: StepContext, hidden: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         attn = self.self_attn.forward(step, self.input_layernorm.forward(hidden), kv_cache)
-        hidden = hidden + (attn if step.reduce is None else step.reduce(attn))
+        attn = attn if step.reduce is None else step.reduce(attn)
+        hidden = hidden + (attn if self.post_attention_norm is None else self.post_attention_norm.forward(attn))
         mlp = self.mlp.forward(self.post_attention_layernorm.forward(hidden))
-        return hidden + (mlp if step.reduce is None else step.reduce(mlp))
+        mlp = mlp if step.reduce is None else step.reduce(mlp)
+        return hidden + (mlp if self.post_mlp_norm is None else self.post_mlp_norm.forward(mlp))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -108,7 +129,14 @@ class LlamaForCausalLM(nn.Module):
         self.vocab_start = 0
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
+        self.local_rotary = self.rotary
+        if config.local_rope_theta is not None and config.local_rope_theta != config.rope_theta:
+            self.local_rotary = RotaryEmbedding(
+                config.head_dim, config.rotary_dim, config.max_position, config.local_rope_theta
+            )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, dtype, config.is_local(i)) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # with tied embeddings the head's weight is the embedding table itself (set in load_gguf)
         self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, dtype)
@@ -125,7 +153,13 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
         hidden = self.embed(input_ids)
         reduce = self.parallel.all_reduce if self.parallel is not None else None
-        step = StepContext(self.rotary, self.rotary.tables(positions), meta, reduce)
+        rope = self.rotary.tables(positions)
+        step = StepContext(self.rotary, rope, meta, reduce)
+        if (window := self.config.sliding_window) is not None:
+            local_rope = rope if self.local_rotary is self.rotary else self.local_rotary.tables(positions)
+            step = step._replace(
+                local_rotary=self.local_rotary, local_rope=local_rope, local_meta=windowed(meta, window)
+            )
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(step, hidden, kv_cache)
         return self.norm.forward(hidden)
@@ -142,8 +176,12 @@ class LlamaForCausalLM(nn.Module):
 
     def _embedding_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.token_rows is not None:
-            return self.token_rows(input_ids).to(self.dtype)
-        return F.embedding(input_ids, self.embed_tokens)
+            rows = self.token_rows(input_ids).to(self.dtype)
+        else:
+            rows = F.embedding(input_ids, self.embed_tokens)
+        if self.config.embedding_scale is not None:  # as HF: the scale rounded to the compute dtype first
+            rows = rows * torch.tensor(self.config.embedding_scale, dtype=self.dtype)
+        return rows
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """[N, hidden] -> float32 logits [N, vocab]. Vocabulary-parallel: each rank computes its columns, which
@@ -190,13 +228,14 @@ class LlamaForCausalLM(nn.Module):
         """Layer i's fused projections: (parent module, attribute, the GGUF tensors stacked into it in order, each
         with its number of rope heads when its rows are stored permuted for ggml's rope, else None)."""
         c, p = self.config, f"blk.{i}."
+        permuted = c.rope_rows_permuted
         return [
             (
                 layer.self_attn,
                 "qkv_proj",
                 [
-                    (p + "attn_q.weight", c.num_heads),
-                    (p + "attn_k.weight", c.num_kv_heads),
+                    (p + "attn_q.weight", c.num_heads if permuted else None),
+                    (p + "attn_k.weight", c.num_kv_heads if permuted else None),
                     (p + "attn_v.weight", None),
                 ],
             ),
@@ -230,8 +269,13 @@ class LlamaForCausalLM(nn.Module):
                 rows = [unpermute_rope_rows(load(n), heads) if heads else load(n) for n, heads in sources]
                 label = " + ".join(n for n, _ in sources)
                 copy(getattr(parent, name).weight, torch.cat(rows) if len(rows) > 1 else rows[0], label)
-            copy(layer.input_layernorm.weight, load(p + "attn_norm.weight").float(), p + "attn_norm.weight")
-            copy(layer.post_attention_layernorm.weight, load(p + "ffn_norm.weight").float(), p + "ffn_norm.weight")
+            norms = [(layer.input_layernorm, "attn_norm"), (layer.post_attention_layernorm, "ffn_norm")]
+            if c.qk_norm:
+                norms += [(layer.self_attn.q_norm, "attn_q_norm"), (layer.self_attn.k_norm, "attn_k_norm")]
+            if c.sandwich_norms:
+                norms += [(layer.post_attention_norm, "post_attention_norm"), (layer.post_mlp_norm, "post_ffw_norm")]
+            for norm, name in norms:
+                copy(norm.weight, load(f"{p}{name}.weight").float(), f"{p}{name}.weight")
 
 
 def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

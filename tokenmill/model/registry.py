@@ -14,8 +14,10 @@ from tokenmill.model.llama import LlamaForCausalLM
 if TYPE_CHECKING:
     from tokenmill.distributed.group import ParallelGroup
 
+# one decoder for every architecture: what differs is declared in ModelConfig (model/config.py)
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
+    "gemma3": LlamaForCausalLM,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURES))
 

@@ -2,7 +2,7 @@
 
 Same environment as HF: sandboxed, `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `tojson`
 filter that keeps non-ASCII text, and `raise_exception` / `strftime_now` globals. A model without a template
-gets a plain "Role: text" layout.
+gets its architecture's (BUILTIN_TEMPLATES: Gemma's turns), else a plain "Role: text" layout.
 """
 
 import json
@@ -22,6 +22,25 @@ FALLBACK_TEMPLATE = (
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 ROLES = ("system", "user", "assistant", "tool", "developer")
+
+# Gemma's turn format, for Gemma GGUF files that carry no template (as Google's template renders text: a system
+# message goes before the first user turn, the assistant is "model", turns alternate)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set prefix = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+    "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+    "{% for message in turns %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' }}"
+    "{{ (prefix if loop.first else '') + message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+# the template of an architecture whose GGUF files may have none
+BUILTIN_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}
 
 
 def _raise_exception(message: str) -> None:

@@ -19,6 +19,7 @@ from tokenmill.tokenizer.pretokenizers import PRE_TOKENIZERS
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+END_OF_TURN = frozenset({"<end_of_turn>"})  # control tokens that end generation besides EOS (Gemma's turns)
 SPIECE_SPACE = "\u2581"  # "▁"
 LONG_DECODE = 4096  # ids; fewer (the detokenizer's few at a time) through the plain call, which costs less
 
@@ -159,6 +160,10 @@ def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
     eog = {int(eos)} if eos is not None else set()
     if eot is not None:
         eog.add(int(eot))
+    # a chat model's end of turn ends generation, as in llama.cpp (Gemma's files name none: EOS is <eos>)
+    eog.update(
+        i for i, (tok, t) in enumerate(zip(tokens, types, strict=True)) if tok in END_OF_TURN and t == TOKEN_CONTROL
+    )
     return Tokenizer(
         backend,
         bos_token_id=None if bos is None else int(bos),

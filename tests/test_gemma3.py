@@ -1,0 +1,137 @@
+"""Gemma 3 (270M, from its GGUF) through the shared decoder in float32: the reference continuations and
+log-probabilities, a prompt longer than two sliding windows against HF transformers loaded live from the same
+file, mixed batches with prefix caching, the chat format, and the server."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_engine import token_lists
+from tests.test_golden import check_greedy, greedy
+from tokenmill import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma3_path: Path) -> LLM:
+    engine = LLM(str(gemma3_path), max_num_batched_tokens=256)  # long prompts in chunks
+    yield engine
+    engine.engine.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def hf_gemma(gemma3_path: Path):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gemma3_path.parent, gguf_file=gemma3_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def long_prompt(gemma: LLM) -> list[int]:
+    """About 1,200 tokens: more than two of the local layers' 512-token windows."""
+    items = " ".join(
+        f"Item {i}: the {['red', 'blue', 'green', 'old', 'new'][i % 5]} box holds {i * 7 % 13} stones."
+        for i in range(90)
+    )
+    return gemma.get_tokenizer().encode(items + " Question: which item holds the most stones? Answer:")
+
+
+def test_architecture_traits(gemma: LLM) -> None:
+    c = gemma.engine.model_config
+    assert (c.activation, c.qk_norm, c.sandwich_norms, c.sliding_window) == ("gelu_tanh", True, True, 512)
+    assert [c.is_local(i) for i in range(7)] == [True] * 5 + [False, True]  # one global layer in six
+    assert gemma.engine.runner.native_decoder is None  # the native decoder is llama's alone
+
+
+def test_reference_greedy_and_logprobs(gemma: LLM, gemma3_reference: dict) -> None:
+    gens = gemma3_reference["generations"]
+    outs = gemma.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(32), use_tqdm=False)
+    check_greedy(token_lists(outs), [g["hf_fp32_greedy"] for g in gens])
+    for g, out in zip(gens, outs, strict=True):
+        first = out.outputs[0].logprobs[0]
+        for token, expected in zip(g["hf_fp32_top10_ids"], g["hf_fp32_top10_logprobs"], strict=True):
+            assert token in first and abs(first[token].logprob - expected) < 2e-3
+
+
+def test_reference_prompts_from_text(gemma: LLM, gemma3_reference: dict) -> None:
+    for g in gemma3_reference["generations"]:
+        out = gemma.generate(g["prompt"], greedy(8), use_tqdm=False)[0]
+        assert out.prompt_token_ids == g["prompt_ids"]  # BOS added, SentencePiece pieces
+        assert out.outputs[0].token_ids == g["hf_fp32_greedy"][:8]
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_window_matches_hf(gemma: LLM, hf_gemma) -> None:
+    """1,193 tokens in 256-token chunks: local layers see only their window (a layer that saw everything would
+    move the log-probabilities far more than 1e-3)."""
+    ids = long_prompt(gemma)
+    assert len(ids) > 2 * gemma.engine.model_config.sliding_window
+    with torch.no_grad():
+        expected = hf_gemma.generate(
+            torch.tensor([ids]),
+            max_new_tokens=12,
+            min_new_tokens=12,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    hf_logprobs = torch.log_softmax(expected.logits[0][0].float(), -1)  # after the prompt
+    out = gemma.generate({"prompt_token_ids": ids}, greedy(12), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == expected.sequences[0, len(ids) :].tolist()
+    for token, lp in out.logprobs[0].items():
+        assert abs(lp.logprob - hf_logprobs[token].item()) < 1e-3
+
+
+@pytest.mark.slow
+def test_mixed_batches_with_windows_and_prefix_caching(gemma: LLM) -> None:
+    """Long prompts sharing a 1,000-token prefix (prefix-cache hits past the window) and short ones, in one
+    batch: each gets the tokens it gets alone."""
+    base = long_prompt(gemma)
+    rng = np.random.default_rng(3)
+    prompts = [base[:1000] + rng.integers(1000, 20000, size=n).tolist() for n in (5, 200)]
+    prompts += [rng.integers(1000, 20000, size=n).tolist() for n in (3, 600)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    hits = gemma.stats()["prefix_cache_hit_tokens"]
+    together = token_lists(gemma.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))
+    assert gemma.stats()["prefix_cache_hit_tokens"] > hits
+    alone = LLM(gemma.engine.model_path.as_posix(), enable_prefix_caching=False)
+    assert together == [
+        token_lists(alone.generate({"prompt_token_ids": p}, params, use_tqdm=False))[0] for p in prompts
+    ]
+
+
+def test_chat_uses_gemmas_turns_and_stops_at_end_of_turn(gemma: LLM) -> None:
+    """The GGUF has no template: Gemma's turn format, with the system message before the first user turn."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
+    text = gemma.engine.chat_template.render(messages)
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nName a color.<end_of_turn>\n<start_of_turn>model\n"
+    ids = gemma.engine.encode_chat(messages)
+    assert ids[0] == gemma.get_tokenizer().bos_token_id and ids.count(gemma.get_tokenizer().bos_token_id) == 1
+    # <end_of_turn> ends the answer (forced here: this 270M model is a base model, it rarely ends its turns)
+    end_of_turn = gemma.get_tokenizer().token_to_id("<end_of_turn>")
+    forced = SamplingParams(temperature=0, max_tokens=16, logit_bias={end_of_turn: 100.0})
+    out = gemma.chat(messages, forced)[0].outputs[0]
+    assert (out.finish_reason, out.token_ids, out.text) == ("stop", [end_of_turn], "")
+
+
+@pytest.mark.slow
+def test_the_server_streams_gemma_chat(gemma3_path: Path) -> None:
+    from openai import OpenAI
+
+    from tests.server_utils import start_server
+
+    server = start_server("--model", str(gemma3_path))
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=24, stream=True
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text.strip() and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    finally:
+        server.stop()
