@@ -135,3 +135,17 @@ def test_the_server_streams_gemma_chat(gemma3_path: Path) -> None:
         assert text.strip() and chunks[-1].choices[0].finish_reason in ("stop", "length")
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_two_ranks_give_one_ranks_tokens(gemma: LLM, gemma3_reference: dict) -> None:
+    """Tensor parallelism serves this architecture too: 4 heads over 2 ranks, its one KV head replicated."""
+    prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in gemma3_reference["generations"]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    two = LLM(gemma.engine.model_path.as_posix(), tensor_parallel_size=2)
+    try:
+        assert token_lists(two.generate(prompts, params, use_tqdm=False)) == token_lists(
+            gemma.generate(prompts, params, use_tqdm=False)
+        )
+    finally:
+        two.close()
