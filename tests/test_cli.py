@@ -91,3 +91,23 @@ def test_every_command_has_help() -> None:
         out = run(command, "--help")
         assert out.returncode == 0 and "--model" in out.stdout
     assert "--api-key" in run("serve", "--help").stdout
+
+
+def test_models_by_name_and_their_listing(tmp_path, monkeypatch, bundled_path, gemma3_path) -> None:
+    """`--model gemma3-270m` assembles the chunk packages into the cache once; `tokenmill models` lists both
+    named models with what their files say."""
+    import json
+
+    from tokenmill.loader.model_path import resolve_model_path
+
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path))
+    assert resolve_model_path("smollm2-135m") == bundled_path
+    listed = subprocess.run([sys.executable, "-m", "tokenmill", "models", "--json"], capture_output=True, text=True)
+    before = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert before["gemma3-270m"]["path"] is None and "first use" in before["gemma3-270m"]["note"]
+    path = resolve_model_path("Gemma3-270M")
+    assert path == tmp_path / "models" / gemma3_path.name and path.stat().st_size == gemma3_path.stat().st_size
+    listed = subprocess.run([sys.executable, "-m", "tokenmill", "models", "--json"], capture_output=True, text=True)
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert (rows["gemma3-270m"]["architecture"], rows["gemma3-270m"]["quantization"]) == ("gemma3", "Q4_K_M")
+    assert (rows["smollm2-135m"]["architecture"], rows["smollm2-135m"]["parameters"]) == ("llama", "135M")

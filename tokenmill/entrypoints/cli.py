@@ -1,4 +1,5 @@
-"""The `tokenmill` command: `serve` (OpenAI-compatible server), `generate` (one answer), `chat` (interactive)."""
+"""The `tokenmill` command: `serve` (OpenAI-compatible server), `generate` (one answer), `chat` (interactive),
+`bench` (measurements), `models` (what it can find)."""
 
 import argparse
 import logging
@@ -14,7 +15,12 @@ DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
-    g.add_argument("--model", default=None, help="path of a .gguf file (default: the bundled SmolLM2-135M)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file, or a name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled "
+        "SmolLM2-135M",
+    )
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available, else CPU)")
     g.add_argument(
@@ -164,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(chat)
     add_engine_args(chat)
     add_sampling_args(chat, 512)
+    models = sub.add_parser(
+        "models",
+        help="list the models it can find",
+        description="The models --model NAME finds (bundled and installed packages) and the GGUF files in "
+        "tokenmill's cache (~/.cache/tokenmill/models, or $TOKENMILL_CACHE_DIR/models): architecture, "
+        "parameters, quantization and size.",
+    )
+    models.add_argument("--json", action="store_true", help="print one JSON line")
     bench = sub.add_parser(
         "bench",
         help="measure throughput and latency",
@@ -417,7 +431,27 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": run_serve, "generate": run_generate, "chat": run_chat, "bench": run_bench}
+def run_models(args: argparse.Namespace) -> int:
+    import json
+
+    from tokenmill.loader.catalog import list_models
+
+    rows = list_models()
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'name':<14} {'architecture':<12} {'params':<7} {'quant':<8} {'MiB':>7}  path / note")
+    for r in rows:
+        where = r["path"] or ""
+        note = f" ({r['note']})" if r["note"] else ""
+        print(
+            f"{r['name'] or '-':<14} {r.get('architecture') or '-':<12} {r.get('parameters') or '-':<7} "
+            f"{r.get('quantization') or '-':<8} {r.get('file_mib') or '-':>7}  {where}{note}"
+        )
+    return 0
+
+
+COMMANDS = {"serve": run_serve, "generate": run_generate, "chat": run_chat, "bench": run_bench, "models": run_models}
 
 
 def main(argv: list[str] | None = None) -> int:

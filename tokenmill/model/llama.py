@@ -1,4 +1,6 @@
-"""The llama architecture (SmolLM2, Llama 2/3, Mistral-style dense models): RMSNorm, rope, GQA, SwiGLU.
+"""The shared decoder: the llama architecture (SmolLM2, Llama 2/3, Mistral-style dense models: RMSNorm, rope,
+GQA, SwiGLU) and what other architectures declare as differences in ModelConfig (Gemma 3: GeGLU, QK-norm,
+sandwich norms, scaled embeddings, sliding-window local layers with their own rope base).
 
 The model takes the flattened new tokens of a whole step ([T] ids and positions) plus AttentionMetadata; it never
 sees a padded batch. Q/K/V and gate/up projections are fused into one matmul each.

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from tokenmill.cache import cache_dir
+
 logger = logging.getLogger(__name__)
 
 _SOURCES = [Path(__file__).with_name(name) for name in ("q4_kernels.c", "shm_reduce.c")]
@@ -30,13 +32,6 @@ _LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries t
 REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 _lib: ctypes.CDLL | None = None
 _tried = False
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TOKENMILL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tokenmill"
-    )
-    return Path(root)
 
 
 def _cpu_signature() -> str:
@@ -55,7 +50,7 @@ def _build(force: bool = False) -> Path:
     command = [compiler, *flags, "SOURCES", "-o", "TARGET", *_LIBS]
     sources = b"".join(source.read_bytes() for source in _SOURCES)
     key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
-    target = _cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
+    target = cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
     if force or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
