@@ -86,19 +86,23 @@ class WorkerProcesses:
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes.values()]
 
-    def stop(self) -> None:
-        """Wait a few seconds for the workers to leave (after a SHUTDOWN), then terminate, then kill."""
-        deadline = time.monotonic() + STOP_GRACE_S
-        for signal_name in ("wait", "terminate", "kill"):
-            for process in self.processes.values():
-                if process.poll() is None and signal_name != "wait":
-                    getattr(process, signal_name)()
-            for process in self.processes.values():
-                try:
-                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            if all(p.poll() is not None for p in self.processes.values()):
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Give the workers `grace_s` to leave by themselves (after a SHUTDOWN), then SIGTERM, then SIGKILL
+        those still there after STOP_GRACE_S."""
+        self._wait_all(grace_s)
+        for action in ("terminate", "kill"):
+            alive = [p for p in self.processes.values() if p.poll() is None]
+            if not alive:
                 break
-            deadline = time.monotonic() + STOP_GRACE_S
+            for process in alive:
+                getattr(process, action)()
+            self._wait_all(STOP_GRACE_S)
         atexit.unregister(self.stop)
+
+    def _wait_all(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass

@@ -16,7 +16,7 @@ import torch
 
 from tokenmill.distributed import step_message
 from tokenmill.distributed.group import ParallelGroup, join_group, torchrun_rank, torchrun_store
-from tokenmill.distributed.launcher import RankSpec, RankStartupError, WorkerProcesses
+from tokenmill.distributed.launcher import STOP_GRACE_S, RankSpec, RankStartupError, WorkerProcesses
 from tokenmill.distributed.shard import ShardPlan
 from tokenmill.distributed.shm import CollectiveError
 from tokenmill.distributed.startup import load_and_collect, split_cpu_threads
@@ -110,7 +110,7 @@ class TensorParallelRunner:
         except Exception as exc:  # noqa: BLE001 - a rank already gone: the workers are stopped below anyway
             logger.warning("could not tell every rank to stop: %s", exc)
         if self.workers is not None:
-            self.workers.stop()
+            self.workers.stop(grace_s=STOP_GRACE_S)  # they leave on SHUTDOWN
         try:
             self.group.destroy()
         except Exception as exc:  # noqa: BLE001
