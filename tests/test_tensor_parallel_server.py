@@ -5,6 +5,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import psutil
@@ -36,6 +38,20 @@ def assert_all_gone(processes: list[psutil.Process], timeout: float = 15) -> Non
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left behind: {[(p.pid, p.cmdline()[-6:]) for p in alive]}"
+
+
+@contextmanager
+def cleaned_up(server: ServerProcess) -> Iterator[list[psutil.Process]]:
+    """The server's processes; whatever is left of them is killed when the block ends, passed or failed."""
+    processes = family(server.process.pid)
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def streamed_text(url: str, max_tokens: int = 8) -> str:
@@ -104,52 +120,52 @@ def test_a_killed_worker_fails_requests_and_health_quickly() -> None:
     """tokenmill starts its own workers; SIGKILL one mid-stream: the stream ends with an error event and /health
     turns 503 within 10 s; SIGTERM then leaves no process behind."""
     server = start_server("--tensor-parallel-size", "3")
-    processes = family(server.process.pid)
-    workers = [p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline())]
-    assert len(workers) == 2
-    killed_rank = workers[1].cmdline()[workers[1].cmdline().index("--rank") + 1]
-    body = {"model": "x", "prompt": PROMPT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    body["model"] = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
-    events = []
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("data: "):
-                events.append(line)
-            if len(events) == 5:
-                break
-        workers[1].kill()
-        killed = time.monotonic()
-        events += [line for line in lines if line.startswith("data: ")]
-    ended = time.monotonic() - killed
-    assert ended < 10, f"the stream ended {ended:.1f} s after the kill"
-    assert '"error"' in events[-1] or '"error"' in events[-2], events[-2:]
-    while httpx.get(f"{server.url}/health").status_code != 503:
-        assert time.monotonic() - killed < 10, "health still 200"
-        time.sleep(0.1)
-    health = httpx.get(f"{server.url}/health").json()
-    assert "engine failed" in health["status"] and f"rank {killed_rank}" in health["status"], health
-    assert server.stop() == 0
-    assert_all_gone(processes)
+    with cleaned_up(server) as processes:
+        workers = [p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline())]
+        assert len(workers) == 2
+        killed_rank = workers[1].cmdline()[workers[1].cmdline().index("--rank") + 1]
+        body = {"model": "x", "prompt": PROMPT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        body["model"] = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+        events = []
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line)
+                if len(events) == 5:
+                    break
+            workers[1].kill()
+            killed = time.monotonic()
+            events += [line for line in lines if line.startswith("data: ")]
+        ended = time.monotonic() - killed
+        assert ended < 10, f"the stream ended {ended:.1f} s after the kill"
+        assert '"error"' in events[-1] or '"error"' in events[-2], events[-2:]
+        while httpx.get(f"{server.url}/health").status_code != 503:
+            assert time.monotonic() - killed < 10, "health still 200"
+            time.sleep(0.1)
+        health = httpx.get(f"{server.url}/health").json()
+        assert "engine failed" in health["status"] and f"rank {killed_rank}" in health["status"], health
+        assert server.stop() == 0
+        assert_all_gone(processes)
 
 
 def test_a_stopped_worker_fails_requests_after_the_collective_timeout() -> None:
     """SIGSTOP (alive, not answering): the step fails after --collective-timeout, not never."""
     server = start_server("--tensor-parallel-size", "2", "--collective-timeout", "2")
-    processes = family(server.process.pid)
-    worker = next(p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline()))
-    worker.suspend()
-    stopped = time.monotonic()
-    try:
-        while httpx.get(f"{server.url}/health").status_code != 503:
-            assert time.monotonic() - stopped < 10, "health still 200"
-            time.sleep(0.1)
-        assert time.monotonic() - stopped > 1.5  # the timeout, not an early false alarm
-        assert "rank 1" in httpx.get(f"{server.url}/health").json()["status"]
-    finally:
-        worker.resume()
-    assert server.stop() == 0
-    assert_all_gone(processes)
+    with cleaned_up(server) as processes:
+        worker = next(p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline()))
+        worker.suspend()
+        stopped = time.monotonic()
+        try:
+            while httpx.get(f"{server.url}/health").status_code != 503:
+                assert time.monotonic() - stopped < 10, "health still 200"
+                time.sleep(0.1)
+            assert time.monotonic() - stopped > 1.5  # the timeout, not an early false alarm
+            assert "rank 1" in httpx.get(f"{server.url}/health").json()["status"]
+        finally:
+            worker.resume()
+        assert server.stop() == 0
+        assert_all_gone(processes)
 
 
 def exit_output(command: list[str], timeout: float = 120) -> tuple[int, str]:
@@ -190,7 +206,7 @@ def test_a_rank_that_cannot_load_is_named() -> None:
 
 def test_sigterm_to_a_self_launched_server_leaves_no_process() -> None:
     server = start_server("--tensor-parallel-size", "2")
-    processes = family(server.process.pid)
-    assert len(processes) == 2
-    assert streamed_text(server.url, 4)
-    stop_and_check(server, torchrun=False)
+    with cleaned_up(server) as processes:
+        assert len(processes) == 2
+        assert streamed_text(server.url, 4)
+        stop_and_check(server, torchrun=False)
