@@ -53,12 +53,12 @@ def torchrun_store() -> dist.Store:
 class ParallelGroup:
     rank: int
     world_size: int
+    device: torch.device  # this rank's, chosen once when it joined
     store: dist.Store
     control: dist.ProcessGroup
     compute: dist.ProcessGroup
     shm: SharedMemoryGroup | None = None  # the step's sums and gathers when every rank is on this machine
     collective_seconds: float = 0.0  # rank 0's wall time in compute collectives and step broadcasts, summed
-    collective_calls: int = 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place; every rank gets the same bits."""
@@ -96,7 +96,6 @@ class ParallelGroup:
 
     def _count(self, start: float) -> None:
         self.collective_seconds += time.perf_counter() - start
-        self.collective_calls += 1
 
     def destroy(self) -> None:
         if self.shm is not None:
@@ -122,4 +121,4 @@ def join_group(
     else:
         compute = dist.ProcessGroupGloo(dist.PrefixStore("compute/", store), rank, world_size, timeout)
     shm = open_shared_memory(store, rank, world_size, collective_timeout_s) if device.type == "cpu" else None
-    return ParallelGroup(rank, world_size, store, control, compute, shm)
+    return ParallelGroup(rank, world_size, device, store, control, compute, shm)

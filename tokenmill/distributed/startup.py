@@ -17,7 +17,7 @@ from tokenmill.distributed.shard import ShardPlan
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.model.config import model_config_from_gguf
-from tokenmill.runner.device import parse_dtype, select_device
+from tokenmill.runner.device import parse_dtype
 from tokenmill.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -25,11 +25,9 @@ logger = logging.getLogger(__name__)
 VERDICT = "verdict"  # store key: "go" once every rank loaded, else "abort"
 
 
-def ranks_on_this_host(world_size: int) -> tuple[int, int]:
-    """(this rank's index among the ranks on its machine, how many there are): torchrun's LOCAL_RANK and
-    LOCAL_WORLD_SIZE, else every rank on this machine."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", 0))), local_world
+def ranks_on_this_host(world_size: int) -> int:
+    """How many ranks run on this machine: torchrun's LOCAL_WORLD_SIZE, else all of them."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 
 def split_cpu_threads(local_world_size: int, cores: int | None = None) -> int:
@@ -46,12 +44,11 @@ def split_cpu_threads(local_world_size: int, cores: int | None = None) -> int:
 
 
 def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
-    """This rank's part of the model, on its device."""
-    local_rank, local_world = ranks_on_this_host(group.world_size)
-    device = select_device(spec.device, local_rank)
+    """This rank's part of the model, on the device it joined with."""
+    device = group.device
     if device.type == "cpu":
         # ranks that share memory share this machine's cores, even when torchrun counts them as separate nodes
-        split_cpu_threads(group.world_size if group.shm is not None else local_world)
+        split_cpu_threads(group.world_size if group.shm is not None else ranks_on_this_host(group.world_size))
     gguf = GGUFFile(resolve_model_path(spec.model))
     plan = ShardPlan.for_rank(model_config_from_gguf(gguf), group.rank, group.world_size)
     # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)
