@@ -21,9 +21,9 @@ from tokenmill.distributed.shard import ShardPlan
 from tokenmill.distributed.shm import CollectiveError
 from tokenmill.distributed.startup import load_and_collect, split_cpu_threads
 from tokenmill.distributed.step_message import Kind, Message
-from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import resolve_model_path
-from tokenmill.model.config import ModelConfig, model_config_from_gguf
+from tokenmill.loader.model_source import open_model_source
+from tokenmill.model.config import ModelConfig, model_config_from_source
 from tokenmill.runner.device import select_device
 from tokenmill.runner.model_runner import ModelRunner, StepChunk, StepOutput
 
@@ -123,7 +123,7 @@ def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
     """Rank 0: check that the model splits, start (or, under torchrun, meet) the other ranks, load every shard.
     Raises ShardingError when the sizes do not divide, RankStartupError naming the rank that failed."""
     n = spec.tensor_parallel_size
-    config = model_config_from_gguf(GGUFFile(resolve_model_path(spec.model)))
+    config = model_config_from_source(open_model_source(resolve_model_path(spec.model)))
     for rank in range(n):
         ShardPlan.for_rank(config, rank, n)  # a size that does not divide fails here, before anything starts
     start = time.monotonic()

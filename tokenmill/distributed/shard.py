@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.gguf_file import GGUFFile, GGUFTensor, quant_block_shape
+from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config import ModelConfig
 
 BLOCK_EDGE = 32  # weights per quantization block: shard boundaries of cut dimensions fall on multiples of this
@@ -96,7 +97,7 @@ class ShardPlan:
         d = self.config.head_dim
         if name in ("token_embd.weight", "output.weight"):
             return 0, *self.vocab
-        match = re.fullmatch(r"blk\.\d+\.(\w+)\.weight", name)
+        match = re.fullmatch(r"blk\.\d+\.(\w+)\.(?:weight|bias)", name)  # a bias is cut as its weight's rows
         kind = match.group(1) if match else None
         if kind == "attn_q":
             return 0, self.q_heads[0] * d, self.q_heads[1] * d
@@ -115,7 +116,7 @@ class ShardedGGUF:
     """A GGUF file seen by one rank: `tensor(name)` is this rank's part of the tensor (rows sliced from the
     file's memory map, columns copied block by block), so a rank reads and holds only its share."""
 
-    def __init__(self, gguf: GGUFFile, plan: ShardPlan):
+    def __init__(self, gguf: "GGUFFile | HFCheckpoint", plan: ShardPlan):
         self.gguf = gguf
         self.plan = plan
         self.path = gguf.path
@@ -138,9 +139,9 @@ class ShardedGGUF:
         if cut is None:
             return tensor
         axis, start, end = cut
-        rows, cols = tensor.shape
         if axis == 0:
-            return GGUFTensor(name, tensor.ggml_type, (end - start, cols), tensor.data[start:end])
+            return GGUFTensor(name, tensor.ggml_type, (end - start, *tensor.shape[1:]), tensor.data[start:end])
+        rows, cols = tensor.shape
         return GGUFTensor(name, tensor.ggml_type, (rows, end - start), _columns(tensor, start, end))
 
 

@@ -14,9 +14,9 @@ from tokenmill import native
 from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup
 from tokenmill.distributed.launcher import RankSpec, RankStartupError
 from tokenmill.distributed.shard import ShardPlan
-from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import resolve_model_path
-from tokenmill.model.config import model_config_from_gguf
+from tokenmill.loader.model_source import open_model_source
+from tokenmill.model.config import model_config_from_source
 from tokenmill.runner.device import parse_dtype
 from tokenmill.runner.model_runner import ModelRunner
 
@@ -49,8 +49,8 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
     if device.type == "cpu":
         # ranks that share memory share this machine's cores, even when torchrun counts them as separate nodes
         split_cpu_threads(group.world_size if group.shm is not None else ranks_on_this_host(group.world_size))
-    gguf = GGUFFile(resolve_model_path(spec.model))
-    plan = ShardPlan.for_rank(model_config_from_gguf(gguf), group.rank, group.world_size)
+    gguf = open_model_source(resolve_model_path(spec.model))
+    plan = ShardPlan.for_rank(model_config_from_source(gguf), group.rank, group.world_size)
     # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)
     quantization = None if spec.quantization == "auto" and device.type != "cpu" else spec.quantization
     return ModelRunner(gguf, parse_dtype(spec.dtype), device, spec.block_size, quantization, (plan, group))

@@ -19,8 +19,8 @@ from tokenmill.distributed.runner import TensorParallelRunner, start_tensor_para
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.request import Request, SampleState
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
-from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
+from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
 from tokenmill.outputs import Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from tokenmill.runner.device import parse_dtype, select_device
@@ -32,7 +32,7 @@ from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
-from tokenmill.tokenizer import ChatTemplate, Tokenizer
+from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES
 
 logger = logging.getLogger(__name__)
@@ -67,8 +67,8 @@ class LLMEngine:
         if prefetched is not None and prefetched.path == path:
             gguf, self.tokenizer = prefetched.take()  # parsed while the caller was starting up
         else:
-            gguf = GGUFFile(path)
-            self.tokenizer = Tokenizer.from_gguf(gguf)
+            gguf = open_model_source(path)
+            self.tokenizer = load_tokenizer(gguf)
         template = gguf.get("tokenizer.chat_template") or BUILTIN_TEMPLATES.get(gguf.architecture)
         self.chat_template = ChatTemplate(template, self.tokenizer.bos_token, self.tokenizer.eos_token)
         self.device = select_device(self.config.device)

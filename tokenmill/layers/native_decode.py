@@ -65,7 +65,7 @@ class NativeLlamaDecoder:
         self.table: ctypes.Array | None = None  # built when the KV cache exists (bind_kv_cache)
         self.eps = c.rms_norm_eps
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.scale = 1.0 / c.head_dim**0.5
+        self.scale = c.softmax_scale
         self.ok = c.is_plain_llama and c.rotary_dim == c.head_dim and c.head_dim <= 512 and model.dtype == torch.float32
         # under tensor parallelism, the sum over ranks after each row-parallel projection, called from the native
         # loop; an exception there is kept and raised once the call returns (ctypes cannot carry it through C)

@@ -1,15 +1,18 @@
-"""The models tokenmill can find (`tokenmill models`): the named ones and the GGUF files in its cache."""
+"""The models tokenmill can find (`tokenmill models`): the named ones, and the GGUF files and Hugging Face
+checkpoint directories in its cache."""
 
 import importlib
 import importlib.util
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import LlamaFileType
 
 from tokenmill.cache import cache_dir
-from tokenmill.errors import ModelFileError
+from tokenmill.errors import ModelFileError, TokenmillError
 from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.hf_checkpoint import HFCheckpoint, is_hf_checkpoint
 from tokenmill.loader.model_path import GEMMA3_PACKAGE, bundled_model_path
 
 
@@ -17,6 +20,8 @@ def _describe(name: str | None, path: Path | None, note: str = "") -> dict[str, 
     row: dict[str, Any] = {"name": name, "path": str(path) if path else None, "note": note}
     if path is None:
         return row
+    if is_hf_checkpoint(path):
+        return _describe_checkpoint(row, path)
     try:
         gguf = GGUFFile(path)
     except ModelFileError as exc:
@@ -32,6 +37,23 @@ def _describe(name: str | None, path: Path | None, note: str = "") -> dict[str, 
         "parameters": gguf.get("general.size_label"),
         "quantization": quantization,
         "file_mib": round(path.stat().st_size / 2**20, 1),
+    }
+
+
+def _describe_checkpoint(row: dict[str, Any], path: Path) -> dict[str, Any]:
+    try:
+        checkpoint = HFCheckpoint(path)
+    except ModelFileError as exc:
+        return {**row, "note": f"unreadable: {exc}"}
+    except TokenmillError as exc:
+        return {**row, "note": f"not supported: {exc}"}
+    weights = sum(int(np.prod(t.shape)) for t in checkpoint.tensors.values())
+    return {
+        **row,
+        "architecture": checkpoint.architecture,
+        "parameters": f"{weights / 1e6:.0f}M" if weights < 1e9 else f"{weights / 1e9:.1f}B",
+        "quantization": "/".join(sorted({t.ggml_type.name for t in checkpoint.tensors.values()})),
+        "file_mib": round(sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**20, 1),
     }
 
 
@@ -52,7 +74,10 @@ def list_models() -> list[dict[str, Any]]:
             rows.append(_describe("gemma3-270m", assembled, "assembled from its packages"))
         else:
             rows.append(_describe("gemma3-270m", None, "installed; assembled into the cache on first use"))
-    for path in sorted((cache_dir() / "models").glob("*.gguf")):
+    cached = sorted((cache_dir() / "models").glob("*.gguf")) + sorted(
+        p for p in (cache_dir() / "models").glob("*") if is_hf_checkpoint(p)
+    )
+    for path in cached:
         if path != assembled:
             rows.append(_describe(None, path, "in the cache"))
     return rows

@@ -46,8 +46,8 @@ NAMED_MODELS = {"smollm2-135m": bundled_model_path, "gemma3-270m": gemma3_270m_p
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
-    """The file to load: `None` means the bundled model, a name of NAMED_MODELS that model; anything else must
-    be an existing .gguf file."""
+    """The model to load: `None` means the bundled model, a name of NAMED_MODELS that model; anything else must
+    be an existing .gguf file or a Hugging Face checkpoint directory (with config.json)."""
     if model is None:
         return bundled_model_path()
     if isinstance(model, str) and model.lower() in NAMED_MODELS and not Path(model).exists():
@@ -55,6 +55,8 @@ def resolve_model_path(model: str | Path | None) -> Path:
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelFileError(f"{path}: no such file")
-    if path.is_dir():
-        raise ModelFileError(f"{path}: is a directory; give the path of a .gguf file")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelFileError(
+            f"{path}: is a directory without config.json; give a .gguf file or a Hugging Face checkpoint directory"
+        )
     return path

@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import resolve_model_path
+from tokenmill.loader.model_source import ModelSource, load_tokenizer, open_model_source
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ class ModelPrefetch:
     def __init__(self, model: str | None):
         self.model = model
         self.path: Path = resolve_model_path(model)
-        self._result: tuple[GGUFFile, Tokenizer] | None = None
+        self._result: tuple[ModelSource, Tokenizer] | None = None
         self._error: BaseException | None = None
         self._engine: LLMEngine | None = None
         self._engine_error: BaseException | None = None
@@ -29,12 +29,12 @@ class ModelPrefetch:
 
     def _run(self) -> None:
         try:
-            gguf = GGUFFile(self.path)
-            self._result = (gguf, Tokenizer.from_gguf(gguf))
+            source = open_model_source(self.path)
+            self._result = (source, load_tokenizer(source))
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the result
             self._error = exc
 
-    def take(self) -> tuple[GGUFFile, Tokenizer]:
+    def take(self) -> tuple[ModelSource, Tokenizer]:
         """The parsed file and its tokenizer, handed over once: the prefetch keeps no reference, so the file's
         mapped pages (about 90 MiB of resident memory for the bundled model) go when the engine is built."""
         self._thread.join()

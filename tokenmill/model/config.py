@@ -1,9 +1,11 @@
 """The shape of a model, read from GGUF metadata (`{arch}.*` keys)."""
 
+import math
 from dataclasses import dataclass
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.hf_checkpoint import HFCheckpoint
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,20 @@ class ModelConfig:
     sandwich_norms: bool = False  # RMSNorms on the attention's and the MLP's outputs too (Gemma)
     embedding_scale: float | None = None  # embeddings multiplied by this (Gemma: sqrt(hidden_size))
     sliding_window: int | None = None  # local layers attend to at most this many latest positions
-    global_layer_every: int = 1  # every Nth layer attends to everything (1: all of them), the others are local
+    local_layers: tuple[bool, ...] = ()  # per layer: attends to its sliding window only (the others: everything)
     local_rope_theta: float | None = None  # the local layers' rope base, when different
     rope_rows_permuted: bool = True  # Q/K rows stored permuted for ggml's interleaved rope (llama's GGUF files)
+    attention_bias: bool = False  # Q, K and V projections have biases (Qwen2)
+    attention_scale: float | None = None  # softmax scale of the attention scores (None: 1 / sqrt(head_dim))
+    norm_scale_in_float32: bool = False  # RMSNorm weights multiply before rounding to a lower dtype (Gemma)
 
     def is_local(self, layer: int) -> bool:
         """Whether a layer attends only to its sliding window."""
-        return self.sliding_window is not None and (layer + 1) % self.global_layer_every != 0
+        return self.sliding_window is not None and layer < len(self.local_layers) and self.local_layers[layer]
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @property
     def is_plain_llama(self) -> bool:
@@ -44,7 +53,17 @@ class ModelConfig:
             and not self.sandwich_norms
             and self.embedding_scale is None
             and self.sliding_window is None
+            and not self.attention_bias
         )
+
+
+def model_config_from_source(source: "GGUFFile | HFCheckpoint") -> ModelConfig:
+    """The config of a GGUF file or a Hugging Face checkpoint (model/hf_config.py)."""
+    if isinstance(source, HFCheckpoint):
+        from tokenmill.model.hf_config import model_config_from_hf
+
+        return model_config_from_hf(source)
+    return model_config_from_gguf(source)
 
 
 def _int(gguf: GGUFFile, key: str, default: int | None = None) -> int:
@@ -102,9 +121,10 @@ def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
         "sandwich_norms": True,
         "embedding_scale": hidden**0.5,
         "sliding_window": _int(gguf, f"{arch}.attention.sliding_window"),
-        "global_layer_every": 6,
+        "local_layers": tuple((i + 1) % 6 != 0 for i in range(_int(gguf, f"{arch}.block_count"))),
         "local_rope_theta": 10000.0,
         "rope_rows_permuted": False,
+        "norm_scale_in_float32": True,
     }
 
 

@@ -6,7 +6,6 @@ The model takes the flattened new tokens of a whole step ([T] ids and positions)
 sees a padded batch. Q/K/V and gate/up projections are fused into one matmul each.
 """
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -53,6 +52,10 @@ class StepContext(NamedTuple):
     local_meta: AttentionMetadata | None = None
 
 
+def rms_norm(config: ModelConfig, size: int) -> RMSNorm:
+    return RMSNorm(size, config.rms_norm_eps, config.norm_scale_in_float32)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False):
         super().__init__()
@@ -63,16 +66,22 @@ class LlamaAttention(nn.Module):
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.qk_heads = config.num_heads + config.num_kv_heads
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = config.softmax_scale
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, dtype)
         self.o_proj = Linear(self.q_size, config.hidden_size, dtype)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # Qwen2's Q, K and V biases, in qkv_proj's row order: [(H + 2 KVH) * D]
+        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size, dtype=dtype), False)
+        if not config.attention_bias:
+            self.qkv_bias = None
+        self.q_norm = rms_norm(config, config.head_dim) if config.qk_norm else None
+        self.k_norm = rms_norm(config, config.head_dim) if config.qk_norm else None
 
     def forward(self, step: StepContext, x: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         # submodules are called through .forward: the nn.Module call machinery costs ~1 ms per decoded token
         tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)  # [T, (H + 2 KVH) * D]
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         qk = qkv[:, : self.q_size + self.kv_size].view(tokens, self.qk_heads, self.head_dim)
         if self.q_norm is not None:  # each head normalized on its own, before rope
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -102,13 +111,13 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = rms_norm(config, config.hidden_size)
         self.self_attn = LlamaAttention(config, dtype, local)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = rms_norm(config, config.hidden_size)
         self.mlp = LlamaMLP(config, dtype)
         sandwich = config.sandwich_norms
-        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
-        self.post_mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if sandwich else None
+        self.post_attention_norm = rms_norm(config, config.hidden_size) if sandwich else None
+        self.post_mlp_norm = rms_norm(config, config.hidden_size) if sandwich else None
 
     def forward(self, step: StepContext, hidden: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         attn = self.self_attn.forward(step, self.input_layernorm.forward(hidden), kv_cache)
@@ -139,7 +148,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, dtype, config.is_local(i)) for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = rms_norm(config, config.hidden_size)
         # with tied embeddings the head's weight is the embedding table itself (set in load_gguf)
         self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, dtype)
         # the quantized modes' embedding lookup, when the file's table is Q8_0: [T] ids -> float32 [T, hidden]
@@ -271,6 +280,10 @@ class LlamaForCausalLM(nn.Module):
                 rows = [unpermute_rope_rows(load(n), heads) if heads else load(n) for n, heads in sources]
                 label = " + ".join(n for n, _ in sources)
                 copy(getattr(parent, name).weight, torch.cat(rows) if len(rows) > 1 else rows[0], label)
+            if c.attention_bias:
+                names = [(n.replace(".weight", ".bias"), heads) for n, heads in self._projections(i, layer)[0][2]]
+                rows = [unpermute_rope_rows(load(n), heads) if heads else load(n) for n, heads in names]
+                copy(layer.self_attn.qkv_bias, torch.cat(rows), " + ".join(n for n, _ in names))
             norms = [(layer.input_layernorm, "attn_norm"), (layer.post_attention_layernorm, "ffn_norm")]
             if c.qk_norm:
                 norms += [(layer.self_attn.q_norm, "attn_q_norm"), (layer.self_attn.k_norm, "attn_k_norm")]

@@ -1,4 +1,5 @@
-"""Architecture name (GGUF `general.architecture`) -> model class, and building a loaded model."""
+"""Architecture name (GGUF `general.architecture`, or config.json's mapped by loader/hf_checkpoint.py) -> model
+class, and building a loaded model from either source."""
 
 from typing import TYPE_CHECKING
 
@@ -6,9 +7,9 @@ import torch
 from torch import nn
 
 from tokenmill.distributed.shard import ShardedGGUF, ShardPlan
-from tokenmill.errors import UnsupportedModelError
-from tokenmill.loader.gguf_file import GGUFFile
-from tokenmill.model.config import ModelConfig, model_config_from_gguf
+from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.loader.model_source import ModelSource
+from tokenmill.model.config import ModelConfig, model_config_from_source
 from tokenmill.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -18,11 +19,13 @@ if TYPE_CHECKING:
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "gemma3": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURES))
 
 
-def model_class_for(gguf: GGUFFile) -> type[nn.Module]:
+def model_class_for(gguf: ModelSource) -> type[nn.Module]:
     arch = gguf.architecture
     model_class = _ARCHITECTURES.get(arch)
     if model_class is None:
@@ -33,7 +36,7 @@ def model_class_for(gguf: GGUFFile) -> type[nn.Module]:
 
 
 def build_model(
-    gguf: GGUFFile,
+    gguf: ModelSource,
     dtype: torch.dtype,
     device: torch.device,
     quantization: str | None = None,
@@ -43,7 +46,8 @@ def build_model(
     With `parallel`, only this rank's shard of every weight is read and held. Returns the model and the whole
     model's config."""
     model_class = model_class_for(gguf)
-    config = model_config_from_gguf(gguf)
+    config = model_config_from_source(gguf)
+    check_tensor_shapes(gguf, config)  # before any weight is read
     if parallel is None:
         model = model_class(config, dtype)
     else:
@@ -55,3 +59,64 @@ def build_model(
     if quantization is not None:
         model.quantize(quantization, gguf)
     return model.to(device).eval(), config
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the shared decoder reads (GGUF names) and its logical shape (rows, columns)."""
+    c = config
+    q, kv, d = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (c.vocab_size, c.hidden_size),
+        "output_norm.weight": (c.hidden_size,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["output.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        p = f"blk.{i}."
+        shapes.update(
+            {
+                p + "attn_norm.weight": (c.hidden_size,),
+                p + "ffn_norm.weight": (c.hidden_size,),
+                p + "attn_q.weight": (q, c.hidden_size),
+                p + "attn_k.weight": (kv, c.hidden_size),
+                p + "attn_v.weight": (kv, c.hidden_size),
+                p + "attn_output.weight": (c.hidden_size, q),
+                p + "ffn_gate.weight": (c.intermediate_size, c.hidden_size),
+                p + "ffn_up.weight": (c.intermediate_size, c.hidden_size),
+                p + "ffn_down.weight": (c.hidden_size, c.intermediate_size),
+            }
+        )
+        if c.attention_bias:
+            shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
+        if c.qk_norm:
+            shapes.update({p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,)})
+        if c.sandwich_norms:
+            shapes.update(
+                {p + "post_attention_norm.weight": (c.hidden_size,), p + "post_ffw_norm.weight": (c.hidden_size,)}
+            )
+    return shapes
+
+
+def check_tensor_shapes(source: ModelSource, config: ModelConfig) -> None:
+    """Raise ModelFileError naming every missing tensor and every one of the wrong shape (at most a few of each)."""
+    missing, wrong = [], []
+    for name, shape in expected_tensor_shapes(config).items():
+        tensor = source.tensors.get(name)
+        if tensor is None:
+            missing.append(name)
+        elif tuple(tensor.shape) != shape:
+            wrong.append(f"{name} is {tuple(tensor.shape)}, expected {shape}")
+    if missing or wrong:
+        parts = []
+        if missing:
+            parts.append(
+                f"{len(missing)} tensors missing ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})"
+            )
+        if wrong:
+            parts.append(f"{len(wrong)} of the wrong shape ({'; '.join(wrong[:4])}{'; ...' if len(wrong) > 4 else ''})")
+        raise ModelFileError(
+            f"{source.path}: does not match its own {config.architecture} config "
+            f"(hidden {config.hidden_size}, {config.num_layers} layers, {config.num_heads} heads of {config.head_dim}, "
+            f"{config.num_kv_heads} KV heads, MLP {config.intermediate_size}, vocabulary {config.vocab_size}): "
+            + "; ".join(parts)
+        )

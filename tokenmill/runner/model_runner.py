@@ -20,7 +20,7 @@ import torch
 from tokenmill import native
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
 from tokenmill.layers.native_decode import NativeLlamaDecoder
-from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.model_source import ModelSource
 from tokenmill.model import ModelConfig, build_model
 from tokenmill.model.llama import LlamaForCausalLM
 
@@ -64,7 +64,7 @@ class StepOutput:
 class ModelRunner:
     def __init__(
         self,
-        gguf: GGUFFile,
+        gguf: ModelSource,
         dtype: torch.dtype,
         device: torch.device,
         block_size: int,
