@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.gguf_builder import TinyLlama, write_tiny_llama
 from tests.test_quantized import q4_1_grid_weight
 from tokenmill import native
-from tokenmill.layers.quantized_linear import Q4Linear, Q8Head
+from tokenmill.layers.quantized_linear import Q4Linear, Q8Linear
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 
@@ -94,7 +94,7 @@ def test_q8_head_computes_with_two_pass_int8_activations(rows: int, out_features
     d = (torch.rand(out_features, 4, 1, generator=g) * 0.02).half().float()
     w = (codes * d).reshape(out_features, 128)
     x = torch.randn(rows, 128, generator=g) * torch.linspace(0.1, 4.0, 128)
-    out = Q8Head(w, lib)(x)
+    out = Q8Linear(w, lib)(x)
     assert out.shape == (rows, out_features)
     assert_two_pass_int8_product(out, x, w)
 

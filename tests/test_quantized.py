@@ -14,7 +14,7 @@ from tokenmill.layers.quantized_linear import (
     Int4Linear,
     Int8Linear,
     Q8Embedding,
-    Q8Head,
+    Q8Linear,
     four_bit_linear,
     q8_blocks_from_gguf,
 )
@@ -66,10 +66,10 @@ def test_auto_linear_is_dense_for_any_rows_and_keeps_4bit_weights_for_the_native
         x = torch.randn(rows, 128)
         dense = F.linear(x.bfloat16(), w.bfloat16()).float() if dense_bfloat16 else F.linear(x, w)
         assert torch.equal(auto(x), dense)
-    assert (auto.q4 is not None) == (native.load() is not None)
-    if auto.q4 is not None:
+    assert (auto.packed is not None) == (native.load() is not None)
+    if auto.packed is not None:
         x = torch.randn(3, 128)
-        assert torch.equal(auto.q4(x), four_bit_linear(w)(x))
+        assert torch.equal(auto.packed(x), four_bit_linear(w)(x))
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ def test_a_tied_q8_head_gives_the_embedding_rows(bundled_path) -> None:
     t = GGUFFile(bundled_path).tensor("token_embd.weight")
     table = dequantize(t.data, t.ggml_type, t.shape)
     blocks = q8_blocks_from_gguf(torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type)
-    head = Q8Head(table, lib, blocks)
+    head = Q8Linear(table, lib, blocks)
     ids = torch.tensor([0, 15, 16, 2020, 49151, 2020])
     assert torch.equal(head.rows(ids), table[ids])
     llm = LLM(quantization="auto")

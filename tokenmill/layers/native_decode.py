@@ -1,4 +1,6 @@
-"""Generated tokens of a llama-style model through the native decoder (tokenmill/native/q4_kernels.c).
+"""Generated tokens of the shared decoder's models through the native decoder (tokenmill/native/q4_kernels.c):
+llama's layers and what other architectures declare (QK-norm, sandwich norms, GeGLU, sliding-window layers
+with their own rope base); Q/K/V biases take the torch path.
 
 In a float32 model with 4-bit projections (`int4` and `auto`), the runner sends every generated token of a step
 here, one row each (a row attends to its own context, so several rows of one sequence, as after a preemption,
@@ -14,17 +16,18 @@ import torch
 
 from tokenmill.distributed.shm import CollectiveError
 from tokenmill.layers.attention import AttentionMetadata
-from tokenmill.layers.quantized_linear import NATIVE_GROUP, Q4Linear
+from tokenmill.layers.quantized_linear import NATIVE_GROUP, Q4Linear, Q8Linear
 from tokenmill.native import REDUCE_FN
 
 
-class Q4Weight(ctypes.Structure):
+class PackedWeight(ctypes.Structure):
     _fields_ = [
         ("qs", ctypes.c_void_p),
         ("d", ctypes.c_void_p),
         ("m", ctypes.c_void_p),
         ("n", ctypes.c_int64),
         ("k", ctypes.c_int64),
+        ("bits", ctypes.c_int64),
     ]
 
 
@@ -32,22 +35,37 @@ class LlamaLayer(ctypes.Structure):
     _fields_ = [
         ("norm1", ctypes.c_void_p),
         ("norm2", ctypes.c_void_p),
-        ("qkv", Q4Weight),
-        ("o", Q4Weight),
-        ("gate_up", Q4Weight),
-        ("down", Q4Weight),
+        ("qkv", PackedWeight),
+        ("o", PackedWeight),
+        ("gate_up", PackedWeight),
+        ("down", PackedWeight),
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("post_attn_norm", ctypes.c_void_p),
+        ("post_mlp_norm", ctypes.c_void_p),
+        ("window", ctypes.c_int64),
+        ("local_rope", ctypes.c_int64),
     ]
 
 
-def _q4(layer: torch.nn.Module) -> Q4Weight:
-    q = getattr(layer, "q4", layer)
-    if not isinstance(q, Q4Linear):
-        raise ValueError("the native decoder needs 4-bit (Q4Linear) projections")
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # q4_kernels.c's TM_SILU, TM_GELU_TANH
+
+
+def _pointer(norm: torch.nn.Module | None) -> int | None:
+    return None if norm is None else norm.weight.data_ptr()
+
+
+def _packed(layer: torch.nn.Module) -> PackedWeight:
+    q = getattr(layer, "packed", layer)
+    if q.__class__ not in (Q4Linear, Q8Linear):
+        raise ValueError("the native decoder needs 4-bit or 8-bit (Q4Linear, Q8Linear) projections")
     if q.out_features % NATIVE_GROUP:
         raise ValueError(f"the native decoder needs output sizes in multiples of {NATIVE_GROUP}")
-    return Q4Weight(q.qs.data_ptr(), q.scale.data_ptr(), q.low.data_ptr(), q.out_features, q.in_features)
+    if isinstance(q, Q8Linear):
+        return PackedWeight(q.qs.data_ptr(), q.scale.data_ptr(), None, q.out_features, q.in_features, 8)
+    return PackedWeight(q.qs.data_ptr(), q.scale.data_ptr(), q.low.data_ptr(), q.out_features, q.in_features, 4)
 
 
 class NativeLlamaDecoder:
@@ -57,7 +75,7 @@ class NativeLlamaDecoder:
         c = model.config
         self.projections = [
             [
-                _q4(m)
+                _packed(m)
                 for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             ]
             for layer in model.layers
@@ -66,7 +84,15 @@ class NativeLlamaDecoder:
         self.eps = c.rms_norm_eps
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.scale = c.softmax_scale
-        self.ok = c.is_plain_llama and c.rotary_dim == c.head_dim and c.head_dim <= 512 and model.dtype == torch.float32
+        # every architecture of the shared decoder but one with Q/K/V biases (Qwen2: the torch path)
+        self.ok = (
+            not c.attention_bias
+            and c.activation in ACTIVATION_CODES
+            and c.rotary_dim == c.head_dim
+            and c.head_dim <= 512
+            and model.dtype == torch.float32
+        )
+        self.activation = ACTIVATION_CODES.get(c.activation, -1)
         # under tensor parallelism, the sum over ranks after each row-parallel projection, called from the native
         # loop; an exception there is kept and raised once the call returns (ctypes cannot carry it through C)
         parallel = getattr(model, "parallel", None)
@@ -91,7 +117,9 @@ class NativeLlamaDecoder:
     def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Record every layer's weights and cache tensors in the table the native code walks."""
         rows = []
+        c = self.model.config
         for layer, (qkv, o, gate_up, down), (k, v) in zip(self.model.layers, self.projections, kv_caches, strict=True):
+            attn = layer.self_attn
             rows.append(
                 LlamaLayer(
                     layer.input_layernorm.weight.data_ptr(),
@@ -102,6 +130,12 @@ class NativeLlamaDecoder:
                     down,
                     k.data_ptr(),
                     v.data_ptr(),
+                    _pointer(attn.q_norm),
+                    _pointer(attn.k_norm),
+                    _pointer(layer.post_attention_norm),
+                    _pointer(layer.post_mlp_norm),
+                    c.sliding_window if attn.local else 0,
+                    int(attn.local and self.model.local_rotary is not self.model.rotary),
                 )
             )
         self.table = (LlamaLayer * len(rows))(*rows)
@@ -117,6 +151,9 @@ class NativeLlamaDecoder:
         d = meta.decode
         hidden = model.embed(input_ids).float().contiguous()  # [M, hidden], updated in place
         cos, sin = model.rotary.cos_full[positions], model.rotary.sin_signed[positions]  # [M, D], contiguous
+        local_cos, local_sin = cos, sin
+        if model.local_rotary is not model.rotary:  # local layers' own rope base (Gemma)
+            local_cos, local_sin = model.local_rotary.cos_full[positions], model.local_rotary.sin_signed[positions]
         slots = meta.slot_mapping.contiguous()
         ctx_slots = d.kv_index.contiguous()  # [M * max_ctx]
         ctx_lens = d.context_lens.contiguous()
@@ -129,6 +166,8 @@ class NativeLlamaDecoder:
             ctypes.c_float(self.eps),
             ctypes.c_void_p(cos.data_ptr()),
             ctypes.c_void_p(sin.data_ptr()),
+            ctypes.c_void_p(local_cos.data_ptr()),
+            ctypes.c_void_p(local_sin.data_ptr()),
             ctypes.c_void_p(slots.data_ptr()),
             ctypes.c_void_p(ctx_slots.data_ptr()),
             ctypes.c_void_p(ctx_lens.data_ptr()),
@@ -137,6 +176,7 @@ class NativeLlamaDecoder:
             ctypes.c_int64(self.kv_heads),
             ctypes.c_int64(self.dim),
             ctypes.c_float(self.scale),
+            ctypes.c_int64(self.activation),
             self._reduce,
             ctypes.c_void_p(self._reduce_ctx),
         )

@@ -1,7 +1,8 @@
 """Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
 
-- Q4Linear / Q8Head: tokenmill's native kernels (tokenmill/native/q4_kernels.c): GGUF's Q4_1 and Q8_0 blocks
-  as the file has them, multiplied with integer dot products; activations are quantized per block of 32 in two
+- Q4Linear / Q8Linear: tokenmill's native kernels (tokenmill/native/q4_kernels.c): GGUF's Q4_1 and Q8_0 blocks
+  as the file has them (Q4_0 and Q4_K converted exactly, up to half-float rounding of Q4_K's sub-block scales),
+  multiplied with integer dot products; activations are quantized per block of 32 in two
   int8 passes (error below 1/64,516 of the block's largest value): on the references, all 32 greedy tokens
   of HF float32 and top-10 log-probabilities within 0.0033, where one int8 pass, as llama.cpp's, kept 3 to 32
   tokens and moved the log-probabilities by 0.1-0.24 (benchmarks/activation_quantization.py).
@@ -30,6 +31,7 @@ from torch import nn
 
 from tokenmill import native
 from tokenmill.layers.linear import dense_linear
+from tokenmill.loader.dequantize import k_scales_mins
 
 INT4_GROUP_SIZE = 32
 
@@ -55,9 +57,22 @@ Q8Blocks = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [out, in], half-floa
 
 
 def q4_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q4Blocks | None:
-    """Raw rows of a Q4_1 or Q4_0 tensor ([rows, bytes], as stored) -> blocks, with no arithmetic on weights:
-    Q4_1 is (d, m, 16 bytes of codes) per block, Q4_0 is (d, codes) with m = -8 d."""
+    """Raw rows of a Q4_1, Q4_0 or Q4_K tensor ([rows, bytes], as stored) -> blocks: Q4_1 is (d, m, 16 bytes of
+    codes) per block, Q4_0 is (d, codes) with m = -8 d; Q4_K's 256-weight super-blocks are 8 blocks of 32 with
+    w = (d * sc) * code - dmin * mn, i.e. Q4_1 blocks of scale d * sc and minimum -dmin * mn, which are rounded to
+    half floats (relative error below 2^-11; the codes are the file's)."""
     rows = raw.shape[0]
+    if ggml_type == GGMLQuantizationType.Q4_K:
+        b = raw.reshape(-1, 144)  # [super-blocks, 144]: d, dmin, 12 bytes of 6-bit scales and mins, 128 of codes
+        d, dmin = b[:, 0:2].contiguous().view(torch.float16).float(), b[:, 2:4].contiguous().view(torch.float16).float()
+        sc, mn = k_scales_mins(b[:, 4:16])  # [super-blocks, 8] each
+        # code bytes j*32 .. j*32+31 hold block 2j in their low nibbles and block 2j+1 in their high ones
+        qs = b[:, 16:].reshape(-1, 4, 1, 32)
+        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 8, 32)  # [super-blocks, 8, 32]
+        packed = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(rows, -1, 16)
+        scale = (d * sc.float()).half().reshape(rows, -1)
+        low = (-(dmin * mn.float())).half().reshape(rows, -1)
+        return packed.contiguous(), scale, low
     if ggml_type == GGMLQuantizationType.Q4_1:
         b = raw.reshape(rows, -1, 20)
         return b[..., 4:].contiguous(), _half(b[..., 0:2]), _half(b[..., 2:4])
@@ -140,11 +155,12 @@ class Q4Linear(nn.Module):
         return out.to(x.dtype)
 
 
-class Q8Head(nn.Module):
-    """The LM head as GGUF's Q8_0 (int8 codes, one half-float scale per 32 inputs; exact for a Q8_0 embedding, as
-    the bundled model's is) through the native kernel, activations quantized as Q4Linear's: 30 MB read per
-    decoded token instead of 113. The kernel's layout interleaves 16 output rows (a partial last group is
-    padded with zero rows)."""
+class Q8Linear(nn.Module):
+    """8-bit weights as GGUF's Q8_0 (int8 codes, one half-float scale per 32 inputs) through the native kernel,
+    activations quantized as Q4Linear's. The quantized modes' LM head (exact for a Q8_0 embedding, as the bundled
+    model's is: 30 MB read per decoded token instead of 113), and `auto`'s projections whose file type is finer
+    than 4 bits (Q5_0, Q6_K, Q8_0: Gemma 3's). The kernel's layout interleaves 16 output rows (a partial last
+    group is padded with zero rows)."""
 
     def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
         super().__init__()
@@ -251,15 +267,26 @@ def cpu_has_native_bfloat16() -> bool:
 
 class AutoLinear(nn.Module):
     """`auto`'s projection: a dense weight for the torch path, which computes prompt tokens (bfloat16 where the
-    CPU has it in hardware, float32 elsewhere), and the 4-bit weight (`q4`, where the native kernels are built)
-    that the native decoder reads for generated tokens. Which kernel computes a token depends only on whether
-    it is a prompt token or a generated one, never on how many rows its step has: a request's numbers do not
-    depend on what else is in the batch."""
+    CPU has it in hardware, float32 elsewhere), and the 4-bit (or 8-bit) weight (`packed`, where the native
+    kernels are built) that the native decoder reads for generated tokens. Which kernel computes a token depends
+    only on whether it is a prompt token or a generated one, never on how many rows its step has: a request's
+    numbers do not depend on what else is in the batch."""
 
-    def __init__(self, weight: torch.Tensor, dense_bfloat16: bool | None = None, blocks: Q4Blocks | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        dense_bfloat16: bool | None = None,
+        blocks: Q4Blocks | None = None,
+        eight_bit: Q8Blocks | bool = False,
+    ):
+        """`eight_bit`: the native decoder's weight in 8 bits (the file's Q8_0 blocks, or True to quantize)."""
         super().__init__()
         lib = native.load()
-        self.q4 = Q4Linear(weight, lib, blocks) if lib is not None else None
+        self.packed: Q4Linear | Q8Linear | None = None
+        if lib is not None and eight_bit is not False:
+            self.packed = Q8Linear(weight, lib, None if eight_bit is True else eight_bit)
+        elif lib is not None:
+            self.packed = Q4Linear(weight, lib, blocks)
         use_bf16 = cpu_has_native_bfloat16() if dense_bfloat16 is None else dense_bfloat16
         self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
         self.register_buffer("dense", weight.to(self.dense_dtype).contiguous(), persistent=False)
@@ -286,7 +313,7 @@ class BFloat16Head(nn.Module):
 def quantized_head(weight: torch.Tensor, blocks: Q8Blocks | None = None) -> nn.Module:
     """The LM head of the quantized modes: Q8_0 through the native kernel, else bfloat16."""
     lib = native.load()
-    return Q8Head(weight, lib, blocks) if lib is not None else BFloat16Head(weight)
+    return Q8Linear(weight, lib, blocks) if lib is not None else BFloat16Head(weight)
 
 
 def four_bit_linear(weight: torch.Tensor, blocks: Q4Blocks | None = None) -> nn.Module:
@@ -295,12 +322,15 @@ def four_bit_linear(weight: torch.Tensor, blocks: Q4Blocks | None = None) -> nn.
     return Q4Linear(weight, lib, blocks) if lib is not None else Int4Linear(weight)
 
 
-def quantized_linear(weight: torch.Tensor, mode: str, blocks: Q4Blocks | None = None) -> nn.Module:
-    """`blocks`: the GGUF file's own 4-bit blocks for this weight, when it has them."""
+def quantized_linear(
+    weight: torch.Tensor, mode: str, blocks: Q4Blocks | None = None, eight_bit: Q8Blocks | bool = False
+) -> nn.Module:
+    """`blocks`: the GGUF file's own 4-bit blocks for this weight, when it has them. `eight_bit` (auto only): the
+    file stores this weight finer than 4 bits; its 8-bit blocks when they are Q8_0, else True."""
     if mode == "int8":
         return Int8Linear(weight)
     if mode == "int4":
         return four_bit_linear(weight, blocks)
     if mode == "auto":
-        return AutoLinear(weight, blocks=blocks)
+        return AutoLinear(weight, blocks=blocks, eight_bit=eight_bit)
     raise ValueError(f"unknown quantization mode {mode!r}")

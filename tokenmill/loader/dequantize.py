@@ -71,7 +71,7 @@ def _q5_1(blocks: torch.Tensor) -> torch.Tensor:
     return d * q.float() + m
 
 
-def _k_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 12 packed bytes of Q4_K/Q5_K -> 8 six-bit scales and 8 six-bit mins, each uint8 [n, 8]."""
     n = scales.shape[0]
     s = scales.reshape(n, 3, 4)
@@ -84,7 +84,7 @@ def _k_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
-    sc, mn = _k_scales_mins(blocks[:, 4:16])
+    sc, mn = k_scales_mins(blocks[:, 4:16])
     d_sub = (d * sc.float()).reshape(n, 8, 1)
     m_sub = (dmin * mn.float()).reshape(n, 8, 1)
     qs = blocks[:, 16:].reshape(n, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
@@ -95,7 +95,7 @@ def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
 def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
     d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
-    sc, mn = _k_scales_mins(blocks[:, 4:16])
+    sc, mn = k_scales_mins(blocks[:, 4:16])
     d_sub = (d * sc.float()).reshape(n, 8, 1)
     m_sub = (dmin * mn.float()).reshape(n, 8, 1)
     qh = blocks[:, 16:48].reshape(n, 1, 1, 32) >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)

@@ -44,18 +44,6 @@ class ModelConfig:
     def softmax_scale(self) -> float:
         return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
-    @property
-    def is_plain_llama(self) -> bool:
-        """No difference from llama: what the native decoder implements."""
-        return (
-            self.activation == "silu"
-            and not self.qk_norm
-            and not self.sandwich_norms
-            and self.embedding_scale is None
-            and self.sliding_window is None
-            and not self.attention_bias
-        )
-
 
 def model_config_from_source(source: "GGUFFile | HFCheckpoint") -> ModelConfig:
     """The config of a GGUF file or a Hugging Face checkpoint (model/hf_config.py)."""

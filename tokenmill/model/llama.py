@@ -20,8 +20,9 @@ from tokenmill.layers.attention import AttentionMetadata, paged_attention, windo
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.quantized_linear import (
+    Q8Blocks,
     Q8Embedding,
-    Q8Head,
+    Q8Linear,
     q4_blocks_from_gguf,
     q8_blocks_from_gguf,
     quantized_head,
@@ -35,6 +36,8 @@ from tokenmill.model.config import ModelConfig
 if TYPE_CHECKING:
     from tokenmill.distributed.group import ParallelGroup
 
+# file types whose weights `auto` keeps in 8 bits for the native decoder (4 bits would lose what they hold)
+FINER_THAN_4_BITS = frozenset(GGMLQuantizationType[name] for name in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"))
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
 
@@ -202,8 +205,10 @@ class LlamaForCausalLM(nn.Module):
 
     def quantize(self, mode: str, gguf: GGUFFile) -> None:
         """Replace every projection by a quantized layer and the LM head by an 8-bit (or bfloat16) one; the
-        embedding lookup stays as it is. Where the file stores a weight as Q4_0/Q4_1 (Q8_0 for the head), its own
-        blocks are taken as they are: no re-quantization."""
+        embedding lookup stays as it is. Where the file stores a weight as Q4_0/Q4_1/Q4_K (Q8_0 for the head), its
+        own blocks are taken (no re-quantization). Under `auto`, a weight the file stores finer than 4 bits
+        (Q5_0, Q5_K, Q6_K, Q8_0) is decoded from 8-bit blocks: re-quantized to 4 bits, Gemma 3's agreed with HF
+        float32 for 1-5 greedy tokens instead of 32 (benchmarks/gemma_quantization.py)."""
 
         def raw(name: str) -> tuple[torch.Tensor, GGMLQuantizationType]:
             t = gguf.tensor(name)
@@ -214,7 +219,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = quantized_head(self.lm_head.weight.data, head_blocks)
         # a Q8_0 table is looked up from its blocks (the same values in a quarter of the memory); a tied one from
         # the head's own codes, which are the file's
-        if self.config.tie_word_embeddings and head_blocks is not None and isinstance(self.lm_head, Q8Head):
+        if self.config.tie_word_embeddings and head_blocks is not None and isinstance(self.lm_head, Q8Linear):
             self.token_rows = self.lm_head.rows
         elif (embedding_blocks := q8_blocks_from_gguf(*raw("token_embd.weight"))) is not None:
             self.token_rows = Q8Embedding(*embedding_blocks)
@@ -227,9 +232,15 @@ class LlamaForCausalLM(nn.Module):
                     data, ggml_type = raw(tensor_name)
                     rows.append(unpermute_rope_rows(data, heads) if heads else data)
                     types.add(ggml_type)
-                blocks = q4_blocks_from_gguf(torch.cat(rows), types.pop()) if len(types) == 1 else None
+                one_type = next(iter(types)) if len(types) == 1 else None  # raw rows of mixed types do not stack
+                blocks = q4_blocks_from_gguf(torch.cat(rows), one_type) if one_type is not None else None
+                eight_bit: Q8Blocks | bool = False
+                if mode == "auto" and types & FINER_THAN_4_BITS:
+                    eight_bit = True
+                    if one_type == GGMLQuantizationType.Q8_0:
+                        eight_bit = q8_blocks_from_gguf(torch.cat(rows), one_type) or True
                 weight = getattr(parent, name).weight.data
-                setattr(parent, name, quantized_linear(weight, mode, blocks))
+                setattr(parent, name, quantized_linear(weight, mode, blocks, eight_bit))
 
     # ---- weights -------------------------------------------------------------------------------------------------
 

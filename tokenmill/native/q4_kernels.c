@@ -374,11 +374,12 @@ static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64
 /* ---- the products: row groups over the threads, up to ROWS_PER_PASS activation rows per pass ------------- */
 
 typedef struct {
-    const uint8_t *qs; /* [n/16, k/32, 256] interleaved codes */
+    const uint8_t *qs; /* [n/16, k/32, 256] interleaved 4-bit codes (tm_q4_interleave), or 512 int8 codes (8 bits) */
     const uint16_t *d; /* [n/16, k/32, 16] block scales (half floats) */
-    const uint16_t *m; /* [n/16, k/32, 16] block minimums (half floats) */
+    const uint16_t *m; /* [n/16, k/32, 16] block minimums (half floats); NULL for 8 bits */
     int64_t n, k;      /* output (a multiple of 16) and input features */
-} tm_q4_weight;
+    int64_t bits;      /* 4 (Q4_1's scheme) or 8 (Q8_0's) */
+} tm_packed_weight;
 
 /* one pass over one group for `bits`-bit weights (4: Q4_1 with minimums mg, 8: Q8_0), with a constant row count
  * in each call so that q4_group and q8_group unroll */
@@ -473,9 +474,16 @@ static void rope_head(float *x, const float *cos_full, const float *sin_signed, 
 
 typedef struct {
     const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
-    tm_q4_weight qkv, o, gate_up, down;          /* projections (gate_up: gate rows, then up rows) */
+    tm_packed_weight qkv, o, gate_up, down;          /* projections (gate_up: gate rows, then up rows) */
     float *k_cache, *v_cache;                    /* [slots, kv_heads, dim] */
+    /* what other architectures add (NULL / 0: llama's) */
+    const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
+    int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
+    int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
 } tm_llama_layer;
+
+enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation */
 
 /* sums the n floats at x over the tensor-parallel ranks in place (ctx: the caller's state, say a shared-memory
  * group); returns 0, or not 0 when the collective failed */
@@ -487,9 +495,9 @@ typedef struct {
 } tm_scratch;
 
 /* y = x @ w.T through the scratch's quantized activations */
-static void project(const float *x, int64_t m, const tm_q4_weight *w, const tm_scratch *s, float *y) {
+static void project(const float *x, int64_t m, const tm_packed_weight *w, const tm_scratch *s, float *y) {
     quantize_rows(x, m, w->k, &s->qx);
-    grouped_matmul(&s->qx, m, w->k, 4, w->qs, w->d, w->m, w->n, y);
+    grouped_matmul(&s->qx, m, w->k, (int)w->bits, w->qs, w->d, w->m, w->n, y);
 }
 
 #if defined(__AVX512F__)
@@ -587,9 +595,9 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
 static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
                         const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
                         const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
-                        int64_t kv_heads, int64_t dim, float scale, tm_reduce_fn reduce, void *reduce_ctx,
-                        const tm_scratch *s) {
-    const tm_q4_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
+                        int64_t kv_heads, int64_t dim, float scale, int64_t activation, tm_reduce_fn reduce,
+                        void *reduce_ctx, const tm_scratch *s) {
+    const tm_packed_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
     const float *norm1 = layer->norm1, *norm2 = layer->norm2;
     float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
     const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = gate_up->n / 2;
@@ -599,6 +607,11 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
     project(x, m, qkv, s, qkv_out);
     for (int64_t t = 0; t < m; ++t) {
         float *row = qkv_out + t * qkv->n;
+        if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
+            for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
+            for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
+                rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
+        }
         for (int64_t hd = 0; hd < heads + kv_heads; ++hd) rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
         memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
         memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
@@ -606,15 +619,20 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
     const int64_t group = heads / kv_heads;
 #pragma omp parallel for schedule(static)
     for (int64_t th = 0; th < m * heads; ++th) {
-        const int64_t t = th / heads, hd = th % heads, kvh = hd / group, n_ctx = ctx_lens[t];
+        const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
+        /* a local layer's query sees the last `window` slots of its context (its own position last) */
+        const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
+        const int64_t n_ctx = ctx_lens[t] - skip;
         const float *q = qkv_out + t * qkv->n + hd * dim;
         float *sc = scores + th * max_ctx;
-        const int64_t *slots = ctx_slots + t * max_ctx;
+        const int64_t *slots = ctx_slots + t * max_ctx + skip;
         qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
         softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
     }
     project(attn, m, o, s, delta);
     if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
+    if (layer->post_attn_norm)
+        for (int64_t t = 0; t < m; ++t) rms_norm(delta + t * h, layer->post_attn_norm, eps, h, delta + t * h);
 #pragma omp simd
     for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
     /* MLP block */
@@ -623,11 +641,21 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
     for (int64_t t = 0; t < m; ++t) {
         const float *g = gu + t * gate_up->n, *u = g + inter;
         float *a = x + t * inter;
+        if (activation == TM_GELU_TANH) {
 #pragma omp simd
-        for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            for (int64_t i = 0; i < inter; ++i) {
+                const float v = g[i];
+                a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+            }
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        }
     }
     project(x, m, down, s, delta);
     if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
+    if (layer->post_mlp_norm)
+        for (int64_t t = 0; t < m; ++t) rms_norm(delta + t * h, layer->post_mlp_norm, eps, h, delta + t * h);
 #pragma omp simd
     for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
     return 0;
@@ -635,16 +663,21 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
 
 /* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
  * shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
- * place, with `reduce_ctx`. Returns 0, or a negative code on bad sizes or exhausted memory (-2) or a failed reduce (-3). */
+ * place, with `reduce_ctx`. cos_full/sin_signed: [m, dim] rope tables of the rows' positions; local_cos_full and
+ * local_sin_signed those of the layers with local_rope set (may be the same). activation: TM_SILU or TM_GELU_TANH.
+ * Returns 0, or a negative code on bad sizes or exhausted memory (-2) or a failed reduce (-3). */
 int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
-                    const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
-                    const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
-                    int64_t kv_heads, int64_t dim, float scale, tm_reduce_fn reduce, void *reduce_ctx) {
-    if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads) return -1;
+                    const float *cos_full, const float *sin_signed, const float *local_cos_full,
+                    const float *local_sin_signed, const int64_t *slot_mapping, const int64_t *ctx_slots,
+                    const int64_t *ctx_lens, int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim,
+                    float scale, int64_t activation, tm_reduce_fn reduce, void *reduce_ctx) {
+    if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads || (activation != TM_SILU && activation != TM_GELU_TANH))
+        return -1;
     for (int64_t l = 0; l < n_layers; ++l) {
-        const tm_q4_weight *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
+        const tm_packed_weight *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
         for (int i = 0; i < 4; ++i)
-            if (w[i]->n % GROUP || w[i]->k % QK) return -1;
+            if (w[i]->n % GROUP || w[i]->k % QK || (w[i]->bits != 4 && w[i]->bits != 8) || (w[i]->bits == 4 && !w[i]->m))
+                return -1;
     }
     const int64_t inter = layers[0].gate_up.n / 2;
     int64_t widest = h > inter ? h : inter;
@@ -659,8 +692,9 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
     int rc = qx_alloc(&s.qx, m, widest);
     if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
     for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
-        rc = decode_layer(hidden, m, h, &layers[l], eps, cos_full, sin_signed, slot_mapping, ctx_slots, ctx_lens,
-                          max_ctx, heads, kv_heads, dim, scale, reduce, reduce_ctx, &s);
+        rc = decode_layer(hidden, m, h, &layers[l], eps, layers[l].local_rope ? local_cos_full : cos_full,
+                          layers[l].local_rope ? local_sin_signed : sin_signed, slot_mapping, ctx_slots, ctx_lens,
+                          max_ctx, heads, kv_heads, dim, scale, activation, reduce, reduce_ctx, &s);
     free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
     qx_free(&s.qx);
     return rc;
