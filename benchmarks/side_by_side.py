@@ -1,12 +1,15 @@
 """tokenmill beside llama.cpp on the same GGUF, in one run, alternating, so both see the same machine state.
 
     .venv/bin/python benchmarks/side_by_side.py --peers-python .venv-peers/bin/python [--reps 3] [--with-hf]
+        [--no-gemma]
 
 Each repetition runs, in turn: the offline workload (tokenmill auto, tokenmill float32, llama.cpp), one request
 of 128 + 128 tokens, one 512-token prefill, and, for tokenmill, `serve` from start to ready plus a streaming load
-(`tokenmill bench serve`, 16 clients) with the server's peak resident memory. It prints every result as a JSON
-line, then the medians and the ratios as a markdown table for benchmarks/README.md: the ratio of the two
-medians, and the median of the ratios of each repetition ("paired"), the steadier one on a drifting machine.
+(`tokenmill bench serve`, 16 clients) with the server's peak resident memory; then, on Gemma 3 270M's GGUF
+(Q4_K_M), the offline workload and one request of 128 + 128 tokens, tokenmill auto beside llama.cpp. It prints
+every result as a JSON line, then the medians and the ratios as a markdown table for benchmarks/README.md: the
+ratio of the two medians, and the median of the ratios of each repetition ("paired"), the steadier one on a
+drifting machine.
 """
 
 import argparse
@@ -32,6 +35,12 @@ def model_path() -> str:
     from tokenmill.loader.model_path import bundled_model_path
 
     return str(bundled_model_path())
+
+
+def gemma_path() -> str:
+    from tokenmill.loader.model_path import gemma3_270m_path
+
+    return str(gemma3_270m_path())
 
 
 def run_json(cmd: list[str]) -> dict:
@@ -104,10 +113,13 @@ def main() -> None:
     parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--with-hf", action="store_true", help="also HF transformers, one request at a time")
+    parser.add_argument("--no-gemma", action="store_true", help="only the bundled model")
     args = parser.parse_args()
     model = model_path()
     tm = [str(BIN / "tokenmill"), "bench"]
     peer = [args.peers_python, str(ROOT / "benchmarks" / "peers" / "llamacpp_peer.py"), "--model", model]
+    gemma = None if args.no_gemma else gemma_path()
+    gemma_peer = [args.peers_python, str(ROOT / "benchmarks" / "peers" / "llamacpp_peer.py"), "--model", str(gemma)]
     runs: dict[str, list[dict]] = {}
 
     def add(name: str, result: dict) -> None:
@@ -129,6 +141,11 @@ def main() -> None:
         )
         add("prefill llama.cpp", run_json([*peer, "latency", "--input-len", "512", "--output-len", "1"]))
         add("serve auto", serve_run("auto"))
+        if gemma is not None:
+            add("gemma offline auto", run_json([*tm, "offline", "--model", gemma, "--quantization", "auto", "--json"]))
+            add("gemma offline llama.cpp", run_json([*gemma_peer, "offline"]))
+            add("gemma latency auto", run_json([*tm, "latency", "--model", gemma, "--quantization", "auto", "--json"]))
+            add("gemma latency llama.cpp", run_json([*gemma_peer, "latency"]))
     if args.with_hf:
         hf = [args.peers_python, str(ROOT / "benchmarks" / "peers" / "hf_peer.py"), "--model", model]
         add("latency hf", run_json(hf))
@@ -162,6 +179,22 @@ def main() -> None:
         ),
         ("serve: peak resident memory, MiB (auto)", median(runs["serve auto"], "peak_rss_mib"), None, ""),
     ]
+    if gemma is not None:
+        rows += [
+            versus(
+                "Gemma 3 270M offline-32 seconds (auto)",
+                "gemma offline auto",
+                "gemma offline llama.cpp",
+                "seconds",
+                lower_is_better=True,
+            ),
+            versus(
+                "Gemma 3 270M decode tok/s, 1 request, 128+128 (auto)",
+                "gemma latency auto",
+                "gemma latency llama.cpp",
+                "decode_tok_s",
+            ),
+        ]
     print()
     print(
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; {date.today()}; "

@@ -16,6 +16,7 @@ from tokenmill.layers.quantized_linear import (
     Q8Embedding,
     Q8Linear,
     four_bit_linear,
+    q4_blocks_from_gguf,
     q8_blocks_from_gguf,
 )
 from tokenmill.loader.dequantize import dequantize
@@ -143,3 +144,20 @@ def test_reduced_precision_products_run_with_few_row_counts(monkeypatch: pytest.
     seen.clear()
     linear.dense_linear(torch.randn(17, 32), w)
     assert seen == [17]
+
+
+def test_q4_k_becomes_4_bit_blocks_with_the_files_codes(gemma3_path) -> None:
+    """Q4_K super-blocks (8 blocks of 32 with 6-bit scales and minimums) are Q4_1 blocks: the file's codes, the
+    scales d * sc and minimums -dmin * mn rounded to half floats; dequantized, they differ from the file's values
+    by that rounding alone (relative 2^-11 of a block's range)."""
+    from gguf import GGMLQuantizationType
+
+    t = GGUFFile(gemma3_path).tensor("blk.0.attn_output.weight")
+    assert t.ggml_type == GGMLQuantizationType.Q4_K
+    packed, scale, low = q4_blocks_from_gguf(torch.from_numpy(np.array(t.data)), t.ggml_type)
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [rows, blocks, 32]
+    ours = (codes * scale.float().unsqueeze(-1) + low.float().unsqueeze(-1)).reshape(t.shape)
+    exact = dequantize(t.data, t.ggml_type, t.shape)
+    block_range = (15 * scale.float().abs() + low.float().abs()).repeat_interleave(32, dim=1)  # [rows, in]
+    assert ((ours - exact).abs() <= block_range * 2**-11).all()
+    assert (ours - exact).abs().max() > 0  # the rounding is real: not dequantized twice by the same code
