@@ -182,3 +182,24 @@ def test_native_decoder_computes_what_the_torch_path_does(gemma: LLM, gemma3_pat
     with_native = token_lists(int4.generate(prompts, params, use_tqdm=False))
     int4.engine.runner.native_decoder = None
     assert token_lists(int4.generate(prompts, params, use_tqdm=False)) == with_native
+
+
+@pytest.mark.slow
+def test_a_4000_token_sequence_holds_only_its_windows_blocks(gemma: LLM) -> None:
+    """The 15 local layers keep their K/V in a pool of their own, and a block goes back to it once it left the
+    512-token window: a 4,000-token sequence holds 251 blocks of the 3 global layers' pool but at most 33 of
+    the local one (one pool for all 18 layers: 251 blocks of every layer, 141 MiB against 39 MiB here)."""
+    engine = gemma.engine
+    wm = engine.window_manager
+    assert wm is not None and engine.runner.num_local_blocks == wm.num_blocks
+    ids = (long_prompt(gemma) * 4)[:4000]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_request("long", {"prompt_token_ids": ids}, params)
+    held = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        held += [(len(s.block_table), wm.held_blocks(s)) for s in engine.scheduler.running]
+    assert held[-1][0] == 251  # 4,003 tokens with K/V in the cache
+    assert max(local for _, local in held) <= 512 // 16 + 1
+    assert engine.stats()["kv_local_blocks_in_use"] == 0
+    engine.check_integrity()

@@ -117,16 +117,20 @@ def test_a_step_description_round_trips() -> None:
     chunks = [
         StepChunk([5, 6, 7], 0, [3], want_last_logits=False, want_all_logits=True, prompt_len=9),
         StepChunk([42], 17, [1, 2], prompt_len=None),
+        StepChunk([43], 40, [1, 2, 5], local_block_table=[-1, 9, 4]),  # a sliding-window pool's table
     ]
-    buffer = step_message.encode(Message(Kind.STEP, chunks=chunks, block_copies=[(4, 8)]))
+    message = Message(Kind.STEP, chunks=chunks, block_copies=[(4, 8)], local_block_copies=[(9, 3), (1, 2)])
+    buffer = step_message.encode(message)
     assert buffer.shape == (step_message.CAPACITY,) and buffer.dtype == torch.int32
     decoded = step_message.decode(buffer)
     assert decoded.kind == Kind.STEP and decoded.block_copies == [(4, 8)] and decoded.chunks == chunks
+    assert decoded.local_block_copies == [(9, 3), (1, 2)]
     long = [StepChunk(list(range(3000)), 0, list(range(200))), StepChunk(list(range(2000)), 0, [7])]
     big = step_message.encode(Message(Kind.STEP, chunks=long))
     assert big.shape[0] > step_message.CAPACITY  # sent in two broadcasts
     assert step_message.decode(big).chunks == long
-    assert step_message.decode(step_message.encode(Message(Kind.ALLOCATE, 512))).argument == 512
+    allocate = step_message.decode(step_message.encode(Message(Kind.ALLOCATE, 512, local_argument=96)))
+    assert (allocate.argument, allocate.local_argument) == (512, 96)
 
 
 # ---- three ranks against one ----------------------------------------------------------------------------------

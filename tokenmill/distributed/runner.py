@@ -38,6 +38,7 @@ class TensorParallelRunner:
         self.workers = workers  # None under torchrun, which owns the processes
         self.world_size = group.world_size
         self._pending_copies: list[tuple[int, int]] = []
+        self._pending_local_copies: list[tuple[int, int]] = []
         self.last_step_collective_s = 0.0  # the last step's time in collectives (rank 0's view)
         self._closed = False
 
@@ -59,19 +60,26 @@ class TensorParallelRunner:
         """Rank 0's part (its KV heads); every rank holds the same number of blocks."""
         return self.runner.kv_bytes_per_block()
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        step_message.send(self.group, Message(Kind.ALLOCATE, num_blocks))
-        self.runner.allocate_kv_cache(num_blocks)
+    @property
+    def num_local_layers(self) -> int:
+        return self.runner.num_local_layers
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def allocate_kv_cache(self, num_blocks: int, num_local_blocks: int = 0) -> None:
+        step_message.send(self.group, Message(Kind.ALLOCATE, num_blocks, local_argument=num_local_blocks))
+        self.runner.allocate_kv_cache(num_blocks, num_local_blocks)
+
+    def copy_blocks(self, copies: list[tuple[int, int]], local_copies: list[tuple[int, int]] = ()) -> None:
         self._pending_copies += copies  # sent with the next step's description
+        self._pending_local_copies += local_copies
 
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
         before = self.group.collective_seconds
         copies, self._pending_copies = self._pending_copies, []
+        local_copies, self._pending_local_copies = self._pending_local_copies, []
         try:
-            step_message.send(self.group, Message(Kind.STEP, chunks=chunks, block_copies=copies))
-            self.runner.copy_blocks(copies)
+            message = Message(Kind.STEP, chunks=chunks, block_copies=copies, local_block_copies=local_copies)
+            step_message.send(self.group, message)
+            self.runner.copy_blocks(copies, local_copies)
             out = self.runner.execute(chunks)
         except (RuntimeError, CollectiveError) as exc:  # gloo raises RuntimeError: a peer closed, or a timeout
             raise self._failure(exc) from exc

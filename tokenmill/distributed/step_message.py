@@ -1,7 +1,7 @@
 """Rank 0's messages to the other ranks, as one int32 buffer: a step's description (which tokens of which
-sequences at which positions, their block tables, the block copies before it), the KV cache's size, a ping or
-the end. A step is one broadcast of CAPACITY int32s (16 KiB) when its description fits, which a decode step of
-64 sequences or a 512-token prefill does; a longer one sends its remainder in a second broadcast.
+sequences at which positions, their block tables in each KV pool, the block copies before it), the KV cache's
+size, a ping or the end. A step is one broadcast of CAPACITY int32s (16 KiB) when its description fits, which a
+decode step of 64 sequences or a 512-token prefill does; a longer one sends its remainder in a second broadcast.
 """
 
 from dataclasses import dataclass, field
@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from tokenmill.distributed.group import ParallelGroup
 
 CAPACITY = 4096  # int32s in the first broadcast
-HEADER = 3  # kind, total length, argument
+HEADER = 4  # kind, total length, argument, local_argument
 
 
 class Kind(IntEnum):
     STEP = 1
-    ALLOCATE = 2  # argument: the number of KV blocks
+    ALLOCATE = 2  # argument: the number of KV blocks; local_argument: those of the sliding-window layers' pool
     PING = 3  # a step with no tokens: rank 0 checks that every rank still answers
     SHUTDOWN = 4
 
@@ -32,24 +32,30 @@ class Message:
     argument: int = 0
     chunks: list[StepChunk] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    local_argument: int = 0
+    local_block_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 def encode(message: Message) -> torch.Tensor:
     """-> int32 [max(CAPACITY, length)]: header, then for a step the copies and every chunk."""
     body: list[int] = []
     if message.kind == Kind.STEP:
-        body += [len(message.chunks), len(message.block_copies)]
-        for src, dst in message.block_copies:
+        body += [len(message.chunks), len(message.block_copies), len(message.local_block_copies)]
+        for src, dst in message.block_copies + message.local_block_copies:
             body += [src, dst]
         for c in message.chunks:
             flags = int(c.want_last_logits) | int(c.want_all_logits) << 1
             prompt_len = -1 if c.prompt_len is None else c.prompt_len
+            local = c.local_block_table
             body += [len(c.token_ids), c.start_position, prompt_len, flags, len(c.block_table)]
+            body += [-1 if local is None else len(local)]
             body += c.token_ids
             body += c.block_table
+            body += local or []
     length = HEADER + len(body)
     buffer = torch.zeros(max(CAPACITY, length), dtype=torch.int32)
-    buffer[:length] = torch.tensor([int(message.kind), length, message.argument, *body], dtype=torch.int32)
+    header = [int(message.kind), length, message.argument, message.local_argument]
+    buffer[:length] = torch.tensor([*header, *body], dtype=torch.int32)
     return buffer
 
 
@@ -60,24 +66,28 @@ def total_length(first: torch.Tensor) -> int:
 
 def decode(buffer: torch.Tensor) -> Message:
     values = buffer[: total_length(buffer)].tolist()
-    kind, _, argument = values[:HEADER]
-    message = Message(Kind(kind), argument)
+    kind, _, argument, local_argument = values[:HEADER]
+    message = Message(Kind(kind), argument, local_argument=local_argument)
     if message.kind != Kind.STEP:
         return message
-    num_chunks, num_copies = values[HEADER], values[HEADER + 1]
-    i = HEADER + 2
-    message.block_copies = [(values[i + 2 * j], values[i + 2 * j + 1]) for j in range(num_copies)]
-    i += 2 * num_copies
+    num_chunks, num_copies, num_local_copies = values[HEADER : HEADER + 3]
+    i = HEADER + 3
+    copies = [(values[i + 2 * j], values[i + 2 * j + 1]) for j in range(num_copies + num_local_copies)]
+    message.block_copies, message.local_block_copies = copies[:num_copies], copies[num_copies:]
+    i += 2 * (num_copies + num_local_copies)
     for _ in range(num_chunks):
-        n, start, prompt_len, flags, num_blocks = values[i : i + 5]
-        i += 5
+        n, start, prompt_len, flags, num_blocks, num_local = values[i : i + 6]
+        i += 6
         tokens, table = values[i : i + n], values[i + n : i + n + num_blocks]
         i += n + num_blocks
+        local = values[i : i + num_local] if num_local >= 0 else None
+        i += max(num_local, 0)
         message.chunks.append(
             StepChunk(
                 token_ids=tokens,
                 start_position=start,
                 block_table=table,
+                local_block_table=local,
                 want_last_logits=bool(flags & 1),
                 want_all_logits=bool(flags & 2),
                 prompt_len=None if prompt_len < 0 else prompt_len,

@@ -38,10 +38,10 @@ def serve_steps(runner: ModelRunner, group: ParallelGroup) -> int:
         message = step_message.receive(group, first)
         trimmer.maybe_release()
         if message.kind == Kind.STEP:
-            runner.copy_blocks(message.block_copies)
+            runner.copy_blocks(message.block_copies, message.local_block_copies)
             runner.execute(message.chunks)
         elif message.kind == Kind.ALLOCATE:
-            runner.allocate_kv_cache(message.argument)
+            runner.allocate_kv_cache(message.argument, message.local_argument)
         elif message.kind == Kind.PING:
             group.all_reduce(torch.zeros(1))
         else:

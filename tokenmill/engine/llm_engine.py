@@ -29,7 +29,7 @@ from tokenmill.runner.memory import bound_onednn_cache, release_free_memory
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 from tokenmill.tokenizer import ChatTemplate
@@ -87,18 +87,27 @@ class LLMEngine:
         else:
             self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
         self.model_config = self.runner.model_config
-        num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
+        num_blocks, num_local_blocks = self._kv_pools()
         cache_tokens = num_blocks * self.config.block_size
         try:
             self.max_model_len = self._max_model_len(cache_tokens)
-            self.runner.allocate_kv_cache(num_blocks)
+            self.runner.allocate_kv_cache(num_blocks, num_local_blocks)
         except BaseException:
             self.close()  # no worker rank outlives an engine that could not be built
             raise
         self.block_manager = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.window_manager: WindowBlockManager | None = None
+        if num_local_blocks:
+            self.window_manager = WindowBlockManager(
+                num_local_blocks,
+                self.config.block_size,
+                self.model_config.sliding_window,  # type: ignore[arg-type]
+                self.config.enable_prefix_caching,
+            )
         self.scheduler = Scheduler(
             SchedulerConfig(self.config.max_num_seqs, self.config.max_num_batched_tokens, self.max_model_len),
             self.block_manager,
+            self.window_manager,
         )
         self.sampler = Sampler(self.device)
         self.requests: dict[str, Request] = {}
@@ -118,10 +127,34 @@ class LLMEngine:
             self.load_seconds,
             num_blocks,
             self.config.block_size,
-            num_blocks * self.runner.kv_bytes_per_block() / 2**20,
+            self._kv_cache_bytes(num_blocks, num_local_blocks) / 2**20,
             self.max_model_len,
             cache_tokens / self.max_model_len,
         )
+
+    def _kv_pools(self) -> tuple[int, int]:
+        """(blocks of the full-attention layers' pool, blocks of the sliding-window layers' own pool or 0).
+
+        The memory is what one pool for every layer would take (runner/kv_cache.py). With sliding-window layers,
+        their pool holds what max_num_seqs sequences read in their windows plus a step's new tokens (at least
+        one sequence's), since their blocks go back once they leave the window; the rest of the memory goes to
+        the full-attention layers, whose blocks every position keeps."""
+        layers, local = self.model_config.num_layers, self.runner.num_local_layers
+        num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
+        if not local:
+            return num_blocks, 0
+        bs, window = self.config.block_size, self.model_config.sliding_window
+        assert window is not None  # local layers have a window
+        step_blocks = -(-self.config.max_num_batched_tokens // bs)  # a step's new tokens, all in one sequence
+        one = -(-window // bs) + 2 + step_blocks  # what one sequence may hold during a step
+        want = self.config.max_num_seqs * (-(-window // bs) + 1) + step_blocks
+        num_local = max(one, min(num_blocks, want))
+        return max(1, (num_blocks * layers - num_local * local) // (layers - local)), num_local
+
+    def _kv_cache_bytes(self, num_blocks: int, num_local_blocks: int) -> int:
+        layers, local = self.model_config.num_layers, (self.runner.num_local_layers if num_local_blocks else 0)
+        per_layer = self.runner.kv_bytes_per_block() // layers
+        return per_layer * (num_blocks * (layers - local) + num_local_blocks * local)
 
     def _rank_spec(self, path: Path, dtype: str | torch.dtype) -> RankSpec:
         dtype_name = str(parse_dtype(dtype)).removeprefix("torch.")
@@ -316,12 +349,13 @@ class LLMEngine:
                     token_ids=s.seq.token_ids[s.start : s.start + s.num_new_tokens],
                     start_position=s.start,
                     block_table=s.seq.block_table,
+                    local_block_table=s.seq.local_block_table if self.window_manager is not None else None,
                     want_last_logits=s.completes_sequence,
                     want_all_logits=self._collects_prompt_logprobs(request, s.seq, s.start),
                     prompt_len=s.seq.num_prompt_tokens,
                 )
             )
-        self.runner.copy_blocks(sched.block_copies)
+        self.runner.copy_blocks(sched.block_copies, sched.local_block_copies)
         result = self.runner.execute(chunks)
         self.num_steps += 1
         self.scheduler.update_after_step(sched)
@@ -429,6 +463,8 @@ class LLMEngine:
             child.num_cached_tokens = parent.num_cached_tokens
             child.ever_scheduled = True
             self.block_manager.fork(parent, child)
+            if self.window_manager is not None:
+                self.window_manager.fork(parent, child)
             self.scheduler.add_running(child)
             state = self._sample_state(child, request)
             request.samples.append(state)
@@ -487,6 +523,7 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         usage = self.block_manager.usage()
+        local = self.window_manager.usage() if self.window_manager is not None else None
         running = self.scheduler.running
         tp = self.tensor_parallel
         return {
@@ -495,6 +532,9 @@ class LLMEngine:
             "kv_blocks_cached": usage.cached,
             "kv_blocks_in_use": usage.in_use,
             "kv_cache_usage": usage.in_use / usage.total,
+            # the sliding-window layers' own pool (0 when they have none)
+            "kv_local_blocks_total": local.total if local is not None else 0,
+            "kv_local_blocks_in_use": local.in_use if local is not None else 0,
             "prefix_cache_query_tokens": self.block_manager.prefix_query_tokens,
             "prefix_cache_hit_tokens": self.block_manager.prefix_hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
@@ -512,9 +552,12 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         """free + cached + in-use blocks == total; when idle, nothing is in use."""
-        self.block_manager.check_integrity()
-        if not self.requests and self.block_manager.usage().in_use:
-            raise AssertionError(f"idle engine still holds blocks: {self.block_manager.usage()}")
+        for manager in (self.block_manager, self.window_manager):
+            if manager is None:
+                continue
+            manager.check_integrity()
+            if not self.requests and manager.usage().in_use:
+                raise AssertionError(f"idle engine still holds blocks: {manager.usage()}")
         for seq in self.scheduler.running:
             if seq.status != SequenceStatus.RUNNING:
                 raise AssertionError(f"{seq} is in the running list")

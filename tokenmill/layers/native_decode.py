@@ -142,9 +142,16 @@ class NativeLlamaDecoder:
         self._kv = kv_caches  # the table points into these tensors: keep them alive
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        local_meta: AttentionMetadata | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions [M] -> final hidden states [M, hidden] (normed), as the model's forward; `meta` has
-        only a decode batch (one query per row)."""
+        only a decode batch (one query per row); `local_meta` the same through the sliding-window layers' own
+        pool, when they have one."""
         if self.table is None:
             raise RuntimeError("the native decoder has no KV cache yet (bind_kv_cache)")
         model = self.model
@@ -156,6 +163,9 @@ class NativeLlamaDecoder:
             local_cos, local_sin = model.local_rotary.cos_full[positions], model.local_rotary.sin_signed[positions]
         slots = meta.slot_mapping.contiguous()
         ctx_slots = d.kv_index.contiguous()  # [M * max_ctx]
+        local_slots, local_ctx_slots = slots, ctx_slots
+        if local_meta is not None:  # the same rows, contexts and lengths, in the other pool's slots
+            local_slots, local_ctx_slots = local_meta.slot_mapping.contiguous(), local_meta.decode.kv_index.contiguous()
         ctx_lens = d.context_lens.contiguous()
         rc = self.lib.tm_llama_decode(
             ctypes.c_void_p(hidden.data_ptr()),
@@ -170,6 +180,8 @@ class NativeLlamaDecoder:
             ctypes.c_void_p(local_sin.data_ptr()),
             ctypes.c_void_p(slots.data_ptr()),
             ctypes.c_void_p(ctx_slots.data_ptr()),
+            ctypes.c_void_p(local_slots.data_ptr()),
+            ctypes.c_void_p(local_ctx_slots.data_ptr()),
             ctypes.c_void_p(ctx_lens.data_ptr()),
             ctypes.c_int64(d.max_context),
             ctypes.c_int64(self.heads),

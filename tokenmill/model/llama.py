@@ -163,8 +163,10 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        local_meta: AttentionMetadata | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] -> final hidden states [T, hidden] (normed)."""
+        """input_ids, positions [T] -> final hidden states [T, hidden] (normed). `local_meta`: the step through
+        the sliding-window layers' own block tables, when their K/V have a pool of their own (else `meta`)."""
         hidden = self.embed(input_ids)
         reduce = self.parallel.all_reduce if self.parallel is not None else None
         rope = self.rotary.tables(positions)
@@ -172,7 +174,9 @@ class LlamaForCausalLM(nn.Module):
         if (window := self.config.sliding_window) is not None:
             local_rope = rope if self.local_rotary is self.rotary else self.local_rotary.tables(positions)
             step = step._replace(
-                local_rotary=self.local_rotary, local_rope=local_rope, local_meta=windowed(meta, window)
+                local_rotary=self.local_rotary,
+                local_rope=local_rope,
+                local_meta=windowed(meta if local_meta is None else local_meta, window),
             )
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(step, hidden, kv_cache)

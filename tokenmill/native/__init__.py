@@ -103,7 +103,7 @@ def load() -> ctypes.CDLL | None:
     lib.tm_q8_interleave.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2
     lib.tm_q8_interleave.restype = None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, p, p, i64, i64, i64, i64, f32, i64]
+    lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, f32, i64]
     lib.tm_llama_decode.argtypes += [REDUCE_FN, p]
     lib.tm_llama_decode.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):

@@ -664,12 +664,15 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
 /* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
  * shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
  * place, with `reduce_ctx`. cos_full/sin_signed: [m, dim] rope tables of the rows' positions; local_cos_full and
- * local_sin_signed those of the layers with local_rope set (may be the same). activation: TM_SILU or TM_GELU_TANH.
+ * local_sin_signed those of the layers with local_rope set (may be the same). The layers with a window read
+ * local_slot_mapping and local_ctx_slots (their own pool's slots; may be the same as the others').
+ * activation: TM_SILU or TM_GELU_TANH.
  * Returns 0, or a negative code on bad sizes or exhausted memory (-2) or a failed reduce (-3). */
 int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
                     const float *cos_full, const float *sin_signed, const float *local_cos_full,
                     const float *local_sin_signed, const int64_t *slot_mapping, const int64_t *ctx_slots,
-                    const int64_t *ctx_lens, int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim,
+                    const int64_t *local_slot_mapping, const int64_t *local_ctx_slots, const int64_t *ctx_lens,
+                    int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim,
                     float scale, int64_t activation, tm_reduce_fn reduce, void *reduce_ctx) {
     if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads || (activation != TM_SILU && activation != TM_GELU_TANH))
         return -1;
@@ -693,8 +696,10 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
     if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
     for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
         rc = decode_layer(hidden, m, h, &layers[l], eps, layers[l].local_rope ? local_cos_full : cos_full,
-                          layers[l].local_rope ? local_sin_signed : sin_signed, slot_mapping, ctx_slots, ctx_lens,
-                          max_ctx, heads, kv_heads, dim, scale, activation, reduce, reduce_ctx, &s);
+                          layers[l].local_rope ? local_sin_signed : sin_signed,
+                          layers[l].window > 0 ? local_slot_mapping : slot_mapping,
+                          layers[l].window > 0 ? local_ctx_slots : ctx_slots, ctx_lens, max_ctx, heads, kv_heads,
+                          dim, scale, activation, reduce, reduce_ctx, &s);
     free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
     qx_free(&s.qx);
     return rc;

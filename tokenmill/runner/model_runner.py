@@ -38,6 +38,8 @@ class StepChunk:
     token_ids: list[int]  # tokens computed this step; their K/V are written to the cache
     start_position: int  # tokens of this sequence already in the cache (position of token_ids[0])
     block_table: list[int]  # physical KV blocks of the sequence, covering at least start_position + len(token_ids)
+    # its blocks in the sliding-window layers' pool (NULL_BLOCK, -1, for released ones), when the model has one
+    local_block_table: list[int] | None = None
     want_last_logits: bool = True  # logits after the last token (to sample the next one)
     want_all_logits: bool = False  # logits after every token of the chunk (prompt log-probabilities)
     # the sequence's prompt length: tokens at positions from here on are generated ones. None: a one-token chunk
@@ -80,6 +82,9 @@ class ModelRunner:
         self.native_decoder = self._native_decoder(quantization)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
+        self.num_local_blocks = 0  # > 0: the sliding-window layers have their own pool of this many blocks
+        c = self.config
+        self.local_layers = [i for i in range(c.num_layers) if c.is_local(i)]
 
     def _native_decoder(self, quantization: str | None) -> NativeLlamaDecoder | None:
         """Whole decoder layers in native code for generated tokens, where the projections are 4-bit ones."""
@@ -98,36 +103,57 @@ class ModelRunner:
         return self._model_config
 
     def kv_bytes_per_block(self) -> int:
+        """Bytes of one block of every layer's K and V (a block of each pool costs its layers' share)."""
+        return self.config.num_layers * self.kv_bytes_per_layer_block()
+
+    def kv_bytes_per_layer_block(self) -> int:
         c = self.config
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * element_bytes
+        return 2 * self.block_size * c.num_kv_heads * c.head_dim * element_bytes
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Two tensors per layer, each [num_blocks * block_size, num_kv_heads, head_dim] (slot-major)."""
+    @property
+    def num_local_layers(self) -> int:
+        """Sliding-window layers that can keep their K/V in a pool of their own (0: one pool for all layers)."""
+        return len(self.local_layers) if len(self.local_layers) < self.config.num_layers else 0
+
+    def allocate_kv_cache(self, num_blocks: int, num_local_blocks: int = 0) -> None:
+        """Two tensors per layer, each [blocks * block_size, num_kv_heads, head_dim] (slot-major): num_blocks for
+        the full-attention layers, and num_local_blocks for the sliding-window ones when they have their own
+        pool (> 0; else num_blocks for every layer)."""
         c = self.config
-        shape = (c.num_layers, num_blocks * self.block_size, c.num_kv_heads, c.head_dim)
-        # Written once now (zeros), so the cache is resident memory from the start instead of growing block by
-        # block under load (prefix caching cycles through every block). Masked-out padding reads slot 0: zeros,
-        # never NaN (NaN * 0 is NaN).
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.kv_caches = [(k[i], v[i]) for i in range(c.num_layers)]
-        self.num_blocks = num_blocks
+        local = set(self.local_layers) if num_local_blocks else set()
+
+        def pool(layers: int, blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            shape = (layers, blocks * self.block_size, c.num_kv_heads, c.head_dim)
+            # Written once now (zeros), so the cache is resident memory from the start instead of growing block by
+            # block under load (prefix caching cycles through every block). Masked-out padding reads slot 0: zeros,
+            # never NaN (NaN * 0 is NaN).
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return [(k[i], v[i]) for i in range(layers)]
+
+        full_caches = iter(pool(c.num_layers - len(local), num_blocks))
+        local_caches = iter(pool(len(local), num_local_blocks)) if local else iter(())
+        self.kv_caches = [next(local_caches) if i in local else next(full_caches) for i in range(c.num_layers)]
+        self.num_blocks, self.num_local_blocks = num_blocks, num_local_blocks
         if self.native_decoder is not None:
             self.native_decoder.bind_kv_cache(self.kv_caches)
 
     @torch.inference_mode()
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks (src -> dst) in every layer (copy-on-write of a shared block)."""
-        if not copies:
-            return
-        bs = self.block_size
-        offsets = torch.arange(bs)
-        src = torch.cat([offsets + s * bs for s, _ in copies]).to(self.device)
-        dst = torch.cat([offsets + d * bs for _, d in copies]).to(self.device)
-        for k, v in self.kv_caches:
-            k[dst] = k[src]
-            v[dst] = v[src]
+    def copy_blocks(self, copies: list[tuple[int, int]], local_copies: list[tuple[int, int]] = ()) -> None:
+        """Copy whole KV blocks (src -> dst) in every layer of their pool (copy-on-write of a shared block)."""
+        local = set(self.local_layers) if self.num_local_blocks else set()
+        for pool_copies, in_pool in ((copies, lambda i: i not in local), (local_copies, lambda i: i in local)):
+            if not pool_copies:
+                continue
+            bs = self.block_size
+            offsets = torch.arange(bs)
+            src = torch.cat([offsets + s * bs for s, _ in pool_copies]).to(self.device)
+            dst = torch.cat([offsets + d * bs for _, d in pool_copies]).to(self.device)
+            for i, (k, v) in enumerate(self.kv_caches):
+                if in_pool(i):
+                    k[dst] = k[src]
+                    v[dst] = v[src]
 
     @torch.inference_mode()
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
@@ -146,7 +172,9 @@ class ModelRunner:
                 generated.append(c)
             else:
                 for j in range(num_prompt, len(c.token_ids)):
-                    generated.append(StepChunk([c.token_ids[j]], c.start_position + j, c.block_table))
+                    generated.append(
+                        StepChunk([c.token_ids[j]], c.start_position + j, c.block_table, c.local_block_table)
+                    )
 
         # the prompt parts first: a sequence recomputed after a preemption reads their K/V in its generated rows
         hidden_parts, first_row = [], []
@@ -155,8 +183,8 @@ class ModelRunner:
             hidden_parts.append(hidden)
         num_prompt_rows = hidden_parts[0].shape[0] if hidden_parts else 0
         if generated:
-            input_ids, positions, _, meta = self._prepare(generated)
-            hidden_parts.append(self.native_decoder.forward(input_ids, positions, meta))  # [G, hidden]
+            input_ids, positions, meta, local_meta = self._prepare(generated)
+            hidden_parts.append(self.native_decoder.forward(input_ids, positions, meta, local_meta))  # [G, hidden]
         hidden = hidden_parts[0] if len(hidden_parts) == 1 else torch.cat(hidden_parts)  # [T, hidden]
 
         def rows(i: int) -> list[int]:
@@ -185,8 +213,8 @@ class ModelRunner:
         """The model's forward over the chunks -> (hidden [T, hidden], the first row of each chunk). Decodes (one
         query each) go first in the flat layout, then prefill chunks: each kind becomes one attention group."""
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
-        input_ids, positions, _, meta = self._prepare([chunks[i] for i in order])
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)  # [T, hidden]
+        input_ids, positions, meta, local_meta = self._prepare([chunks[i] for i in order])
+        hidden = self.model(input_ids, positions, meta, self.kv_caches, local_meta)  # [T, hidden]
         first_row = [0] * len(chunks)
         row = 0
         for i in order:
@@ -194,47 +222,59 @@ class ModelRunner:
             row += len(chunks[i].token_ids)
         return hidden, first_row
 
-    def _prepare(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat step tensors and attention metadata; `chunks` come decodes first (see execute).
-        Built from Python lists with one tensor per list: a decode step is a few small tensors, and each tensor
-        operation costs microseconds that add up at one token per step."""
-        bs = self.block_size
+    def _prepare(
+        self, chunks: list[StepChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, AttentionMetadata | None]:
+        """Flat step tensors and attention metadata: (input_ids [T], positions [T], the metadata of the
+        full-attention layers, that of the sliding-window layers' pool or None when they have none); `chunks`
+        come decodes first (see execute). Built from Python lists with one tensor per list: a decode step is a
+        few small tensors, and each tensor operation costs microseconds that add up at one token per step."""
         dev = self.device
         token_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []  # cache slot of each new token, from its sequence's block table
         for c in chunks:
             token_ids.extend(c.token_ids)
-            span = range(c.start_position, c.start_position + len(c.token_ids))
-            positions.extend(span)
-            table = c.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in span)
-        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=dev)  # [T]
-        decodes = [c for c in chunks if len(c.token_ids) == 1]
-        decode = self._decode_batch(decodes) if decodes else None
-        prefills = []
-        start = len(decodes)
-        for c in chunks[len(decodes) :]:
-            end = start + len(c.token_ids)
-            prefills.append(self._prefill_chunk(c, start, end))
-            start = end
-        meta = AttentionMetadata(slot_mapping, decode, prefills)
+            positions.extend(range(c.start_position, c.start_position + len(c.token_ids)))
+        meta = self._metadata(chunks, [c.block_table for c in chunks])
+        local_meta = None
+        if self.num_local_blocks:
+            local_meta = self._metadata(chunks, [c.local_block_table for c in chunks])  # type: ignore[misc]
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=dev)
-        return input_ids, torch.tensor(positions, dtype=torch.int64, device=dev), slot_mapping, meta
+        return input_ids, torch.tensor(positions, dtype=torch.int64, device=dev), meta, local_meta
+
+    def _metadata(self, chunks: list[StepChunk], tables: list[list[int]]) -> AttentionMetadata:
+        """The attention metadata of the chunks through one pool's block tables (one per chunk)."""
+        bs = self.block_size
+        slots: list[int] = []  # cache slot of each new token, from its sequence's block table
+        for c, table in zip(chunks, tables, strict=True):
+            slots.extend(
+                table[p // bs] * bs + p % bs for p in range(c.start_position, c.start_position + len(c.token_ids))
+            )
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)  # [T]
+        num_decodes = sum(1 for c in chunks if len(c.token_ids) == 1)
+        decode = self._decode_batch(chunks[:num_decodes], tables[:num_decodes]) if num_decodes else None
+        prefills = []
+        start = num_decodes
+        for c, table in zip(chunks[num_decodes:], tables[num_decodes:], strict=True):
+            end = start + len(c.token_ids)
+            prefills.append(self._prefill_chunk(c, table, start, end))
+            start = end
+        return AttentionMetadata(slot_mapping, decode, prefills)
 
     def _context_slots(self, block_table: list[int], context_len: int) -> torch.Tensor:
-        """[context_len] cache slots of positions 0 .. context_len - 1."""
+        """[context_len] cache slots of positions 0 .. context_len - 1 (a released block's: slot 0's, which a
+        sliding window's mask hides)."""
         bs = self.block_size
-        blocks = torch.tensor(block_table[: (context_len + bs - 1) // bs], dtype=torch.int64)
+        blocks = torch.tensor(block_table[: (context_len + bs - 1) // bs], dtype=torch.int64).clamp_(min=0)
         return (blocks.unsqueeze(1) * bs + torch.arange(bs)).reshape(-1)[:context_len]
 
-    def _decode_batch(self, chunks: list[StepChunk]) -> DecodeBatch:
+    def _decode_batch(self, chunks: list[StepChunk], block_tables: list[list[int]]) -> DecodeBatch:
         bs = self.block_size
         lens = [c.start_position + 1 for c in chunks]
         max_ctx = max(lens)
         max_blocks = (max_ctx + bs - 1) // bs
-        # [S, max_blocks] block tables, a shorter one padded with block 0
-        tables = torch.tensor([(c.block_table[:max_blocks] + [0] * max_blocks)[:max_blocks] for c in chunks])
+        # [S, max_blocks] block tables, a shorter one padded with block 0 (a released block: 0 too)
+        tables = torch.tensor([(t[:max_blocks] + [0] * max_blocks)[:max_blocks] for t in block_tables]).clamp_(min=0)
         slots = (tables.unsqueeze(2) * bs + torch.arange(bs)).reshape(len(chunks), -1)[:, :max_ctx]  # [S, max_ctx]
         context_lens = torch.tensor(lens)  # [S]
         mask = None
@@ -251,7 +291,7 @@ class ModelRunner:
             context_lens=context_lens.to(self.device),
         )
 
-    def _prefill_chunk(self, c: StepChunk, start: int, end: int) -> PrefillChunk:
+    def _prefill_chunk(self, c: StepChunk, block_table: list[int], start: int, end: int) -> PrefillChunk:
         if c.start_position == 0:
             return PrefillChunk(start, end, None, None)
         context_len = c.start_position + len(c.token_ids)
@@ -260,6 +300,6 @@ class ModelRunner:
         return PrefillChunk(
             start,
             end,
-            self._context_slots(c.block_table, context_len).to(self.device),
+            self._context_slots(block_table, context_len).to(self.device),
             mask.view(1, 1, len(c.token_ids), context_len).to(self.device),
         )

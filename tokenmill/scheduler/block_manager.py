@@ -12,6 +12,12 @@ same generation), so neither a hash collision nor a reused parent block can serv
 
 Blocks whose reference count drops to zero stay in the cache (LRU order) until a new allocation needs them;
 never-hashed free blocks are used first. A hit never covers a sequence's last token: its logits are needed.
+
+A model with sliding-window layers (Gemma 3's local layers) keeps their K/V in a second pool, managed by a
+WindowBlockManager with its own block table per sequence (`Sequence.local_block_table`): a block whose
+positions have all left the window is released from the sequence (its entry becomes NULL_BLOCK), so a long
+sequence holds about window / block_size blocks of that pool, not one per block_size tokens (vLLM's hybrid KV
+cache manager, for two groups of layers).
 """
 
 from collections import OrderedDict, deque
@@ -48,6 +54,9 @@ class NoFreeBlocksError(RuntimeError):
     pass
 
 
+NULL_BLOCK = -1  # a local block table's entry for a block released after it left the window
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks < 1 or block_size < 1:
@@ -62,6 +71,14 @@ class BlockManager:
         self._seq_state: dict[int, _SeqBlockState] = {}
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
+
+    # ---- the sequence's table in this pool (WindowBlockManager: its local one) ----------------------------------
+
+    def table(self, seq: Sequence) -> list[int]:
+        return seq.block_table
+
+    def _set_table(self, seq: Sequence, table: list[int]) -> None:
+        seq.block_table = table
 
     # ---- capacity -----------------------------------------------------------------------------------------------
 
@@ -143,7 +160,7 @@ class BlockManager:
         for block_id in block_ids:
             block = self.blocks[block_id]
             self._take(block)
-            seq.block_table.append(block_id)
+            self.table(seq).append(block_id)
             state.hashes.append(block.block_hash)  # type: ignore[arg-type]
         hit = len(block_ids) * self.block_size
         self.prefix_hit_tokens += hit
@@ -182,27 +199,28 @@ class BlockManager:
         or None, with nothing changed, when there are not enough free blocks.
         """
         bs = self.block_size
+        table = self.table(seq)
         needed_total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
-        new_blocks = max(0, needed_total - len(seq.block_table))
+        new_blocks = max(0, needed_total - len(table))
         # writing into a shared last block that already holds tokens needs a private copy of it
         write_block = seq.num_computed_tokens // bs
         cow = (
             num_new_tokens > 0
             and seq.num_computed_tokens % bs != 0
-            and write_block < len(seq.block_table)
-            and self.blocks[seq.block_table[write_block]].ref_count > 1
+            and write_block < len(table)
+            and self.blocks[table[write_block]].ref_count > 1
         )
         if new_blocks + int(cow) > self.num_free_blocks:
             return None
         copies = []
         if cow:
-            old = self.blocks[seq.block_table[write_block]]
+            old = self.blocks[table[write_block]]
             new = self._new_block()
             old.ref_count -= 1
-            seq.block_table[write_block] = new.block_id
+            table[write_block] = new.block_id
             copies.append((old.block_id, new.block_id))
         for _ in range(new_blocks):
-            seq.block_table.append(self._new_block().block_id)
+            table.append(self._new_block().block_id)
         self._seq_state.setdefault(seq.seq_id, _SeqBlockState())
         return copies
 
@@ -213,15 +231,18 @@ class BlockManager:
         state = self._seq_state.setdefault(seq.seq_id, _SeqBlockState())
         bs = self.block_size
         num_full = seq.num_computed_tokens // bs
+        table = self.table(seq)
         for i in range(len(state.hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             parent_hash = state.hashes[i - 1] if i else None
             h = self._chain_hash(parent_hash, tokens)
             state.hashes.append(h)
-            block = self.blocks[seq.block_table[i]]
+            if table[i] == NULL_BLOCK:
+                continue  # released (out of its window) before it was registered
+            block = self.blocks[table[i]]
             if block.block_hash is not None or h in self._cached:
                 continue  # already registered (shared) or the same content is cached in another block
-            parent = self.blocks[seq.block_table[i - 1]] if i else None
+            parent = self.blocks[table[i - 1]] if i and table[i - 1] != NULL_BLOCK else None
             block.block_hash = h
             block.token_ids = tokens
             block.parent = parent
@@ -230,30 +251,37 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares every block of `parent` (copy-on-write on the partly filled last one)."""
-        child.block_table = list(parent.block_table)
+        self._set_table(child, list(self.table(parent)))
         child.num_computed_tokens = parent.num_computed_tokens
-        for block_id in child.block_table:
-            self.blocks[block_id].ref_count += 1
+        for block_id in self.table(child):
+            if block_id != NULL_BLOCK:
+                self.blocks[block_id].ref_count += 1
         state = self._seq_state.get(parent.seq_id, _SeqBlockState())
         self._seq_state[child.seq_id] = _SeqBlockState(list(state.hashes))
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; its blocks become free or stay cached for reuse."""
         # the tail first, so that a sequence's last blocks are evicted before its first ones
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(self.table(seq)):
+            if block_id == NULL_BLOCK:
+                continue
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count < 0:
                 raise AssertionError(f"block {block_id} freed twice")
             if block.ref_count == 0:
-                if block.block_hash is not None and self._cached.get(block.block_hash) is block:
-                    self._evictable[block_id] = None
-                else:
-                    self._reset(block)
-                    self._free.append(block_id)
-        seq.block_table = []
+                self._unused(block)
+        self._set_table(seq, [])
         seq.num_computed_tokens = 0
         self._seq_state.pop(seq.seq_id, None)
+
+    def _unused(self, block: Block) -> None:
+        """A block no sequence references any more: kept as a prefix-cache entry when it is one, else free."""
+        if block.block_hash is not None and self._cached.get(block.block_hash) is block:
+            self._evictable[block.block_id] = None
+        else:
+            self._reset(block)
+            self._free.append(block.block_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence uses."""
@@ -263,3 +291,84 @@ class BlockManager:
             del self._cached[block.block_hash]  # type: ignore[arg-type]
             self._reset(block)
             self._free.append(block_id)
+
+
+class WindowBlockManager(BlockManager):
+    """The pool of the sliding-window layers' KV blocks. A query at position p reads the keys at positions
+    p - window < k <= p, so once a sequence's next position is p, its blocks wholly before p - window + 1 are
+    released: hashed ones stay in the prefix cache (evictable), the others are free at once.
+
+    A prefix-cache hit here needs only the blocks that the window of the hit's end still reads: the hit is the
+    longest prefix (at most what the full-attention pool found) whose window blocks are all cached, and the table
+    gets NULL_BLOCK for the blocks before them."""
+
+    def __init__(self, num_blocks: int, block_size: int, window: int, enable_prefix_caching: bool = True):
+        super().__init__(num_blocks, block_size, enable_prefix_caching)
+        if window < 1:
+            raise ValueError("window must be positive")
+        self.window = window
+
+    def table(self, seq: Sequence) -> list[int]:
+        return seq.local_block_table
+
+    def _set_table(self, seq: Sequence, table: list[int]) -> None:
+        seq.local_block_table = table
+
+    def first_needed_block(self, next_position: int) -> int:
+        """The first block a query at `next_position` (or later) still reads."""
+        return max(0, next_position - self.window + 1) // self.block_size
+
+    def blocks_to_admit(self, start: int, end: int) -> int:
+        """Blocks a sequence whose next computed token is at `start` needs to compute up to `end` (the ones the
+        window of `start` reads, and the new ones)."""
+        return self.blocks_needed(end) - self.first_needed_block(start)
+
+    def release_outside_window(self, seq: Sequence) -> int:
+        """Release the sequence's blocks its next query no longer reads; returns how many were released."""
+        table = self.table(seq)
+        released = 0
+        for i in range(self.first_needed_block(seq.num_computed_tokens)):
+            block_id = table[i]
+            if block_id == NULL_BLOCK:
+                continue
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._unused(block)
+            table[i] = NULL_BLOCK
+            released += 1
+        return released
+
+    def held_blocks(self, seq: Sequence) -> int:
+        return sum(1 for b in self.table(seq) if b != NULL_BLOCK)
+
+    def lookup_window_prefix(self, seq: Sequence, max_blocks: int) -> tuple[int, list[int], list[int]]:
+        """The longest hit of at most max_blocks blocks whose window blocks are cached: (hit blocks, the ids of
+        the cached blocks from first_needed_block(hit) on, the chain hashes of all hit blocks)."""
+        if not self.enable_prefix_caching or max_blocks == 0:
+            return 0, [], []
+        bs = self.block_size
+        hashes: list[int] = []
+        found: list[int | None] = []  # per block: the cached block holding it, or None
+        parent_hash: int | None = None
+        for i in range(max_blocks):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent_hash = self._chain_hash(parent_hash, tokens)
+            hashes.append(parent_hash)
+            block = self._cached.get(parent_hash)
+            found.append(block.block_id if block is not None and block.token_ids == tokens else None)
+        for hit in range(max_blocks, 0, -1):
+            needed = found[self.first_needed_block(hit * bs) : hit]
+            if all(b is not None for b in needed):
+                return hit, needed, hashes[:hit]  # type: ignore[return-value]
+        return 0, [], []
+
+    def allocate_window_prefix(self, seq: Sequence, hit_blocks: int, block_ids: list[int], hashes: list[int]) -> None:
+        """Give `seq` a hit found by lookup_window_prefix (its tokens are counted by the full-attention pool)."""
+        state = self._seq_state.setdefault(seq.seq_id, _SeqBlockState())
+        table = self.table(seq)
+        table.extend([NULL_BLOCK] * (hit_blocks - len(block_ids)))
+        for block_id in block_ids:
+            self._take(self.blocks[block_id])
+            table.append(block_id)
+        state.hashes.extend(hashes)

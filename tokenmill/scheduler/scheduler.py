@@ -9,12 +9,15 @@ Each step has a token budget (max_num_batched_tokens) and a sequence cap (max_nu
    recomputed later (its generated tokens are kept, so nothing is lost).
 2. then waiting sequences, first come first served, while budget, sequence slots and blocks last; a waiting
    sequence first takes whatever prefix of it the prefix cache holds.
+
+With sliding-window layers, a second pool (WindowBlockManager) holds their K/V: every allocation takes blocks of
+both pools, and after each step the blocks that left a sequence's window go back to that pool.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
-from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 
 
@@ -41,6 +44,7 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) before the forward
+    local_block_copies: list[tuple[int, int]] = field(default_factory=list)  # the same in the window pool
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -53,9 +57,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, window_manager: WindowBlockManager | None = None
+    ):
         self.config = config
         self.block_manager = block_manager
+        self.window_manager = window_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -75,7 +82,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        bm = self.block_manager
+        bm, wm = self.block_manager, self.window_manager
         in_flight: set[int] = set()  # hashes of prompt blocks this step fills (prefix caching only)
 
         # 1. running sequences, oldest first
@@ -86,8 +93,9 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            local_copies: list[tuple[int, int]] = []  # kept across attempts: a copy-on-write happens once
             while True:
-                copies = bm.allocate_slots(seq, num_new)
+                copies = self._allocate(seq, num_new, local_copies)
                 if copies is not None:
                     break
                 victim = self.running[-1]
@@ -98,6 +106,7 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted itself: nothing more fits
                 break
             out.block_copies.extend(copies)
+            out.local_block_copies.extend(local_copies)
             out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             self._note_in_flight(seq, num_new, in_flight)
             budget -= num_new
@@ -114,22 +123,36 @@ class Scheduler:
                 prefix_blocks = bm.lookup_prefix(seq)
                 if in_flight and self._next_block_in_flight(seq, len(prefix_blocks), in_flight):
                     break  # another sequence is computing this prefix right now: hit it next step
+            window_hit: tuple[int, list[int], list[int]] = (0, [], [])
+            if wm is not None and prefix_blocks:  # the hit must also find the window's blocks
+                window_hit = wm.lookup_window_prefix(seq, len(prefix_blocks))
+                prefix_blocks = prefix_blocks[: window_hit[0]]
             hit_tokens = len(prefix_blocks) * bm.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget)
-            needed = bm.blocks_needed(seq.num_computed_tokens + hit_tokens + num_new)
+            start, end = seq.num_computed_tokens + hit_tokens, seq.num_computed_tokens + hit_tokens + num_new
+            needed = bm.blocks_needed(end)
             newly_taken = sum(1 for b in prefix_blocks if bm.blocks[b].ref_count == 0)
             if needed - len(prefix_blocks) + newly_taken > bm.num_free_blocks:
                 break
+            if wm is not None:
+                local_taken = window_hit[1]
+                newly_taken = sum(1 for b in local_taken if wm.blocks[b].ref_count == 0)
+                if wm.blocks_to_admit(start, end) - len(local_taken) + newly_taken > wm.num_free_blocks:
+                    break
             if seq.num_computed_tokens == 0:
                 hit = bm.allocate_prefix(seq, prefix_blocks, count_query=not seq.wants_prompt_logprobs)
+                if wm is not None:
+                    wm.allocate_window_prefix(seq, *window_hit)
                 seq.num_computed_tokens = hit
                 if not seq.ever_scheduled:
                     seq.num_cached_tokens = hit
-            copies = bm.allocate_slots(seq, num_new)
-            if copies is None:  # cannot happen after the check above, but never lose a sequence
-                bm.free(seq)
+            local_copies = []
+            copies = self._allocate(seq, num_new, local_copies)
+            if copies is None:  # cannot happen after the checks above, but never lose a sequence
+                self._free(seq)
                 break
             out.block_copies.extend(copies)
+            out.local_block_copies.extend(local_copies)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
@@ -151,9 +174,26 @@ class Scheduler:
             return False  # no further full block could be a hit anyway
         return self.block_manager.block_hashes(seq, (num_hit_blocks + 1) * bs)[-1] in in_flight
 
+    def _allocate(
+        self, seq: Sequence, num_new: int, local_copies: list[tuple[int, int]]
+    ) -> list[tuple[int, int]] | None:
+        """Blocks of both pools for num_new more tokens: the full pool's copies, with the window pool's added to
+        local_copies; None when either pool is short (what one pool took stays in the sequence's table)."""
+        if self.window_manager is not None:
+            local = self.window_manager.allocate_slots(seq, num_new)
+            if local is None:
+                return None
+            local_copies.extend(local)
+        return self.block_manager.allocate_slots(seq, num_new)
+
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        if self.window_manager is not None:
+            self.window_manager.free(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -164,6 +204,9 @@ class Scheduler:
         for s in out.scheduled:
             s.seq.num_computed_tokens = s.start + s.num_new_tokens
             self.block_manager.commit_computed(s.seq)
+            if self.window_manager is not None:
+                self.window_manager.commit_computed(s.seq)
+                self.window_manager.release_outside_window(s.seq)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks at once."""
@@ -171,5 +214,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.status = SequenceStatus.FINISHED

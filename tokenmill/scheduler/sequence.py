@@ -30,6 +30,8 @@ class Sequence:
         self.max_tokens = max_tokens if max_tokens is not None else params.max_tokens
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []
+        # the sliding-window layers' blocks, when the model has them (block_manager.WindowBlockManager)
+        self.local_block_table: list[int] = []
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
