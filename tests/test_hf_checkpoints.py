@@ -118,6 +118,29 @@ def test_tiny_float32_checkpoint_matches_hf(arch: str, tmp_path: Path, tokenizer
 
 
 @pytest.mark.slow
+def test_float16_weights_computed_in_float32_match_hf(tmp_path: Path, tokenizer_files: Path) -> None:
+    """float16 safetensors, upcast to float32 on both sides: the same numbers as a float32 checkpoint's."""
+    folder = write_tiny("qwen3", tmp_path, tokenizer_files, dtype=torch.float16)
+    assert "F16" in (folder / "model.safetensors").read_bytes()[:4096].decode("latin-1")
+    check_against_hf(LLM(str(folder)), folder, torch.float32, PROMPT, tolerance=1e-4)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_under_auto_decodes_natively(tmp_path: Path, tokenizer_files: Path) -> None:
+    """`auto` quantizes a float checkpoint's projections to 4 bits at load for the native decoder, which gives
+    the torch path's tokens on the same 4-bit weights (int4)."""
+    folder = write_tiny("gemma3", tmp_path, tokenizer_files)
+    assert LLM(str(folder), quantization="auto").engine.runner.native_decoder is not None
+    int4 = LLM(str(folder), quantization="int4")
+    assert int4.engine.runner.native_decoder is not None
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": PROMPT}, {"prompt_token_ids": PROMPT[:9]}]
+    native = token_lists(int4.generate(prompts, params, use_tqdm=False))
+    int4.engine.runner.native_decoder = None
+    assert token_lists(int4.generate(prompts, params, use_tqdm=False)) == native
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
 def test_tiny_bfloat16_checkpoint_matches_hf(arch: str, tmp_path: Path, tokenizer_files: Path) -> None:
     """bfloat16 weights computed in bfloat16 on both sides: the roundings of two implementations differ, so the

@@ -120,13 +120,14 @@ class LLMEngine:
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
         self.load_seconds = time.monotonic() - start
         logger.info(
-            "loaded %s on %s in %.2f s; KV cache: %d blocks of %d tokens (%.0f MiB), max_model_len %d, "
+            "loaded %s on %s in %.2f s; KV cache: %d blocks of %d tokens%s (%.0f MiB), max_model_len %d, "
             "room for %.1f sequences of max_model_len",
             path.name,
             self.device,
             self.load_seconds,
             num_blocks,
             self.config.block_size,
+            f", and {num_local_blocks} for the sliding-window layers" if num_local_blocks else "",
             self._kv_cache_bytes(num_blocks, num_local_blocks) / 2**20,
             self.max_model_len,
             cache_tokens / self.max_model_len,

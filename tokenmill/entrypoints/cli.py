@@ -18,8 +18,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default=None,
-        help="a .gguf file, or a name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled "
-        "SmolLM2-135M",
+        help="a .gguf file, a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a "
+        "name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled SmolLM2-135M",
     )
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available, else CPU)")
@@ -173,8 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser(
         "models",
         help="list the models it can find",
-        description="The models --model NAME finds (bundled and installed packages) and the GGUF files in "
-        "tokenmill's cache (~/.cache/tokenmill/models, or $TOKENMILL_CACHE_DIR/models): architecture, "
+        description="The models --model NAME finds (bundled and installed packages) and the GGUF files and "
+        "Hugging Face checkpoint directories in tokenmill's cache (~/.cache/tokenmill/models, or "
+        "$TOKENMILL_CACHE_DIR/models): architecture, "
         "parameters, quantization and size.",
     )
     models.add_argument("--json", action="store_true", help="print one JSON line")
