@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.structured.params import StructuredOutputsParams
 
 # the ranges every parameter is checked against (the server's OpenAPI schema states the same ones)
 MAX_N = 128
@@ -36,6 +37,9 @@ class SamplingParams:
     logprobs: int | None = None  # top-k log-probabilities per generated token (the sampled one always included)
     prompt_logprobs: int | None = None  # the same for every prompt token
     skip_special_tokens: bool = True
+    # what the output must match (JSON schema, regex, choice, grammar): tokenmill.structured.StructuredOutputsParams
+    # or a dict of its fields
+    structured_outputs: "StructuredOutputsParams | dict[str, Any] | None" = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +89,13 @@ class SamplingParams:
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(_is_int(t) for t in self.stop_token_ids):
                 raise InvalidParameterError("stop_token_ids must be a list of token ids", "stop_token_ids")
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise InvalidParameterError(f"structured_outputs: {exc}", "structured_outputs") from exc
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise InvalidParameterError("structured_outputs must be a StructuredOutputsParams", "structured_outputs")
 
     @property
     def greedy(self) -> bool:

@@ -7,9 +7,10 @@ stop conditions. Finished sequences free their blocks at once; their slots go to
 
 import itertools
 import logging
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +35,9 @@ from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerO
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES
+
+if TYPE_CHECKING:
+    from tokenmill.structured.grammars import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +115,8 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.device)
         self.requests: dict[str, Request] = {}
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
         self.last_step: dict[str, Any] | None = None
         self._step_count = itertools.count(1)
@@ -266,7 +272,10 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
         seq = Sequence(next(self._seq_ids), request_id, ids, params, 0, max_tokens)
-        request.samples.append(self._sample_state(seq, request))
+        state = self._sample_state(seq, request)
+        if params.structured_outputs is not None:
+            state.grammar = self.grammars.matcher(self.grammars.compile(params.structured_outputs))
+        request.samples.append(state)
         self.requests[request_id] = request
         self.scheduler.add(seq)
         return request_id
@@ -283,6 +292,18 @@ class LLMEngine:
                 "n",
             )
         params.validate_token_ids(self.model_config.vocab_size)
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)  # a constraint that cannot compile: 400 now
+
+    @property
+    def grammars(self) -> "GrammarCompiler":
+        """The structured-output compiler, made at first use (llguidance's tokenizer costs about 0.3 s)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from tokenmill.structured.grammars import GrammarCompiler
+
+                self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+            return self._grammars
 
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> int:
         limit = self.max_model_len
@@ -446,6 +467,12 @@ class LLMEngine:
             logits_row += 1
         if not rows:
             return
+        constrained = [i for i, (_, sample) in enumerate(row_samples) if sample.grammar is not None]
+        if constrained:  # every constrained row's next tokens, in one call over all threads
+            allowed = self.grammars.allowed([row_samples[i][1].grammar for i in constrained])  # [C, vocab]
+            for j, i in enumerate(constrained):
+                rows[i].allowed = allowed[j]
+                row_samples[i][1].allowed_tokens = int(allowed[j].sum())
         sampled = self.sampler.sample(logits, rows)
         now = time.monotonic()
         for (request, sample), token in zip(row_samples, sampled, strict=True):
@@ -468,6 +495,9 @@ class LLMEngine:
                 self.window_manager.fork(parent, child)
             self.scheduler.add_running(child)
             state = self._sample_state(child, request)
+            parent_state = next(x for x in request.samples if x.seq is parent)
+            if parent_state.grammar is not None:  # at the start of the output, as the parent's
+                state.grammar = parent_state.grammar.deep_copy()
             request.samples.append(state)
             children.append(state)
         return children
@@ -499,10 +529,16 @@ class LLMEngine:
         if seq.sample_index == 0:
             metrics.token_times.append(now)
             metrics.last_token_time = now
-        # stop conditions, in vLLM's order: stop tokens, stop strings, then length
+        # stop conditions, in vLLM's order: stop tokens, stop strings, then length; a constraint that is complete
+        # (nothing more may follow) ends the output too
         n_out = seq.num_output_tokens
         can_stop = n_out >= p.min_tokens
-        if can_stop and not p.ignore_eos and token.token_id in self.tokenizer.stop_token_ids:
+        grammar_done = False
+        if sample.grammar is not None:
+            grammar_done = not sample.grammar.consume_token(token.token_id) or sample.grammar.is_stopped()
+        if grammar_done and token.token_id in self.tokenizer.stop_token_ids:
+            self._finish(seq, "stop", None)
+        elif can_stop and not p.ignore_eos and token.token_id in self.tokenizer.stop_token_ids:
             self._finish(seq, "stop", None)
         elif can_stop and p.stop_token_ids and token.token_id in p.stop_token_ids:
             self._finish(seq, "stop", token.token_id)
@@ -510,6 +546,9 @@ class LLMEngine:
             stop = sample.detokenizer.add_token(token.token_id, check_stop=can_stop)
             if stop is not None:
                 self._finish(seq, "stop", stop)
+            elif grammar_done:
+                sample.detokenizer.flush()
+                self._finish(seq, "stop", None)
             elif n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 sample.detokenizer.flush()
                 self._finish(seq, "length", None)

@@ -1,6 +1,7 @@
 """A request: its prompt, its n sequences with their detokenizers, timings, and what was already reported."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
@@ -17,6 +18,8 @@ class SampleState:
     logprobs: list[PositionLogprobs] | None
     sent_text_len: int = 0
     sent_token_count: int = 0
+    grammar: Any = None  # an llguidance matcher when the request's output is constrained (structured outputs)
+    allowed_tokens: int | None = None  # how many tokens the constraint allowed at the last sampled position
 
 
 @dataclass

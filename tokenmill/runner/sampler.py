@@ -25,6 +25,7 @@ class SamplingRow:
     output_token_ids: list[int]
     banned_token_ids: list[int]  # EOS / stop tokens while fewer than min_tokens were generated
     seed: int | None
+    allowed: torch.Tensor | None = None  # bool [vocab]: the only tokens a structured output allows next
 
 
 @dataclass
@@ -48,6 +49,7 @@ def _plain_greedy(row: SamplingRow) -> bool:
     p = row.params
     return (
         p.greedy
+        and row.allowed is None
         and not p.logit_bias
         and not row.banned_token_ids
         and p.repetition_penalty == 1.0
@@ -111,12 +113,19 @@ class Sampler:
                 torch.tensor(bias_vals, dtype=logits.dtype, device=logits.device),
                 accumulate=True,
             )
+        constrained = {i: r.allowed for i, r in enumerate(rows) if r.allowed is not None}
+        for i, allowed in constrained.items():  # a structured output: only what its constraint allows
+            logits[i].masked_fill_(~allowed.to(logits.device), float("-inf"))
+        before_bans = {i: logits[i].clone() for i in constrained if rows[i].banned_token_ids}
         ban_rows = [i for i, r in enumerate(rows) for _ in r.banned_token_ids]
         ban_cols = [t for r in rows for t in r.banned_token_ids]
         if ban_rows:
             logits[torch.tensor(ban_rows, device=logits.device), torch.tensor(ban_cols, device=logits.device)] = float(
                 "-inf"
             )
+        for i, row in before_bans.items():
+            if not bool(torch.isfinite(logits[i]).any()):  # min_tokens banned all the constraint allows: it wins
+                logits[i] = row
 
         needs = [
             r.params.repetition_penalty != 1.0 or r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
