@@ -211,6 +211,87 @@ def test_extra_sampling_parameters(client: openai.OpenAI, model: str) -> None:
     assert resp.choices[0].text != plain.choices[0].text  # the repetition penalty changed the text
 
 
+RECIPE = {
+    "type": "object",
+    "properties": {
+        "dish": {"type": "string", "maxLength": 40},
+        "servings": {"type": "integer", "minimum": 1, "maximum": 12},
+        "steps": {"type": "array", "items": {"type": "string", "maxLength": 60}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["dish", "servings", "steps"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_json_schema_and_json_object(client: openai.OpenAI, model: str) -> None:
+    import jsonschema
+
+    resp = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "A recipe as JSON."}],
+        max_tokens=150,
+        temperature=1.0,
+        seed=7,
+        n=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "recipe", "schema": RECIPE, "strict": True}},
+    )
+    assert [c.finish_reason for c in resp.choices].count("stop") >= 2
+    for choice in resp.choices:
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.message.content), RECIPE)
+    completion = client.completions.create(
+        model=model,
+        prompt="JSON:",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"response_format": {"type": "json_object"}},
+    )
+    if completion.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(completion.choices[0].text), dict)
+    else:
+        assert completion.choices[0].text.startswith("{")
+
+
+def test_vllm_structured_outputs_extra_body(client: openai.OpenAI, model: str) -> None:
+    choices = ["red", "green", "blue"]
+    resp = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "A color?"}],
+        max_tokens=5,
+        extra_body={"structured_outputs": {"choice": choices}},
+    )
+    assert resp.choices[0].message.content in choices and resp.choices[0].finish_reason == "stop"
+    stream = client.completions.create(
+        model=model, prompt="Date:", max_tokens=20, stream=True, extra_body={"guided_regex": r"20[0-9]{2}-[01][0-9]"}
+    )
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    assert len(text) == 7 and text.startswith("20") and text[4] == "-"
+
+
+@pytest.mark.parametrize(
+    "extra, param, message",
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+            "response_format",
+            "cannot be compiled",
+        ),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs", "cannot be compiled"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one of"),
+        ({"guided_choice": ["a"], "structured_outputs": {"regex": "b"}}, "guided_choice", "one constraint"),
+        ({"structured_outputs": {"xml": "a"}}, None, "xml"),
+    ],
+)
+def test_constraints_that_cannot_compile_get_400(client: openai.OpenAI, model: str, extra, param, message) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=5, extra_body=extra
+        )
+    assert message in info.value.message
+    if param is not None:
+        assert info.value.body["param"] == param
+
+
 def test_logit_bias(client: openai.OpenAI, model: str, llm: LLM) -> None:
     token = llm.get_tokenizer().encode(" banana")[0]
     resp = client.completions.create(

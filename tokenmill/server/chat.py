@@ -24,8 +24,6 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     engine = state.require_engine()
     if req.tools:
         raise APIError(400, "tool calling is not supported", param="tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
+from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import (
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
@@ -21,6 +22,7 @@ from tokenmill.sampling_params import (
     SEED_RANGE,
     SamplingParams,
 )
+from tokenmill.structured.params import StructuredOutputsParams
 from tokenmill.tokenizer.chat_template import ROLES
 
 MAX_PROMPTS_PER_REQUEST = 128  # a list of prompts becomes one engine request each (as many as n may ask for)
@@ -93,6 +95,36 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="forbid")
+
+    name: NonEmptyText
+    schema_: Annotated[dict[str, Any], Field(alias="schema")] = {}
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: "text", "json_object" (any JSON object) or "json_schema" (one that validates)."""
+
+    model_config = ConfigDict(**STRICT, extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsBody(BaseModel):
+    """vLLM's `structured_outputs` extra: exactly one of these."""
+
+    model_config = ConfigDict(**STRICT, extra="forbid")
+
+    json_: Annotated[dict[str, Any] | str | None, Field(alias="json")] = None
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class SamplingFields(APIRequest):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -121,6 +153,39 @@ class SamplingFields(APIRequest):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # vLLM's extension: token ids of the prompt and of every choice
+    # what the output must match: OpenAI's response_format, or vLLM's structured_outputs (and its older guided_*)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The one constraint the request names (400 when it names several)."""
+        given: list[tuple[str, dict[str, Any]]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given.append(("response_format", {"json_object": True}))
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise InvalidParameterError("response_format json_schema needs its json_schema", "response_format")
+            given.append(("response_format", {"json": fmt.json_schema.schema_}))
+        if self.structured_outputs is not None:
+            fields = self.structured_outputs.model_dump(by_alias=True, exclude_none=True)
+            given.append(("structured_outputs", fields))
+        guided = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice}
+        guided["grammar"] = self.guided_grammar
+        given += [(f"guided_{k}", {k: v}) for k, v in guided.items() if v is not None]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise InvalidParameterError(
+                f"name one constraint on the output, not {len(given)} ({', '.join(name for name, _ in given)})",
+                given[1][0],
+            )
+        name, fields = given[0]
+        return StructuredOutputsParams(**fields, source=name)
 
     def sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -147,6 +212,7 @@ class SamplingFields(APIRequest):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            structured_outputs=self.structured_outputs_params(),
             **{k: v for k, v in optional.items() if v is not None},
         )
 
@@ -212,10 +278,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: Annotated[
         list[dict[str, Any]] | None,
         WithJsonSchema({"type": ["array", "null"], "maxItems": 0, "description": "tool calling is not supported"}),
-    ] = None
-    response_format: Annotated[
-        dict[str, Any] | None,
-        WithJsonSchema({"type": ["object", "null"], "properties": {"type": {"const": "text"}}}),
     ] = None
     add_generation_prompt: bool = True
 

@@ -70,10 +70,11 @@ class GrammarCompiler:
         try:
             grammar = grammar_source(params)
         except Exception as exc:  # noqa: BLE001 - the GBNF converter raises its own parse errors
-            raise InvalidParameterError(f"the {params.kind} constraint cannot be compiled: {exc}", params.kind) from exc
+            message = f"the {params.kind} constraint cannot be compiled: {exc}"
+            raise InvalidParameterError(message, params.source) from exc
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:
-            raise InvalidParameterError(f"the {params.kind} constraint cannot be compiled: {error}", params.kind)
+            raise InvalidParameterError(f"the {params.kind} constraint cannot be compiled: {error}", params.source)
         with self._lock:
             self._cache[key] = grammar
             while len(self._cache) > CACHE_SIZE:

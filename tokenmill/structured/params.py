@@ -2,7 +2,7 @@
 here: the constraint is compiled when the request reaches the engine (grammars.py)."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.errors import InvalidParameterError
@@ -21,13 +21,15 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool = False
+    # the request field the constraint came from, named in errors (the server's response_format, guided_json...)
+    source: str = field(default="structured_outputs", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         given = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise InvalidParameterError(
                 f"structured_outputs needs exactly one of {', '.join(KINDS)}; got {', '.join(given) or 'none'}",
-                "structured_outputs",
+                self.source,
             )
         if self.json is not None:
             schema = self.json
@@ -35,19 +37,19 @@ class StructuredOutputsParams:
                 try:
                     schema = json.loads(schema)
                 except ValueError as exc:
-                    raise InvalidParameterError(f"the JSON schema is not valid JSON: {exc}", "json_schema") from exc
+                    raise InvalidParameterError(f"the JSON schema is not valid JSON: {exc}", self.source) from exc
             if not isinstance(schema, dict | bool):
-                raise InvalidParameterError("a JSON schema must be a JSON object", "json_schema")
+                raise InvalidParameterError("a JSON schema must be a JSON object", self.source)
         if self.regex is not None and not isinstance(self.regex, str):
-            raise InvalidParameterError("regex must be a string", "structured_outputs")
+            raise InvalidParameterError("regex must be a string", self.source)
         if self.grammar is not None and not isinstance(self.grammar, str):
-            raise InvalidParameterError("grammar must be a string", "structured_outputs")
+            raise InvalidParameterError("grammar must be a string", self.source)
         if self.choice is not None and (
             not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice)
         ):
-            raise InvalidParameterError("choice must be a non-empty list of strings", "structured_outputs")
+            raise InvalidParameterError("choice must be a non-empty list of strings", self.source)
         if not isinstance(self.json_object, bool):
-            raise InvalidParameterError("json_object must be true or false", "structured_outputs")
+            raise InvalidParameterError("json_object must be true or false", self.source)
 
     @property
     def kind(self) -> str:
