@@ -3,7 +3,6 @@ grammar compile time, the time to compute one token's mask while a valid output 
 JSON Schema features each compiles. Runs in the peers' venv, which has both (xgrammar needs transformers and
 triton, which tokenmill's own install does not):
 
-    .venv/bin/python -c "from tokenmill import LLM" >/dev/null   # (nothing to do: the tokenizer file is written below)
     .venv/bin/python benchmarks/grammar_libraries.py --write-tokenizer /tmp/tok
     .venv-peers/bin/pip install xgrammar llguidance
     .venv-peers/bin/python benchmarks/grammar_libraries.py --tokenizer /tmp/tok
@@ -76,7 +75,6 @@ def summary(times_s: list[float]) -> dict:
 
 def bench_llguidance(tokenizer_json: str, output_ids: list[int], vocab: int) -> dict:
     import llguidance
-    import numpy as np
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
     tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=2)
@@ -98,7 +96,6 @@ def bench_llguidance(tokenizer_json: str, output_ids: list[int], vocab: int) -> 
         g = llguidance.LLMatcher.grammar_from_json_schema(schema)
         if not llguidance.LLMatcher.validate_grammar(g, tok):
             covered.append(name)
-    del np
     return {"compile_ms": round(compile_s * 1e3, 2), "mask": summary(times), "features": covered}
 
 
@@ -147,8 +144,10 @@ def main() -> None:
     backend = Tokenizer.from_str(text)
     vocab = backend.get_vocab_size(with_added_tokens=True)
     output_ids = backend.encode(OUTPUT, add_special_tokens=False).ids + [2]  # then EOS (<|im_end|>)
-    print(json.dumps({"library": "llguidance", "tokens": len(output_ids), **bench_llguidance(text, output_ids, vocab)}))
-    print(json.dumps({"library": "xgrammar", "tokens": len(output_ids), **bench_xgrammar(args.tokenizer, output_ids, vocab)}))
+    llg = bench_llguidance(text, output_ids, vocab)
+    print(json.dumps({"library": "llguidance", "tokens": len(output_ids), **llg}))
+    xgr = bench_xgrammar(args.tokenizer, output_ids, vocab)
+    print(json.dumps({"library": "xgrammar", "tokens": len(output_ids), **xgr}))
     print(json.dumps({"features_tested": list(FEATURES)}))
 
 
