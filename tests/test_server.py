@@ -543,3 +543,121 @@ def test_explorer_endpoints(server: ServerProcess) -> None:
     step = next(e for e in events if e["type"] == "step")
     assert step["batch"][0]["request_id"].startswith("cmpl-") and step["batch"][0]["blocks"] >= 1
     assert {"num_running", "num_waiting", "kv_blocks_in_use", "duration_ms"} <= set(step)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 20}},
+            "required": ["zone"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_required_tool_calls_are_valid_calls(client: openai.OpenAI, model: str) -> None:
+    import jsonschema
+
+    resp = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=60,
+        n=3,
+        temperature=1.0,
+        seed=11,
+    )
+    for choice in resp.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.id.startswith("call_") and call.type == "function"
+        spec = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), spec["function"]["parameters"])
+    named = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=40,
+        temperature=0,
+    )
+    assert named.choices[0].message.tool_calls[0].function.name == "get_time"
+
+
+def test_a_streamed_tool_call_reassembles_to_the_same_call(client: openai.OpenAI, model: str) -> None:
+    kwargs = dict(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    names, arguments, finish = [], "", None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                names += [delta.function.name] if delta.function.name else []
+                arguments += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert names == [whole.function.name] and json.loads(arguments) == json.loads(whole.function.arguments)
+    assert finish == "tool_calls"
+
+
+def test_a_tool_result_turn_and_tool_choice_none(client: openai.OpenAI, model: str) -> None:
+    call = (
+        client.chat.completions.create(
+            model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0
+        )
+        .choices[0]
+        .message
+    )
+    follow_up = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in call.tool_calls]},
+        {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": '{"temperature": 21, "sky": "clear"}'},
+    ]
+    answer = client.chat.completions.create(
+        model=model, messages=follow_up, tools=[WEATHER], tool_choice="none", max_tokens=30, temperature=0
+    ).choices[0]
+    assert answer.message.tool_calls is None and answer.message.content and answer.finish_reason in ("stop", "length")
+    auto = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], max_tokens=40, temperature=0)
+    choice = auto.choices[0]  # the model decides; either way the answer is well formed
+    assert (choice.finish_reason == "tool_calls") == (choice.message.tool_calls is not None)
+
+
+@pytest.mark.parametrize(
+    "tools, tool_choice, param, message",
+    [
+        ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice", "not in tools"),
+        ([WEATHER], "required", "tool_choice", None),  # with response_format below
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": 5}}}}],
+            "auto",
+            "tools",
+            "cannot be compiled",
+        ),
+        ([{"type": "function", "function": {"name": "bad name!"}}], "auto", "tools", "letters, digits"),
+        ([WEATHER, WEATHER], "auto", "tools", "a second function"),
+        (None, "required", "tool_choice", "needs tools"),
+    ],
+)
+def test_bad_tools_get_400(client: openai.OpenAI, model: str, tools, tool_choice, param, message) -> None:
+    extra = {"response_format": {"type": "json_object"}} if message is None else {}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model, messages=ASK, tools=tools, tool_choice=tool_choice, max_tokens=5, extra_body=extra
+        )
+    assert info.value.body["param"] == param and (message is None or message in info.value.message)

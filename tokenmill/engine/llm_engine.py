@@ -224,10 +224,14 @@ class LLMEngine:
         self._check_text_length(text)
         return self.tokenizer.encode(text, add_special_tokens=True)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
         """Render the chat template and tokenize it (special tokens in the template are parsed as special); the
-        rendered text is checked against max_model_len as encode_prompt checks a prompt. Safe from any thread."""
-        text = self.chat_template.render(messages, add_generation_prompt)
+        rendered text is checked against max_model_len as encode_prompt checks a prompt. `tools` (OpenAI's
+        `tools` list) reach a template that takes them. Safe from any thread."""
+        extra = {"tools": tools} if tools else {}
+        text = self.chat_template.render(messages, add_generation_prompt, **extra)
         self._check_text_length(text)
         # a real template writes its own BOS; the plain fallback gets it the usual way
         return self.tokenizer.encode(text, add_special_tokens=self.chat_template.is_fallback)

@@ -1,6 +1,7 @@
 """POST /v1/chat/completions: the chat template rendered server-side, streaming or not, with logprobs."""
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -16,28 +17,45 @@ from tokenmill.server.generation import ClientDisconnected, Generation
 from tokenmill.server.logprobs_format import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.state import ServerState
+from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
     state.check_model(req.model)
     engine = state.require_engine()
-    if req.tools:
-        raise APIError(400, "tool calling is not supported", param="tools")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling_params(req.max_completion_tokens or req.max_tokens, k)
     llm_engine = engine.engine
+    functions = tools.check_tools(req.tools) if req.tools is not None else []
+    mode, callable_functions = tools.chosen_functions(functions, req.tool_choice)
+    if functions:  # every function's parameters must compile, whatever tool_choice says
+        call = StructuredOutputsParams(json=tools.call_schema(functions), source="tools")
+        await asyncio.to_thread(llm_engine.grammars.compile, call)
+    if mode == "required":  # the reply is a call, enforced as a JSON schema
+        if params.structured_outputs is not None:
+            raise APIError(
+                400,
+                "tool_choice 'required' or a named function cannot be combined with "
+                "response_format or structured_outputs",
+                param="tool_choice",
+            )
+        call = StructuredOutputsParams(json=tools.call_schema(callable_functions), source="tool_choice")
+        params = dataclasses.replace(params, structured_outputs=call)
+    takes_tools = llm_engine.chat_template.takes_tools
+    messages = tools.template_messages(req.message_dicts(), callable_functions, takes_tools)
+    template_tools = [{"type": "function", "function": f} for f in callable_functions] if takes_tools else None
     # rendering and tokenizing a long conversation takes a while: not on the event loop
-    prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, req.message_dicts(), req.add_generation_prompt)
+    prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, messages, req.add_generation_prompt, template_tools)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id)
     await generation.start()
     created = int(time.time())
     tokenizer = llm_engine.tokenizer
     if req.stream:
-        events = _stream(generation, req, tokenizer, state, request_id, created, k)
+        events = _stream(generation, req, tokenizer, state, request_id, created, k, callable_functions)
         return StreamingResponse(
             guarded_stream(events, state.metrics.internal_errors.inc), media_type="text/event-stream"
         )
@@ -47,16 +65,23 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         return JSONResponse({}, status_code=499)
     if any(o.finish_reason == "abort" for o in final.outputs):
         raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
-    choices = [
-        {
-            "index": o.index,
-            "message": {"role": "assistant", "content": o.text},
-            "logprobs": _logprobs(tokenizer, o, o.token_ids, 0, k),
-            "finish_reason": o.finish_reason,
-            **({"token_ids": o.token_ids} if req.return_token_ids else {}),
-        }
-        for o in final.outputs
-    ]
+    choices = []
+    for o in final.outputs:
+        message: dict = {"role": "assistant", "content": o.text}
+        finish_reason = o.finish_reason
+        calls = tools.parse_tool_calls(o.text, callable_functions) if callable_functions else None
+        if calls and finish_reason == "stop":
+            message, finish_reason = {"role": "assistant", "content": None}, "tool_calls"
+            message["tool_calls"] = [c.as_openai() for c in calls]
+        choices.append(
+            {
+                "index": o.index,
+                "message": message,
+                "logprobs": _logprobs(tokenizer, o, o.token_ids, 0, k),
+                "finish_reason": finish_reason,
+                **({"token_ids": o.token_ids} if req.return_token_ids else {}),
+            }
+        )
     response = {
         "id": request_id,
         "object": "chat.completion",
@@ -89,7 +114,10 @@ async def _stream(
     request_id: str,
     created: int,
     k: int | None,
+    functions: list[dict],
 ) -> AsyncIterator[str]:
+    """With callable functions, a choice's text is held back while it may still be a call: sent as one tool_calls
+    delta if it is one when it ends, else as content once it cannot be one."""
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
     extra = {"usage": None} if req.include_usage else {}
 
@@ -104,6 +132,7 @@ async def _stream(
     )
     final: RequestOutput | None = None
     finished: set[int] = set()  # choices whose finish_reason was sent
+    held: dict[int, str] = {i: "" for i in range(req.n)} if functions else {}  # text held back per choice
     try:
         async for _, out in generation.stream():
             final = out
@@ -118,12 +147,26 @@ async def _stream(
                 if newly_finished:
                     finished.add(o.index)
                 first = len(o.token_ids) - len(o.delta_token_ids)
-                delta = {"content": o.delta_text} if o.delta_text else {}
+                text, finish_reason = o.delta_text, o.finish_reason
+                delta: dict = {}
+                if o.index in held:
+                    held[o.index] += text
+                    calls = tools.parse_tool_calls(held[o.index], functions) if newly_finished else None
+                    if calls and finish_reason == "stop":
+                        delta = {"tool_calls": [{"index": j, **c.as_openai()} for j, c in enumerate(calls)]}
+                        finish_reason, text = "tool_calls", ""
+                        del held[o.index]
+                    elif newly_finished or not tools.may_be_a_call(held[o.index]):
+                        text = held.pop(o.index)  # not a call: what was held goes out as content
+                    else:
+                        continue  # may still become a call: hold on
+                if text:
+                    delta = {"content": text}
                 choice = {
                     "index": o.index,
                     "delta": delta,
                     "logprobs": _logprobs(tokenizer, o, o.delta_token_ids, first, k),
-                    "finish_reason": o.finish_reason,
+                    "finish_reason": finish_reason,
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = list(o.delta_token_ids)

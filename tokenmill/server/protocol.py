@@ -275,10 +275,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: Annotated[
-        list[dict[str, Any]] | None,
-        WithJsonSchema({"type": ["array", "null"], "maxItems": 0, "description": "tool calling is not supported"}),
-    ] = None
+    tools: list[dict[str, Any]] | None = None  # checked by tokenmill.structured.tools.check_tools
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # accepted; a reply may hold several calls either way
     add_generation_prompt: bool = True
 
     def message_dicts(self) -> list[dict[str, Any]]:

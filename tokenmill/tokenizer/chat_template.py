@@ -69,6 +69,8 @@ class ChatTemplate:
             raise InvalidParameterError(f"the chat template does not parse: {exc}", "chat_template") from exc
         self.bos_token = bos_token
         self.eos_token = eos_token
+        # whether the template renders a `tools` list itself (else the server describes tools in a system message)
+        self.takes_tools = "tools" in self.source
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
         """Messages ({"role", "content"}) -> prompt text. Content may be a string or a list of text parts."""

@@ -1,0 +1,178 @@
+"""Tool calls on /v1/chat/completions: the request's `tools` and `tool_choice` checked, the tools shown to the
+model, the call enforced by a JSON schema when it is required, and the model's reply read back as calls.
+
+A call is written as a JSON object {"name": ..., "arguments": {...}} (several: a JSON list of them), bare or
+inside <tool_call>...</tool_call> as Hermes- and Qwen-style templates teach their models. A chat template that
+takes `tools` renders them itself; for one that does not (the bundled SmolLM2's), the tools and the call format
+are described in a system message (FALLBACK_INSTRUCTIONS), prepended to the first system message or added
+before the conversation. An assistant message with `tool_calls` in the history is shown to such a template as
+its calls' JSON, and `role: "tool"` messages as the template renders any role.
+"""
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmill.errors import InvalidParameterError
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+FALLBACK_INSTRUCTIONS = (
+    "You can call functions. To call one, reply with only a JSON object of the form "
+    '{{"name": <function name>, "arguments": <an object of its arguments>}} and nothing else. '
+    "The functions:\n{functions}"
+)
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # the arguments as JSON text, as OpenAI's API carries them
+    id: str
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """OpenAI's `tools` -> their functions ({"name", "description", "parameters"}), or InvalidParameterError."""
+    if not isinstance(tools, list) or not tools:
+        raise InvalidParameterError("tools must be a non-empty list", "tools")
+    functions, names = [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise InvalidParameterError(f"{where} must be {{'type': 'function', 'function': {{...}}}}", "tools")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise InvalidParameterError(f"{where}.function must be an object", "tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise InvalidParameterError(f"{where}.function.name must be 1-64 letters, digits, _ . or -", "tools")
+        if name in names:
+            raise InvalidParameterError(f"{where}: a second function named {name!r}", "tools")
+        names.add(name)
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+            raise InvalidParameterError(f"{where}.function.parameters must be a JSON schema of an object", "tools")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise InvalidParameterError(f"{where}.function.description must be a string", "tools")
+        functions.append({"name": name, "description": description or "", "parameters": parameters})
+    return functions
+
+
+def chosen_functions(functions: list[dict[str, Any]], tool_choice: Any) -> tuple[str, list[dict[str, Any]]]:
+    """(mode, the functions the model may call): mode "none", "auto" or "required" (a named function is
+    "required" with that one function)."""
+    if tool_choice is None:
+        return ("auto", functions) if functions else ("none", [])
+    if tool_choice in ("none", "auto", "required"):
+        if tool_choice != "none" and not functions:
+            raise InvalidParameterError(f"tool_choice {tool_choice!r} needs tools", "tool_choice")
+        return tool_choice, functions if tool_choice != "none" else []
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        match = [f for f in functions if f["name"] == name]
+        if not match:
+            known = ", ".join(f["name"] for f in functions) or "none"
+            raise InvalidParameterError(f"tool_choice names function {name!r}, not in tools ({known})", "tool_choice")
+        return "required", match
+    raise InvalidParameterError(
+        "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        "tool_choice",
+    )
+
+
+def call_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of one call of one of these functions, arguments matching its parameters."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in functions
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def template_messages(
+    messages: list[dict[str, Any]], functions: list[dict[str, Any]], template_takes_tools: bool
+) -> list[dict[str, Any]]:
+    """The conversation as the chat template should see it (see the module's docstring)."""
+    if template_takes_tools:
+        return messages
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls and not m.get("content"):
+            shown = [_call_text(c) for c in calls]
+            m = {**m, "content": shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"}
+            m.pop("tool_calls")
+        out.append(m)
+    if not functions:
+        return out
+    listing = "\n".join(json.dumps({"type": "function", "function": f}, ensure_ascii=False) for f in functions)
+    instructions = FALLBACK_INSTRUCTIONS.format(functions=listing)
+    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+        return [{**out[0], "content": out[0]["content"] + "\n\n" + instructions}, *out[1:]]
+    return [{"role": "system", "content": instructions}, *out]
+
+
+def _call_text(call: Any) -> str:
+    function = call.get("function", {}) if isinstance(call, dict) else {}
+    arguments = function.get("arguments", "{}")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        parsed = arguments
+    return json.dumps({"name": function.get("name"), "arguments": parsed}, ensure_ascii=False)
+
+
+def parse_tool_calls(text: str, functions: list[dict[str, Any]]) -> list[ToolCall] | None:
+    """The calls the reply makes, or None when it is not (only) calls of these functions."""
+    names = {f["name"] for f in functions}
+    tagged = _TAGGED.findall(text)
+    if tagged and not _TAGGED.sub("", text).strip():
+        candidates: list[Any] = []
+        for body in tagged:
+            value = _json(body)
+            if value is None:
+                return None
+            candidates += value if isinstance(value, list) else [value]
+    else:
+        value = _json(text.strip())
+        if value is None:
+            return None
+        candidates = value if isinstance(value, list) else [value]
+    calls = []
+    for c in candidates:
+        if not isinstance(c, dict) or c.get("name") not in names:
+            return None
+        arguments = c.get("arguments", c.get("parameters"))
+        if not isinstance(arguments, dict):
+            return None
+        calls.append(ToolCall(c["name"], json.dumps(arguments, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}"))
+    return calls or None
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def may_be_a_call(text: str) -> bool:
+    """Whether a reply that begins with `text` could still turn out to be a call (streaming holds it back)."""
+    start = text.lstrip()
+    return (
+        not start
+        or start.startswith(("{", "["))
+        or "<tool_call>".startswith(start[:11])
+        or start.startswith("<tool_call>")
+    )
