@@ -93,6 +93,14 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     run_prompt(page, "How do GPUs work?", max_tokens=8)
     assert page.locator("#prompt-tokens .chip.cached").count() >= 16
     assert "blocks" in page.inner_text("#kv-reused")
+    assert page.inner_text("#fig-allowed") == "–"  # not constrained
+
+    # constrained to a schema: the lifecycle shows how many tokens each step's mask allowed
+    page.click("summary")
+    page.fill("#json-schema", '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}')
+    run_prompt(page, "Is the sky blue? Answer in JSON.", max_tokens=16)
+    last, fewest, most = (int(x) for x in page.inner_text("#fig-allowed").split(" / "))
+    assert 1 <= fewest <= last <= most and fewest == 1  # '{"ok": ' allows one continuation at its start
     page.close()
 
 
@@ -160,4 +168,14 @@ def test_the_explorer_needs_the_api_key_and_shows_no_ones_text(server, browser) 
 
 
 # what an engine step tells about each sequence: counts and ids, no content
-STEP_FIELDS = {"request_id", "sample", "kind", "start", "tokens", "prompt_tokens", "cached_tokens", "blocks"}
+STEP_FIELDS = {
+    "request_id",
+    "sample",
+    "kind",
+    "start",
+    "tokens",
+    "prompt_tokens",
+    "cached_tokens",
+    "blocks",
+    "allowed_tokens",
+}

@@ -9,6 +9,7 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
+        self._mask_pool: ThreadPoolExecutor | None = None  # computes constrained rows' masks during the forward
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
         self.last_step: dict[str, Any] | None = None
         self._step_count = itertools.count(1)
@@ -381,17 +383,23 @@ class LLMEngine:
                     prompt_len=s.seq.num_prompt_tokens,
                 )
             )
+        masks = self._start_grammar_masks(sched)  # computed while the forward runs
         self.runner.copy_blocks(sched.block_copies, sched.local_block_copies)
         result = self.runner.execute(chunks)
         self.num_steps += 1
         self.scheduler.update_after_step(sched)
-        if self.record_steps:
-            self.last_step = self._describe_step(sched, now)
+        step = self._describe_step(sched, now) if self.record_steps else None
         touched: dict[str, Request] = {}
         for s, logits in zip(sched.scheduled, result.all_logits, strict=True):
             if logits is not None:
                 self._add_prompt_logprobs(self.requests[s.seq.request_id], s.start, logits)
-        self._sample_and_append(sched, result.last_logits, touched)
+        self._sample_and_append(sched, result.last_logits, touched, masks)
+        if step is not None:  # with what each constrained row's mask allowed, known once sampled
+            for entry, s in zip(step["batch"], sched.scheduled, strict=True):
+                sample = next((x for x in self.requests[s.seq.request_id].samples if x.seq is s.seq), None)
+                if s.completes_sequence and sample is not None and sample.grammar is not None:
+                    entry["allowed_tokens"] = sample.allowed_tokens
+            self.last_step = step
         outputs = []
         for request in touched.values():
             if request.finished:
@@ -415,6 +423,7 @@ class LLMEngine:
                     "prompt_tokens": seq.num_prompt_tokens,
                     "cached_tokens": seq.num_cached_tokens,
                     "blocks": len(seq.block_table),
+                    "allowed_tokens": None,  # a constrained sequence: how many tokens its mask allowed
                 }
             )
         return {
@@ -454,7 +463,35 @@ class LLMEngine:
                 entry[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
         return entry
 
-    def _sample_and_append(self, sched: SchedulerOutput, logits: torch.Tensor, touched: dict[str, Request]) -> None:
+    def _start_grammar_masks(self, sched: SchedulerOutput) -> "Future[dict[int, torch.Tensor]] | None":
+        """The allowed tokens of every constrained sequence that samples this step (seq_id -> bool [vocab]),
+        computed in a thread while the forward pass runs (llguidance releases the GIL), or None."""
+        matchers = {}
+        for s in sched.scheduled:
+            if s.completes_sequence:
+                request = self.requests[s.seq.request_id]
+                sample = next(x for x in request.samples if x.seq is s.seq)
+                if sample.grammar is not None:
+                    matchers[s.seq.seq_id] = sample.grammar
+        if not matchers:
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-grammar")
+        grammars = self.grammars
+
+        def compute() -> dict[int, torch.Tensor]:
+            allowed = grammars.allowed(list(matchers.values()))  # [C, vocab]
+            return dict(zip(matchers, allowed, strict=True))
+
+        return self._mask_pool.submit(compute)
+
+    def _sample_and_append(
+        self,
+        sched: SchedulerOutput,
+        logits: torch.Tensor,
+        touched: dict[str, Request],
+        masks: "Future[dict[int, torch.Tensor]] | None" = None,
+    ) -> None:
         rows: list[SamplingRow] = []
         row_samples: list[tuple[Request, SampleState]] = []
         logits_row = 0
@@ -471,12 +508,17 @@ class LLMEngine:
             logits_row += 1
         if not rows:
             return
-        constrained = [i for i, (_, sample) in enumerate(row_samples) if sample.grammar is not None]
-        if constrained:  # every constrained row's next tokens, in one call over all threads
-            allowed = self.grammars.allowed([row_samples[i][1].grammar for i in constrained])  # [C, vocab]
-            for j, i in enumerate(constrained):
-                rows[i].allowed = allowed[j]
-                row_samples[i][1].allowed_tokens = int(allowed[j].sum())
+        if masks is not None:  # a forked sample starts where its parent is: the parent's mask
+            allowed = masks.result()
+            parents = {x.seq.seq_id: x for _, x in row_samples}
+            for row, (_, sample) in zip(rows, row_samples, strict=True):
+                if sample.grammar is None:
+                    continue
+                mask = allowed.get(sample.seq.seq_id)
+                if mask is None:
+                    mask = next(m for sid, m in allowed.items() if parents[sid].seq.request_id == sample.seq.request_id)
+                row.allowed = mask
+                sample.allowed_tokens = int(mask.sum())
         sampled = self.sampler.sample(logits, rows)
         now = time.monotonic()
         for (request, sample), token in zip(row_samples, sampled, strict=True):

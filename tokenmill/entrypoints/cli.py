@@ -195,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="one request at a time: TTFT, prefill and decode tokens/s",
         description="Median over --runs requests of --input-len random tokens.",
     )
+    structured = bench_sub.add_parser(
+        "structured",
+        help="decode tokens/s with and without a JSON-schema constraint, at 1 and 32 concurrent requests",
+        description="Alternating constrained and free requests in one process (tokenmill/bench/structured.py); also "
+        "a typical schema's compile time and the time spent computing masks.",
+    )
+    structured.add_argument(
+        "--concurrency", default="1,32", help="comma-separated request counts run together (default 1,32)"
+    )
+    structured.add_argument("--output-len", type=int, default=128)
+    structured.add_argument("--reps", type=int, default=3, help="alternating repetitions, medians (default 3)")
     serve_bench = bench_sub.add_parser(
         "serve",
         help="a streaming load generator against a running server",
@@ -216,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--num-prompts", type=int, default=32)
         p.add_argument("--input-len", default="32:256", help="prompt length range, inclusive (default 32:256)")
         p.add_argument("--output-len", default="16:128", help="output length range, inclusive (default 16:128)")
-    for p in (offline, latency, serve_bench, soak):
+    for p in (offline, latency, structured, serve_bench, soak):
         p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
         p.add_argument("--json", action="store_true", help="print one JSON line")
     latency.add_argument("--input-len", type=int, default=128)
@@ -224,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     latency.add_argument("--runs", type=int, default=5)
     serve_bench.add_argument("--url", default="http://127.0.0.1:8000")
     serve_bench.add_argument("--concurrency", type=int, default=16)
-    for p in (offline, latency):
+    for p in (offline, latency, structured):
         add_model_args(p)
         g = p.add_argument_group("engine")
         for flag in (
@@ -414,7 +425,12 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         options = {k: getattr(args, k) for k in ENGINE_OPTIONS if k != "seed" and getattr(args, k, None) is not None}
         llm_kwargs = {"model": args.model, "dtype": args.dtype, "quantization": args.quantization, **options}
-        if args.bench == "offline":
+        if args.bench == "structured":
+            from tokenmill.bench.structured import run_structured
+
+            concurrencies = [int(c) for c in args.concurrency.split(",")]
+            result = run_structured(llm_kwargs, concurrencies, args.output_len, args.reps, args.seed)
+        elif args.bench == "offline":
             from tokenmill.bench.offline import run_offline
 
             result = run_offline(

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 
 import llguidance
+import numpy as np
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
@@ -91,11 +92,13 @@ class GrammarCompiler:
         return matcher
 
     def allowed(self, matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
-        """bool [len(matchers), vocab_size]: the tokens each matcher allows next (computed on all threads)."""
+        """bool [len(matchers), vocab_size]: the tokens each matcher allows next. numpy only: it runs in a thread
+        beside the forward pass, where a torch operation would start a second OpenMP team of threads that
+        spins against the forward's on a machine with few cores."""
         words = (self.vocab_size + 31) // 32
-        bitmask = torch.full((len(matchers), words), -1, dtype=torch.int32)
+        bitmask = np.full((len(matchers), words), -1, dtype=np.int32)  # bit t of word w: token 32 w + t
         self.executor.unsafe_compute_mask_ptr(
-            [(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(), words * 4, len(matchers)
+            [(m, i) for i, m in enumerate(matchers)], bitmask.ctypes.data, words * 4, len(matchers)
         )
-        bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [R, words, 32]
-        return bits.view(len(matchers), -1)[:, : self.vocab_size].bool()
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self.vocab_size]  # [R, V]
+        return torch.from_numpy(bits.view(np.bool_))

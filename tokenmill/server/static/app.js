@@ -153,6 +153,10 @@ function onStepForRun(ev, now) {
     } else {
       segment("decode", stepStart, now, "");
     }
+    if (b.allowed_tokens != null) {  // a constrained request: how many tokens its schema allowed at this step
+      run.allowed = (run.allowed || []).concat([b.allowed_tokens]);
+      $("fig-allowed").textContent = `${b.allowed_tokens} / ${Math.min(...run.allowed)} / ${Math.max(...run.allowed)}`;
+    }
     run.lastEvent = now;
     run.blocks = b.blocks;
     run.cachedTokens = b.cached_tokens;
@@ -249,10 +253,19 @@ async function submit(event) {
     top_p: Number($("top-p").value) || 1,
   };
   if ($("seed").value !== "") params.seed = Number($("seed").value);
+  const schema = $("json-schema").value.trim();
+  if (schema) {
+    try {
+      params.response_format = { type: "json_schema", json_schema: { name: "explorer", schema: JSON.parse(schema) } };
+    } catch (e) {
+      $("status").textContent = `the JSON schema does not parse: ${e.message}`;
+      return;
+    }
+  }
   $("submit").disabled = true;
   $("status").textContent = "tokenizing…";
   for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline"]) $(id).innerHTML = "";
-  for (const id of ["fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
+  for (const id of ["fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "fig-allowed", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
   try {
     const messages = [{ role: "user", content: text }];
     const tok = await postJSON("/tokenize", mode === "chat"
