@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server_utils import ServerProcess, start_server
+from tests.test_structured_output import PERSON, SCORES
 from tokenmill import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -250,6 +251,26 @@ def test_response_format_json_schema_and_json_object(client: openai.OpenAI, mode
         assert isinstance(json.loads(completion.choices[0].text), dict)
     else:
         assert completion.choices[0].text.startswith("{")
+
+
+@pytest.mark.parametrize("schema", [PERSON, SCORES], ids=["nested-object", "array-of-objects"])
+def test_sampled_json_through_the_client_always_validates(client: openai.OpenAI, model: str, schema: dict) -> None:
+    """Temperature 1, eight seeds' worth of samples (n=8) per schema: every one that stops validates."""
+    import jsonschema
+
+    resp = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Reply in JSON."}],
+        max_tokens=160,
+        temperature=1.0,
+        seed=3,
+        n=8,
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}},
+    )
+    stopped = [c for c in resp.choices if c.finish_reason == "stop"]
+    assert len(stopped) >= 4
+    for choice in stopped:
+        jsonschema.validate(json.loads(choice.message.content), schema)
 
 
 def test_vllm_structured_outputs_extra_body(client: openai.OpenAI, model: str) -> None:
