@@ -166,7 +166,8 @@ def test_sharded_checkpoint_and_its_tokenizer(tmp_path: Path, tokenizer_files: P
 @pytest.mark.slow
 def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: Path, tmp_path: Path, smollm2_reference):
     """transformers reads the GGUF (dequantized, Q/K rows unpermuted) and writes an HF directory: the same model in
-    float32, so tokenmill's greedy output from it is the GGUF's, token for token."""
+    float32, so tokenmill's greedy output from it is the GGUF's, token for token (16 tokens here for CI's time;
+    measured also for 32 on every reference prompt)."""
     from safetensors.torch import save_file
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -191,8 +192,8 @@ def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: P
             ids = from_hf.get_tokenizer().encode(g["prompt"], add_special_tokens=True)
         assert ids == g["prompt_ids"]
     prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in gens]
-    assert token_lists(from_hf.generate(prompts, greedy(32), use_tqdm=False)) == token_lists(
-        llm.generate(prompts, greedy(32), use_tqdm=False)
+    assert token_lists(from_hf.generate(prompts, greedy(16), use_tqdm=False)) == token_lists(
+        llm.generate(prompts, greedy(16), use_tqdm=False)
     )
 
 

@@ -170,9 +170,4 @@ def _json(text: str) -> Any:
 def may_be_a_call(text: str) -> bool:
     """Whether a reply that begins with `text` could still turn out to be a call (streaming holds it back)."""
     start = text.lstrip()
-    return (
-        not start
-        or start.startswith(("{", "["))
-        or "<tool_call>".startswith(start[:11])
-        or start.startswith("<tool_call>")
-    )
+    return not start or start.startswith(("{", "[", "<tool_call>")) or "<tool_call>".startswith(start)
