@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -19,9 +20,22 @@ def free_port() -> int:
 
 @dataclass
 class ServerProcess:
+    """A server process whose output (stdout and stderr) a thread reads as it comes, so that a server that logs
+    a line per request never blocks on a full pipe."""
+
     process: subprocess.Popen
     port: int
     health_codes: list[int] = field(default_factory=list)  # /health answers seen while starting
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        if self.process.stdout is not None:
+            for line in self.process.stdout:
+                self.lines.append(line)
 
     @property
     def url(self) -> str:
@@ -38,7 +52,10 @@ class ServerProcess:
         return self.process.returncode
 
     def output(self) -> str:
-        return self.process.stdout.read() if self.process.stdout else ""
+        """Everything the server wrote so far (all of it once it has exited)."""
+        if self.process.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self.lines)
 
 
 def start_server(*args: str, timeout: float = 120) -> ServerProcess:

@@ -111,3 +111,25 @@ def test_models_by_name_and_their_listing(tmp_path, monkeypatch, bundled_path, g
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert (rows["gemma3-270m"]["architecture"], rows["gemma3-270m"]["quantization"]) == ("gemma3", "Q4_K_M")
     assert (rows["smollm2-135m"]["architecture"], rows["smollm2-135m"]["parameters"]) == ("llama", "135M")
+
+
+def test_every_option_has_help_and_there_is_a_version() -> None:
+    import argparse
+
+    from tokenmill import __version__
+    from tokenmill.entrypoints.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif action.option_strings and not action.help:
+                missing.append(f"{path} {action.option_strings[0]}")
+
+    walk(build_parser(), "tokenmill")
+    assert missing == []
+    out = subprocess.run([sys.executable, "-m", "tokenmill", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"tokenmill {__version__}"

@@ -266,3 +266,22 @@ def test_tensor_parallel_checkpoint_with_biases(tmp_path: Path, tokenizer_files:
         assert token_lists(parallel.generate(prompts, params, use_tqdm=False)) == alone
     finally:
         parallel.close()
+
+
+@pytest.mark.slow
+def test_the_server_serves_a_checkpoint_directory(tmp_path: Path, tokenizer_files: Path) -> None:
+    from openai import OpenAI
+
+    from tests.server_utils import start_server
+
+    folder = write_tiny("qwen3", tmp_path / "tiny-qwen3", tokenizer_files)
+    server = start_server("--model", str(folder))
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        assert client.models.list().data[0].id == "tiny-qwen3"
+        out = client.chat.completions.create(
+            model="tiny-qwen3", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, temperature=0
+        )
+        assert out.usage.completion_tokens >= 1 and out.choices[0].finish_reason in ("stop", "length")
+    finally:
+        server.stop()

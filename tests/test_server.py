@@ -1,6 +1,7 @@
 """The OpenAI-compatible server, driven through the official `openai` client against a real process."""
 
 import json
+import re
 import threading
 import time
 
@@ -682,3 +683,26 @@ def test_bad_tools_get_400(client: openai.OpenAI, model: str, tools, tool_choice
             model=model, messages=ASK, tools=tools, tool_choice=tool_choice, max_tokens=5, extra_body=extra
         )
     assert info.value.body["param"] == param and (message is None or message in info.value.message)
+
+
+def test_the_log_has_a_line_per_request_and_throughput_lines(
+    server: ServerProcess, client: openai.OpenAI, model: str
+) -> None:
+    chat = client.chat.completions.create(model=model, messages=ASK, max_tokens=4, temperature=0)
+    completion = client.completions.create(model=model, prompt=["a", "b"], max_tokens=3, temperature=0)
+    stream = list(client.completions.create(model=model, prompt="c", max_tokens=2, stream=True))
+    ids = {chat.id: "/v1/chat/completions", completion.id: "/v1/completions", stream[0].id: "/v1/completions"}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the throughput line comes when the engine goes idle after work
+        log = server.output()
+        if all(i in log for i in ids) and "engine: prompt" in log.split(chat.id)[-1]:
+            break
+        time.sleep(0.2)
+    lines = server.output().splitlines()
+    for request_id, endpoint in ids.items():
+        (line,) = [x for x in lines if f"tokenmill.requests: {request_id} " in x]
+        assert f"{request_id} {endpoint} 200: " in line and "finish length" in line and "TTFT" in line
+    assert "2 prompt + 6 output tokens" in next(x for x in lines if completion.id in x)  # two prompts, n=1 each
+    throughput = [x for x in lines if "engine: prompt" in x]
+    shape = r"generation [\d.]+ tok/s, running \d+, waiting \d+, KV"
+    assert throughput and all(re.search(shape, x) for x in throughput)

@@ -23,6 +23,7 @@ from tokenmill.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 RANK_CHECK_INTERVAL_S = 1.0  # while idle, how often every tensor-parallel rank must answer
+STATS_LOG_INTERVAL_S = 10.0  # while busy, a throughput line this often (as vLLM's engine logs)
 
 
 class EngineDeadError(TokenmillError):
@@ -30,8 +31,11 @@ class EngineDeadError(TokenmillError):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, stats_log_interval_s: float | None = STATS_LOG_INTERVAL_S):
+        """`stats_log_interval_s`: log a throughput line this often while there is work (None: never)."""
         self.engine = engine
+        self.stats_log_interval_s = stats_log_interval_s
+        self._logged_stats: tuple[float, dict[str, Any]] = (time.monotonic(), engine.stats())
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -54,6 +58,7 @@ class AsyncEngine:
                 trimmer.maybe_release()
                 if not self.engine.has_unfinished_requests():
                     self._stats = self.engine.stats()
+                    self._maybe_log_stats(idle=True)
                     self._wake.clear()
                     if self._commands.empty():  # a command queued after this check sets _wake: no lost wake-up
                         self._wake.wait(timeout=0.5)
@@ -64,6 +69,7 @@ class AsyncEngine:
                 for out in self.engine.step():
                     self._deliver(out.request_id, out)
                 self._stats = self.engine.stats()
+                self._maybe_log_stats()
                 if self.step_listeners and self.engine.last_step is not None:
                     event = {**self.engine.last_step, **self._stats}
                     for listener in list(self.step_listeners):
@@ -74,6 +80,35 @@ class AsyncEngine:
             for request_id in list(self._streams):
                 self._deliver(request_id, EngineDeadError(f"the engine failed: {exc!r}"))
             self._drain_commands()
+
+    def _maybe_log_stats(self, idle: bool = False) -> None:
+        """One line of throughput since the last one, and the engine's state now: every stats_log_interval_s
+        while busy, and once when the engine goes idle after work (the next busy period counts from then)."""
+        if self.stats_log_interval_s is None:
+            return
+        then, before = self._logged_stats
+        now = time.monotonic()
+        s = self._stats
+        if idle:
+            if s["num_steps"] == before["num_steps"]:
+                self._logged_stats = (now, s)  # nothing happened: the next line starts from here
+                return
+        elif now - then < self.stats_log_interval_s:
+            return
+        seconds = now - then
+        queried = s["prefix_cache_query_tokens"] - before["prefix_cache_query_tokens"]
+        hits = s["prefix_cache_hit_tokens"] - before["prefix_cache_hit_tokens"]
+        logger.info(
+            "engine: prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV cache %.1f%%, "
+            "prefix-cache hit rate %.1f%%",
+            (s["prompt_tokens_total"] - before["prompt_tokens_total"]) / seconds,
+            (s["generation_tokens_total"] - before["generation_tokens_total"]) / seconds,
+            s["num_running"],
+            s["num_waiting"],
+            100 * s["kv_cache_usage"],
+            100 * hits / queried if queried else 0.0,
+        )
+        self._logged_stats = (now, s)
 
     def _drain_commands(self) -> None:
         while True:

@@ -123,6 +123,8 @@ class LLMEngine:
         self.last_step: dict[str, Any] | None = None
         self._step_count = itertools.count(1)
         self.num_steps = 0
+        self.prompt_tokens_total = 0  # prompt tokens computed (prefix-cache hits are not), for the throughput log
+        self.generation_tokens_total = 0  # tokens sampled
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
@@ -387,6 +389,9 @@ class LLMEngine:
         self.runner.copy_blocks(sched.block_copies, sched.local_block_copies)
         result = self.runner.execute(chunks)
         self.num_steps += 1
+        for s in sched.scheduled:
+            prompt_len = s.seq.num_prompt_tokens
+            self.prompt_tokens_total += max(0, min(s.start + s.num_new_tokens, prompt_len) - s.start)
         self.scheduler.update_after_step(sched)
         step = self._describe_step(sched, now) if self.record_steps else None
         touched: dict[str, Request] = {}
@@ -520,6 +525,7 @@ class LLMEngine:
                 row.allowed = mask
                 sample.allowed_tokens = int(mask.sum())
         sampled = self.sampler.sample(logits, rows)
+        self.generation_tokens_total += len(sampled)
         now = time.monotonic()
         for (request, sample), token in zip(row_samples, sampled, strict=True):
             self._append_token(request, sample, token, now)
@@ -630,6 +636,8 @@ class LLMEngine:
             "block_size": self.config.block_size,
             "max_model_len": self.max_model_len,
             "num_steps": self.num_steps,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
             "tensor_parallel_size": self.config.tensor_parallel_size,
             # time rank 0 spent in collectives (step broadcasts, all-reduces, the logits' gather): all steps, last
             "collective_seconds_total": tp.group.collective_seconds if tp is not None else 0.0,

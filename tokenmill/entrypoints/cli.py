@@ -6,9 +6,12 @@ import logging
 import sys
 import time
 
+from tokenmill import __version__
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
+
+STARTED = time.monotonic()  # about when the process started (its imports so far are light: ~0.1 s)
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
@@ -33,7 +36,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) -> None:
+    """The engine's options; `request_seed`: its --seed (the benchmarks' --seed seeds their workload instead)."""
     g = parser.add_argument_group("engine")
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block (default 16)")
     g.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
@@ -49,7 +53,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (default 64)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default 512)")
     g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
-    g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
+    if request_seed:
+        g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
     add_parallel_args(parser)
 
 
@@ -95,14 +100,25 @@ def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"stop after this many tokens ({max_tokens})")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="sample from the smallest set of tokens whose probability reaches this (default 1: all)",
+    )
+    g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens only (default 0: all)")
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="above 1, tokens already in the prompt or the output become less likely (default 1: off)",
+    )
     g.add_argument("--sampling-seed", type=int, default=None, help="seed of this generation")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"tokenmill {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser(
@@ -142,7 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not serve the request explorer (/ and /explorer/*)",
     )
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
-    serve.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
+    serve.add_argument(
+        "--disable-log-requests",
+        dest="log_requests",
+        action="store_false",
+        help="no line per API call (id, endpoint, status, tokens, finish reason, TTFT, duration)",
+    )
+    serve.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        help="seconds between throughput lines while busy (default 10; 0: none)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="tokenmill's and uvicorn's log level (default: info, or TOKENMILL_LOG_LEVEL)",
+    )
     add_model_args(serve)
     add_engine_args(serve)
 
@@ -204,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     structured.add_argument(
         "--concurrency", default="1,32", help="comma-separated request counts run together (default 1,32)"
     )
-    structured.add_argument("--output-len", type=int, default=128)
+    structured.add_argument("--output-len", type=int, default=128, help="tokens each request samples (default 128)")
     structured.add_argument("--reps", type=int, default=3, help="alternating repetitions, medians (default 3)")
     serve_bench = bench_sub.add_parser(
         "serve",
@@ -218,37 +252,28 @@ def build_parser() -> argparse.ArgumentParser:
         "requests that must fail, from --concurrency clients for --duration seconds; every answer is checked, and "
         "the server's resident memory is read from its /metrics every --sample seconds.",
     )
-    soak.add_argument("--url", default="http://127.0.0.1:8000")
+    soak.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
     soak.add_argument("--duration", type=float, default=300.0, help="seconds (default 300)")
-    soak.add_argument("--concurrency", type=int, default=8)
+    soak.add_argument("--concurrency", type=int, default=8, help="clients at once (default 8)")
     soak.add_argument("--sample", type=float, default=5.0, help="seconds between memory samples (default 5)")
     soak.add_argument("--api-key", default=None, help="the server's API key, if it has one")
     for p in (offline, serve_bench):
-        p.add_argument("--num-prompts", type=int, default=32)
+        p.add_argument("--num-prompts", type=int, default=32, help="requests in the workload (default 32)")
         p.add_argument("--input-len", default="32:256", help="prompt length range, inclusive (default 32:256)")
         p.add_argument("--output-len", default="16:128", help="output length range, inclusive (default 16:128)")
     for p in (offline, latency, structured, serve_bench, soak):
         p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
         p.add_argument("--json", action="store_true", help="print one JSON line")
-    latency.add_argument("--input-len", type=int, default=128)
-    latency.add_argument("--output-len", type=int, default=128)
-    latency.add_argument("--runs", type=int, default=5)
-    serve_bench.add_argument("--url", default="http://127.0.0.1:8000")
-    serve_bench.add_argument("--concurrency", type=int, default=16)
+    latency.add_argument("--input-len", type=int, default=128, help="prompt tokens (default 128)")
+    latency.add_argument("--output-len", type=int, default=128, help="generated tokens (default 128)")
+    latency.add_argument("--runs", type=int, default=5, help="requests, one after the other; medians (default 5)")
+    serve_bench.add_argument(
+        "--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)"
+    )
+    serve_bench.add_argument("--concurrency", type=int, default=16, help="clients at once (default 16)")
     for p in (offline, latency, structured):
         add_model_args(p)
-        g = p.add_argument_group("engine")
-        for flag in (
-            "--block-size",
-            "--num-kv-blocks",
-            "--max-num-seqs",
-            "--max-num-batched-tokens",
-            "--max-model-len",
-        ):
-            g.add_argument(flag, type=int, default=None)
-        g.add_argument("--kv-cache-memory", default=None)
-        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-        add_parallel_args(p)
+        add_engine_args(p, request_seed=False)
     return parser
 
 
@@ -366,6 +391,8 @@ def run_serve(args: argparse.Namespace) -> int:
         return 1
     from tokenmill.loader.prefetch import ModelPrefetch
 
+    if args.log_level is not None:
+        setup_logging(args.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
     quantization = None if args.quantization == "none" else args.quantization
@@ -386,8 +413,10 @@ def run_serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes or None,
         explorer=args.explorer,
         metrics_require_key=args.metrics_require_key,
+        log_requests=args.log_requests,
+        log_stats_interval_s=args.log_stats_interval or None,
     )
-    return serve(settings, args.host, args.port, args.access_log, prefetched)
+    return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
 
 
 def run_torchrun_worker(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     # rendering and tokenizing a long conversation takes a while: not on the event loop
     prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, messages, req.add_generation_prompt, template_tools)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id)
+    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, "/v1/chat/completions")
     await generation.start()
     created = int(time.time())
     tokenizer = llm_engine.tokenizer

@@ -101,7 +101,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     params = req.sampling_params(1 if drop_generated else req.max_tokens, req.logprobs, prompt_logprobs)
     prompts = split_prompts(req.prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    generation = Generation(state, prompts, params, request_id)
+    generation = Generation(state, prompts, params, request_id, "/v1/completions")
     await generation.start()
     tokenizer = engine.engine.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)

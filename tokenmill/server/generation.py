@@ -8,6 +8,8 @@ running. Leaving the stream early (client gone, task cancelled) aborts whatever 
 
 import asyncio
 import itertools
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +23,7 @@ from tokenmill.server.errors import APIError
 from tokenmill.server.state import ServerState
 
 _call_ids = itertools.count()
+logger = logging.getLogger("tokenmill.requests")  # one line per API call (--disable-log-requests: none)
 
 
 class ClientDisconnected(Exception):
@@ -28,8 +31,14 @@ class ClientDisconnected(Exception):
 
 
 class Generation:
-    def __init__(self, state: ServerState, prompts: list[PromptInput], params: SamplingParams, api_id: str):
+    def __init__(
+        self, state: ServerState, prompts: list[PromptInput], params: SamplingParams, api_id: str, endpoint: str = ""
+    ):
         self.state = state
+        self.endpoint = endpoint  # for the access line
+        self.started = time.monotonic()
+        self._finals: dict[str, RequestOutput] = {}
+        self._logged = False
         self.api_id = api_id  # engine request ids are "<api id>-<prompt index>", so step events name the call
         self.prompts = prompts
         self.params = params
@@ -63,10 +72,31 @@ class Generation:
         ]
 
     def close(self) -> None:
-        """Abort what is still running and stop counting this call (idempotent)."""
+        """Abort what is still running and stop counting this call (idempotent); log its access line."""
+        aborted = bool(self._pending)
         self.abort()
         self.state.in_flight.pop(self.call_id, None)
         self.state.release(self.call_id)
+        if not self._logged and self.request_ids and self.state.settings.log_requests:
+            self._logged = True
+            self._log_access("aborted" if aborted else "200")
+
+    def _log_access(self, status: str) -> None:
+        finals = list(self._finals.values())
+        outputs = [o for f in finals for o in f.outputs]
+        reasons = sorted({o.finish_reason or "abort" for o in outputs}) or ["abort"]
+        first = [f.metrics.first_token_time - f.metrics.arrival_time for f in finals if f.metrics.first_token_time]
+        logger.info(
+            "%s %s %s: %d prompt + %d output tokens, finish %s, TTFT %s, %.3f s",
+            self.api_id,
+            self.endpoint,
+            status,
+            sum(len(f.prompt_token_ids) for f in finals),
+            sum(len(o.token_ids) for o in outputs),
+            "/".join(reasons),
+            f"{min(first):.3f} s" if first else "-",
+            time.monotonic() - self.started,
+        )
 
     async def stream(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs as they come, each with the index of its prompt; ends when every request finished."""
@@ -77,6 +107,7 @@ class Generation:
                     raise APIError(500, str(item), "server_error", code="engine_dead")
                 if item.finished:
                     self._pending.discard(item.request_id)
+                    self._finals[item.request_id] = item
                     self.state.metrics.observe(item)
                 yield self._index[item.request_id], item
         finally:

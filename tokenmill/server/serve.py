@@ -13,6 +13,7 @@ import time
 import uvicorn
 
 from tokenmill.loader.gguf_file import check_gguf_magic
+from tokenmill.loader.hf_checkpoint import HFCheckpoint, is_hf_checkpoint
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.server.state import ServerSettings, ServerState
 
@@ -27,9 +28,10 @@ def _load_quietly(state: ServerState, prefetched=None) -> None:
 
 
 class TokenmillServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState):
+    def __init__(self, config: uvicorn.Config, state: ServerState, started: float | None = None):
         super().__init__(config)
         self.state = state
+        self.started = started if started is not None else time.monotonic()
         self.exit_code = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -41,7 +43,6 @@ class TokenmillServer(uvicorn.Server):
         self._loop.create_task(self._watch_load())
 
     async def _watch_load(self) -> None:
-        start = time.monotonic()
         while not self.state.ready.is_set():
             if self.state.load_error is not None:
                 logger.error("exiting: the model could not be loaded")
@@ -49,7 +50,14 @@ class TokenmillServer(uvicorn.Server):
                 self.should_exit = True
                 return
             await asyncio.sleep(0.05)
-        logger.info("ready to serve %r after %.1f s", self.state.model_name, time.monotonic() - start)
+        engine = self.state.engine
+        load = f" (the model loaded in {engine.engine.load_seconds:.2f} s of them, while the server started)"
+        logger.info(
+            "ready to serve %r %.1f s after start%s",
+            self.state.model_name,
+            time.monotonic() - self.started,
+            load if engine is not None else "",
+        )
 
     def handle_exit(self, sig, frame) -> None:
         if not self.state.shutting_down and self._loop is not None:
@@ -75,9 +83,17 @@ def serve(
     port: int = 8000,
     access_log: bool = False,
     prefetched=None,
+    log_level: str | None = None,
+    started: float | None = None,
 ) -> int:
-    # fail fast, before listening, on a model file that cannot be right
-    check_gguf_magic(resolve_model_path(settings.model))
+    """`started`: time.monotonic() when the process started (the ready line counts from it)."""
+    # fail fast, before listening, on a model that cannot be right (a checkpoint directory's config and headers are
+    # read: cheap; a GGUF file's magic)
+    path = resolve_model_path(settings.model)
+    if is_hf_checkpoint(path):
+        HFCheckpoint(path)
+    else:
+        check_gguf_magic(path)
     if settings.api_key is None:
         settings.api_key = os.environ.get("TOKENMILL_API_KEY") or None
     state = ServerState(settings)
@@ -90,10 +106,10 @@ def serve(
         app,
         host=host,
         port=port,
-        log_level="info",
+        log_level=log_level or "info",
         access_log=access_log,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
     )
-    server = TokenmillServer(config, state)
+    server = TokenmillServer(config, state, started)
     server.run()
     return server.exit_code

@@ -29,6 +29,8 @@ class ServerSettings:
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413 before they are parsed
     explorer: bool = True  # serve the request explorer (/, /explorer/*)
     metrics_require_key: bool = False  # /metrics needs the API key too
+    log_requests: bool = True  # one access line per API call (tokenmill.requests)
+    log_stats_interval_s: float | None = 10.0  # a throughput line this often while busy (None: never)
 
 
 class ServerState:
@@ -67,7 +69,7 @@ class ServerState:
             raise
         self.model_name = s.served_model_name or engine.model_name
         self.model_path = str(engine.model_path)
-        self.engine = AsyncEngine(engine)
+        self.engine = AsyncEngine(engine, self.settings.log_stats_interval_s)
         self.events.attach(self.engine)
         self.ready.set()
         logger.info("ready: serving %r", self.model_name)
