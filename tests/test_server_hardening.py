@@ -253,3 +253,34 @@ def test_the_handler_of_last_resort_answers_json_with_an_error_id() -> None:
     error = assert_openai_error(r, 500)
     assert error["code"] == "internal_error" and r.headers["x-error-id"] in error["message"]
     assert state.metrics.internal_errors._value.get() == 1
+
+
+def test_output_length_default_and_limit() -> None:
+    """--max-tokens-default fills in a request that names none; --max-tokens-limit refuses more (400) and caps the
+    default: a chat request with no max_tokens can no longer run to the end of the context."""
+    from tokenmill.server.errors import APIError
+    from tokenmill.server.state import ServerSettings, ServerState
+
+    plain = ServerState(ServerSettings())
+    assert plain.output_limit(None, None) is None and plain.output_limit(None, 16) == 16
+    assert plain.output_limit(5000, 16) == 5000
+    bounded = ServerState(ServerSettings(max_tokens_default=256, max_tokens_limit=1024))
+    assert bounded.output_limit(None, None) == 256 and bounded.output_limit(None, 16) == 256
+    assert bounded.output_limit(1024, None) == 1024
+    with pytest.raises(APIError, match="above this server's limit of 1024"):
+        bounded.output_limit(1025, None)
+    assert ServerState(ServerSettings(max_tokens_limit=100)).output_limit(None, None) == 100
+
+
+def test_output_length_flags_reach_both_endpoints() -> None:
+    server = start_server("--max-tokens-default", "6", "--max-tokens-limit", "40", "--no-explorer")
+    try:
+        body = {"messages": [{"role": "user", "content": "Count to fifty."}], "ignore_eos": True}
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "One", "ignore_eos": True}, timeout=60)
+        assert r.json()["usage"]["completion_tokens"] == 6
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "One", "max_tokens": 41}, timeout=60)
+        assert assert_openai_error(r, 400)["param"] == "max_tokens"
+    finally:
+        server.stop()

@@ -160,6 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
     serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
     serve.add_argument(
+        "--max-tokens-default",
+        type=int,
+        default=None,
+        help="output tokens of a request that names no max_tokens (default: the whole context for chat, 16 for "
+        "completions, as OpenAI's API)",
+    )
+    serve.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="the most output tokens a request may ask for (400 above it); it also caps the default",
+    )
+    serve.add_argument(
         "--disable-log-requests",
         dest="log_requests",
         action="store_false",
@@ -414,6 +427,8 @@ def run_serve(args: argparse.Namespace) -> int:
         explorer=args.explorer,
         metrics_require_key=args.metrics_require_key,
         log_requests=args.log_requests,
+        max_tokens_default=args.max_tokens_default,
+        max_tokens_limit=args.max_tokens_limit,
         log_stats_interval_s=args.log_stats_interval or None,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)

@@ -98,7 +98,10 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     if drop_generated and not req.echo:
         raise APIError(400, "max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
     prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
-    params = req.sampling_params(1 if drop_generated else req.max_tokens, req.logprobs, prompt_logprobs)
+    named = "max_tokens" in req.model_fields_set  # not named: OpenAI's default, 16; null: up to the context
+    asked = req.max_tokens if named else None
+    max_tokens = 1 if drop_generated else state.output_limit(asked, None if named else 16)
+    params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs)
     prompts = split_prompts(req.prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = Generation(state, prompts, params, request_id, "/v1/completions")

@@ -30,6 +30,8 @@ class ServerSettings:
     explorer: bool = True  # serve the request explorer (/, /explorer/*)
     metrics_require_key: bool = False  # /metrics needs the API key too
     log_requests: bool = True  # one access line per API call (tokenmill.requests)
+    max_tokens_default: int | None = None  # a request that names no max_tokens gets this (None: the API's default)
+    max_tokens_limit: int | None = None  # no request may ask for more output tokens (400)
     log_stats_interval_s: float | None = 10.0  # a throughput line this often while busy (None: never)
 
 
@@ -49,6 +51,18 @@ class ServerState:
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
         self.events = EventHub()
         self.ready = threading.Event()
+
+    def output_limit(self, asked: int | None, api_default: int | None) -> int | None:
+        """The max_tokens a request runs with: what it asked, else the server's default, else the API's; 400
+        above --max-tokens-limit (which also caps a request that names none)."""
+        s = self.settings
+        chosen = asked if asked is not None else (s.max_tokens_default if s.max_tokens_default else api_default)
+        limit = s.max_tokens_limit
+        if limit is not None and asked is not None and asked > limit:
+            raise APIError(400, f"max_tokens {asked} is above this server's limit of {limit}", param="max_tokens")
+        if limit is not None and (chosen is None or chosen > limit):
+            chosen = limit
+        return chosen
 
     def load(self, prefetched=None) -> None:
         """Build the engine (runs in a thread while the server already answers /health with 503)."""
