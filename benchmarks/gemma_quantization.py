@@ -4,6 +4,10 @@ same GGUF), beside float32 and llama.cpp's own greedy tokens on the file's k-qua
 
     .venv/bin/python benchmarks/gemma_quantization.py
 
+The one-pass variant emulates llama.cpp's activation quantization in the LM head alone (what would halve the
+head's integer products): the activations are rounded to one int8 pass per block of 32 before the two-pass
+kernel, whose second pass then has nothing left to add.
+
 Prints one JSON line per variant: per reference prompt, how many of the 32 greedy tokens agree with HF float32's
 before the first difference, and the largest top-10 log-probability difference after the prompt (llama.cpp:
 agreement only; the reference has no log-probabilities of its).
@@ -12,6 +16,8 @@ agreement only; the reference has no log-probabilities of its).
 import json
 import os
 from pathlib import Path
+
+from activation_quantization import one_int8_pass
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.loader.model_path import gemma3_270m_path
@@ -50,6 +56,11 @@ def main() -> None:
     print(json.dumps({"variant": "float32", **measure(LLM(path), generations)}))
     auto = LLM(path, quantization="auto")
     print(json.dumps({"variant": "auto (native decoder)", **measure(auto, generations)}))
+    head = auto.engine.runner.model.lm_head
+    two_passes = head.forward
+    head.forward = lambda x: two_passes(one_int8_pass(x))  # the head's activations rounded to one int8 pass first
+    print(json.dumps({"variant": "auto, LM head with one activation pass (emulated)", **measure(auto, generations)}))
+    head.forward = two_passes
     auto.engine.runner.native_decoder = None  # the same weights through the torch path's AutoLinear
     print(json.dumps({"variant": "auto (torch path)", **measure(auto, generations)}))
 

@@ -13,26 +13,13 @@ Prints one JSON line per library.
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-SCHEMA = {  # a typical response schema: nested object, array with bounds, enum, bounded integer, no extra keys
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "role": {"enum": ["admin", "user", "guest"]},
-        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
-        "address": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-    "required": ["name", "age", "role", "tags"],
-    "additionalProperties": False,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # plain data only, also in the peers' venv
+from tokenmill.bench.schemas import TYPICAL_SCHEMA as SCHEMA  # noqa: E402
+
 OUTPUT = json.dumps(
     {"name": "Ada", "age": 36, "role": "admin", "tags": ["math", "code"], "address": {"city": "London", "zip": "12345"}}
 )

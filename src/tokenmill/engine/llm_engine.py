@@ -401,9 +401,8 @@ class LLMEngine:
         self._sample_and_append(sched, result.last_logits, touched, masks)
         if step is not None:  # with what each constrained row's mask allowed, known once sampled
             for entry, s in zip(step["batch"], sched.scheduled, strict=True):
-                sample = next((x for x in self.requests[s.seq.request_id].samples if x.seq is s.seq), None)
-                if s.completes_sequence and sample is not None and sample.grammar is not None:
-                    entry["allowed_tokens"] = sample.allowed_tokens
+                if s.completes_sequence and s.seq.params.structured_outputs is not None:
+                    entry["allowed_tokens"] = self._sample_of(s.seq).allowed_tokens
             self.last_step = step
         outputs = []
         for request in touched.values():
@@ -468,16 +467,18 @@ class LLMEngine:
                 entry[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
         return entry
 
+    def _sample_of(self, seq: Sequence) -> SampleState:
+        """The engine's state of a sequence of a request still in flight."""
+        return next(x for x in self.requests[seq.request_id].samples if x.seq is seq)
+
     def _start_grammar_masks(self, sched: SchedulerOutput) -> "Future[dict[int, torch.Tensor]] | None":
         """The allowed tokens of every constrained sequence that samples this step (seq_id -> bool [vocab]),
         computed in a thread while the forward pass runs (llguidance releases the GIL), or None."""
-        matchers = {}
-        for s in sched.scheduled:
-            if s.completes_sequence:
-                request = self.requests[s.seq.request_id]
-                sample = next(x for x in request.samples if x.seq is s.seq)
-                if sample.grammar is not None:
-                    matchers[s.seq.seq_id] = sample.grammar
+        matchers = {
+            s.seq.seq_id: self._sample_of(s.seq).grammar
+            for s in sched.scheduled
+            if s.completes_sequence and s.seq.params.structured_outputs is not None
+        }
         if not matchers:
             return None
         if self._mask_pool is None:
@@ -504,7 +505,7 @@ class LLMEngine:
             if not s.completes_sequence:
                 continue
             request = self.requests[s.seq.request_id]
-            samples = [next(x for x in request.samples if x.seq is s.seq)]
+            samples = [self._sample_of(s.seq)]
             if request.params.n > 1 and not request.forked:
                 samples += self._fork(request, s.seq)
             for sample in samples:
@@ -513,17 +514,15 @@ class LLMEngine:
             logits_row += 1
         if not rows:
             return
-        if masks is not None:  # a forked sample starts where its parent is: the parent's mask
+        if masks is not None:
             allowed = masks.result()
-            parents = {x.seq.seq_id: x for _, x in row_samples}
-            for row, (_, sample) in zip(rows, row_samples, strict=True):
+            for row, (request, sample) in zip(rows, row_samples, strict=True):
                 if sample.grammar is None:
                     continue
+                # a sample forked this step starts where its parent, the request's first, is: the parent's mask
                 mask = allowed.get(sample.seq.seq_id)
-                if mask is None:
-                    mask = next(m for sid, m in allowed.items() if parents[sid].seq.request_id == sample.seq.request_id)
-                row.allowed = mask
-                sample.allowed_tokens = int(mask.sum())
+                row.allowed = mask if mask is not None else allowed[request.samples[0].seq.seq_id]
+                sample.allowed_tokens = int(row.allowed.sum())
         sampled = self.sampler.sample(logits, rows)
         self.generation_tokens_total += len(sampled)
         now = time.monotonic()
@@ -547,7 +546,7 @@ class LLMEngine:
                 self.window_manager.fork(parent, child)
             self.scheduler.add_running(child)
             state = self._sample_state(child, request)
-            parent_state = next(x for x in request.samples if x.seq is parent)
+            parent_state = self._sample_of(parent)
             if parent_state.grammar is not None:  # at the start of the output, as the parent's
                 state.grammar = parent_state.grammar.deep_copy()
             request.samples.append(state)

@@ -28,12 +28,12 @@ HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
 }
-# safetensors dtype -> (GGUF tensor type, numpy dtype of its stored elements): bfloat16 is kept as raw bytes, as
-# GGUF files keep it (numpy has no bfloat16)
+# safetensors dtype -> (GGUF tensor type, numpy dtype of its stored elements, bytes per value): bfloat16 is kept as
+# raw bytes, as GGUF files keep it (numpy has no bfloat16)
 _DTYPES = {
-    "F32": (GGMLQuantizationType.F32, np.float32),
-    "F16": (GGMLQuantizationType.F16, np.float16),
-    "BF16": (GGMLQuantizationType.BF16, np.uint8),
+    "F32": (GGMLQuantizationType.F32, np.float32, 4),
+    "F16": (GGMLQuantizationType.F16, np.float16, 2),
+    "BF16": (GGMLQuantizationType.BF16, np.uint8, 2),
 }
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -210,12 +210,12 @@ def _read_safetensors(path: Path) -> dict[str, GGUFTensor]:
             raise UnsupportedModelError(
                 f"{path}: tensor {name!r} is {dtype}; tokenmill loads {', '.join(_DTYPES)} safetensors"
             )
-        ggml_type, element = _DTYPES[dtype]
-        width = np.dtype(element).itemsize if element is not np.uint8 else 2
+        ggml_type, element, width = _DTYPES[dtype]
         count = int(np.prod(shape, dtype=np.int64))
         if end - begin != count * width or data_start + end > size:
             raise ModelFileError(f"{path}: tensor {name!r} of shape {shape} does not fit its byte range")
         raw = mapped[data_start + begin : data_start + end]
-        stored_shape = (*shape[:-1], shape[-1] * 2) if dtype == "BF16" and shape else shape
+        per_value = width // np.dtype(element).itemsize  # stored elements per value (bfloat16: 2 bytes)
+        stored_shape = (*shape[:-1], shape[-1] * per_value) if shape else shape
         tensors[name] = GGUFTensor(name, ggml_type, shape, raw.view(element).reshape(stored_shape))
     return tensors

@@ -1,8 +1,8 @@
 """Constraints compiled by llguidance into matchers that give each step's allowed tokens.
 
 llguidance rather than xgrammar (benchmarks/grammar_libraries.py, benchmarks/README.md "Structured output"): on the
-bundled tokenizer it compiles a typical schema in about 1 ms against 7, computes a token's mask in 13 us
-(median; xgrammar 3 us), both far under a decode step's 5 ms, covers the same JSON Schema features but
+bundled tokenizer it compiles a typical schema in about 1 ms against 5-7, computes a token's mask in 13 us
+(median; xgrammar 2-3 us), both far under a decode step's 5 ms, covers the same JSON Schema features but
 `uniqueItems` (which it refuses, where xgrammar accepts it without enforcing it), and installs as one 3 MB wheel
 with no dependencies, where xgrammar brings transformers and triton into the serving install.
 
