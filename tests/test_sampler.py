@@ -81,6 +81,32 @@ def test_penalties() -> None:
     assert sampler.sample(logits2, [row(temperature=0, output=[0], repetition_penalty=2.0)])[0].token_id == 1
 
 
+def test_penalties_match_their_dense_definition_row_by_row() -> None:
+    """Several rows with different penalties at once: each row's logits are exactly vLLM's dense formula
+    (seen tokens: positive / r, negative * r; then - frequency * count - presence * (count > 0))."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 300
+    logits = torch.randn(4, vocab, generator=gen) * 3
+    rows = [
+        row(0, 0, prompt=[1, 2, 2, 5], output=[5, 7, 7, 7], repetition_penalty=1.3, frequency_penalty=0.4),
+        row(1, 1, prompt=[9], output=[3, 3], presence_penalty=-0.5, temperature=0),
+        row(2, 2, prompt=[4, 8], output=[], repetition_penalty=0.7, presence_penalty=1.0),
+        row(3, 3, prompt=[0], output=[0, 1]),  # nothing to apply
+    ]
+    got = Sampler(torch.device("cpu"))._apply_biases_and_penalties(logits.clone(), rows)
+    for i, r in enumerate(rows):
+        expected = logits[i].clone()
+        p = r.params
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        seen[r.prompt_token_ids + r.output_token_ids] = True
+        if p.repetition_penalty != 1.0:
+            rep = p.repetition_penalty
+            expected = torch.where(seen, torch.where(expected > 0, expected / rep, expected * rep), expected)
+        counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.int64), minlength=vocab).float()
+        expected = expected - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+        torch.testing.assert_close(got[i], expected, rtol=0, atol=1e-6)
+
+
 def test_seed_makes_a_row_independent_of_its_batch() -> None:
     logits = torch.randn(1, 1000)
     alone = Sampler(torch.device("cpu"))

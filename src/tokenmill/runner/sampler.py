@@ -127,29 +127,19 @@ class Sampler:
             if not bool(torch.isfinite(logits[i]).any()):  # min_tokens banned all the constraint allows: it wins
                 logits[i] = row
 
-        needs = [
-            r.params.repetition_penalty != 1.0 or r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
-            for r in rows
-        ]
-        if not any(needs):
-            return logits
+        # penalties touch only the tokens a row has seen: O(prompt + output) per row, not O(vocabulary)
         dev = logits.device
-        counts = torch.zeros_like(logits)  # [R, V] occurrences of each token in the generated text
-        seen = torch.zeros(logits.shape, dtype=torch.bool, device=dev)  # [R, V] in prompt or output
         for i, r in enumerate(rows):
-            if not needs[i]:
-                continue
-            out_ids = torch.tensor(r.output_token_ids, dtype=torch.int64, device=dev)
-            if out_ids.numel():
-                counts[i].index_add_(0, out_ids, torch.ones(out_ids.numel(), device=dev))
-            if r.params.repetition_penalty != 1.0:
-                seen[i, torch.tensor(r.prompt_token_ids + r.output_token_ids, dtype=torch.int64, device=dev)] = True
-        rep = torch.tensor([r.params.repetition_penalty for r in rows], device=dev).unsqueeze(1)
-        freq = torch.tensor([r.params.frequency_penalty for r in rows], device=dev).unsqueeze(1)
-        pres = torch.tensor([r.params.presence_penalty for r in rows], device=dev).unsqueeze(1)
-        penalized = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalized, logits)
-        logits = logits - freq * counts - pres * (counts > 0).to(logits.dtype)
+            p = r.params
+            if p.repetition_penalty != 1.0:  # every token of the prompt or output: positive logits / p, others * p
+                seen = torch.tensor(r.prompt_token_ids + r.output_token_ids, dtype=torch.int64, device=dev).unique()
+                values = logits[i, seen]
+                rep = p.repetition_penalty
+                logits[i, seen] = torch.where(values > 0, values / rep, values * rep)
+            if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and r.output_token_ids:
+                out_ids = torch.tensor(r.output_token_ids, dtype=torch.int64, device=dev)
+                tokens, counts = out_ids.unique(return_counts=True)  # occurrences in the generated text
+                logits[i, tokens] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
         return logits
 
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
