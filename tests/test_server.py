@@ -67,7 +67,8 @@ def test_models(client: openai.OpenAI, model: str) -> None:
 def test_chat_matches_offline_greedy(client: openai.OpenAI, model: str, llm: LLM) -> None:
     messages = [{"role": "user", "content": "How do GPUs work?"}]
     resp = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
-    offline = llm.chat(messages, SamplingParams(temperature=0, max_tokens=24))[0]
+    # the server applies the model's recommended settings to what the request leaves unset, as LLM's defaults do
+    offline = llm.chat(messages, llm.get_default_sampling_params(temperature=0, max_tokens=24))[0]
     assert resp.choices[0].message.content == offline.outputs[0].text
     assert resp.choices[0].message.role == "assistant"
     assert resp.choices[0].finish_reason == offline.outputs[0].finish_reason
@@ -81,7 +82,9 @@ def test_completion_matches_offline_greedy(client: openai.OpenAI, model: str, ll
         model=model, prompt="The best way to learn programming is", max_tokens=20, temperature=0
     )
     offline = llm.generate(
-        "The best way to learn programming is", SamplingParams(temperature=0, max_tokens=20), use_tqdm=False
+        "The best way to learn programming is",
+        llm.get_default_sampling_params(temperature=0, max_tokens=20),
+        use_tqdm=False,
     )[0]
     assert resp.choices[0].text == offline.outputs[0].text
     assert resp.choices[0].finish_reason == "length"
@@ -104,7 +107,7 @@ def test_streaming_chat_with_usage(client: openai.OpenAI, model: str, llm: LLM) 
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert all(c.usage is None for c in chunks[:-1])
-    offline = llm.chat(messages, SamplingParams(temperature=0, max_tokens=20))[0].outputs[0]
+    offline = llm.chat(messages, llm.get_default_sampling_params(temperature=0, max_tokens=20))[0].outputs[0]
     assert text == offline.text
     assert chunks[-1].usage.completion_tokens == len(offline.token_ids)
 
@@ -159,7 +162,12 @@ def test_stop(client: openai.OpenAI, model: str) -> None:
 
 def test_logprobs(client: openai.OpenAI, model: str) -> None:
     resp = client.completions.create(
-        model=model, prompt="The capital of France is", max_tokens=5, temperature=0, logprobs=3
+        model=model,
+        prompt="The capital of France is",
+        max_tokens=5,
+        temperature=0,
+        logprobs=3,
+        extra_body={"repetition_penalty": 1.0},  # without the model's penalty, greedy takes the best log-prob
     )
     lp = resp.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
@@ -174,6 +182,7 @@ def test_logprobs(client: openai.OpenAI, model: str) -> None:
         temperature=0,
         logprobs=True,
         top_logprobs=2,
+        extra_body={"repetition_penalty": 1.0},
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)

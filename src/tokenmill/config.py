@@ -41,6 +41,9 @@ class EngineConfig:
     seed: int = 0  # seeds the sampler of requests without their own seed
     tensor_parallel_size: int = 1  # ranks (processes, one per device) the model is split over
     collective_timeout_s: float = 15.0  # a rank that does not answer a step's collective within this has failed
+    # sampling defaults for fields a request leaves unset: "auto" (the model's recommendation,
+    # model/generation_defaults.py), "tokenmill" (SamplingParams' own), or a generation_config.json / its folder
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -54,6 +57,11 @@ class EngineConfig:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidParameterError(
                 f"collective_timeout_s must be a positive number, got {timeout!r}", "collective_timeout_s"
+            )
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise InvalidParameterError(
+                "generation_config must be 'auto', 'tokenmill' or a path to a generation_config.json",
+                "generation_config",
             )
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidParameterError("enable_prefix_caching must be true or false", "enable_prefix_caching")

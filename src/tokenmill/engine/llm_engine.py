@@ -24,6 +24,7 @@ from tokenmill.errors import InvalidParameterError, PromptTooLongError
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
+from tokenmill.model.generation_defaults import read_generation_defaults
 from tokenmill.outputs import Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from tokenmill.runner.device import parse_dtype, select_device
 from tokenmill.runner.kv_cache import num_kv_blocks_for
@@ -76,6 +77,7 @@ class LLMEngine:
             self.tokenizer = load_tokenizer(gguf)
         template = gguf.get("tokenizer.chat_template") or BUILTIN_TEMPLATES.get(gguf.architecture)
         self.chat_template = ChatTemplate(template, self.tokenizer.bos_token, self.tokenizer.eos_token)
+        self.generation_defaults = read_generation_defaults(gguf, self.config.generation_config)
         self.device = select_device(self.config.device)
         if quantization == "auto" and self.device.type != "cpu":
             quantization = self.quantization = None  # the quantized kernels are CPU kernels: dense weights there
@@ -142,6 +144,7 @@ class LLMEngine:
             self.max_model_len,
             cache_tokens / self.max_model_len,
         )
+        logger.info("sampling defaults: %s", self.generation_defaults.describe())
 
     def _kv_pools(self) -> tuple[int, int]:
         """(blocks of the full-attention layers' pool, blocks of the sliding-window layers' own pool or 0).

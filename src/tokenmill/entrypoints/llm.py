@@ -21,7 +21,9 @@ class LLM:
 
     dtype: compute dtype ("float32", "bfloat16", "float16"). quantization: None dequantizes the GGUF weights.
     options: engine options (block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching, max_num_seqs,
-    max_num_batched_tokens, max_model_len, device, seed, tensor_parallel_size, collective_timeout_s).
+    max_num_batched_tokens, max_model_len, device, seed, tensor_parallel_size, collective_timeout_s,
+    generation_config). Without sampling params, `generate` and `chat` use `get_default_sampling_params()`: the
+    model's recommended settings where it has them (generation_config="tokenmill": SamplingParams' defaults).
     With tensor_parallel_size N > 1 this process is rank 0 and starts N-1 worker processes (or meets the ranks
     torchrun started); `close()` stops them (they also stop when this process exits).
     """
@@ -32,6 +34,11 @@ class LLM:
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel model; nothing to do for one process."""
         self.engine.close()
+
+    def get_default_sampling_params(self, **overrides: Any) -> SamplingParams:
+        """The model's recommended sampling settings (its generation config; see `generation_config`) with
+        `overrides` on top: what `generate` and `chat` use when given no sampling params."""
+        return SamplingParams(**{**self.engine.generation_defaults.values, **overrides})
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
@@ -51,7 +58,7 @@ class LLM:
         else:
             prompt_list = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(prompt_list)
+            params_list = [sampling_params or self.get_default_sampling_params()] * len(prompt_list)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
@@ -80,7 +87,7 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yield the request's output after every step that changed it (deltas in `delta_text`)."""
         engine = self.engine
-        request_id = engine.add_request(None, prompt, sampling_params)
+        request_id = engine.add_request(None, prompt, sampling_params or self.get_default_sampling_params())
         done = False
         try:
             while not done:

@@ -27,8 +27,9 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
-    params = req.sampling_params(state.output_limit(req.max_completion_tokens or req.max_tokens, None), k)
     llm_engine = engine.engine
+    max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
+    params = req.sampling_params(max_tokens, k, defaults=llm_engine.generation_defaults.sampling_values())
     functions = tools.check_tools(req.tools) if req.tools is not None else []
     mode, callable_functions = tools.chosen_functions(functions, req.tool_choice)
     if functions:  # every function's parameters must compile, whatever tool_choice says

@@ -101,7 +101,8 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     named = "max_tokens" in req.model_fields_set  # not named: OpenAI's default, 16; null: up to the context
     asked = req.max_tokens if named else None
     max_tokens = 1 if drop_generated else state.output_limit(asked, None if named else 16)
-    params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs)
+    defaults = engine.engine.generation_defaults.sampling_values()
+    params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = Generation(state, prompts, params, request_id, "/v1/completions")

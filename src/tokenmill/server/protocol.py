@@ -188,8 +188,14 @@ class SamplingFields(APIRequest):
         return StructuredOutputsParams(**fields, source=name)
 
     def sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        defaults: dict[str, Any] | None = None,
     ) -> SamplingParams:
+        """`defaults`: the model's recommended settings (GenerationDefaults), for the fields the request leaves
+        unset."""
         optional = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -213,7 +219,7 @@ class SamplingFields(APIRequest):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=self.structured_outputs_params(),
-            **{k: v for k, v in optional.items() if v is not None},
+            **{**(defaults or {}), **{k: v for k, v in optional.items() if v is not None}},
         )
 
     @property

@@ -53,10 +53,12 @@ class ServerState:
         self.ready = threading.Event()
 
     def output_limit(self, asked: int | None, api_default: int | None) -> int | None:
-        """The max_tokens a request runs with: what it asked, else the server's default, else the API's; 400
-        above --max-tokens-limit (which also caps a request that names none)."""
+        """The max_tokens a request runs with: what it asked, else the server's default, else the model's (its
+        generation config's max_new_tokens), else the API's; 400 above --max-tokens-limit (which also caps a
+        request that names none)."""
         s = self.settings
-        chosen = asked if asked is not None else (s.max_tokens_default if s.max_tokens_default else api_default)
+        model_default = self.engine.engine.generation_defaults.max_tokens if self.engine is not None else None
+        chosen = next((v for v in (asked, s.max_tokens_default, model_default) if v is not None), api_default)
         limit = s.max_tokens_limit
         if limit is not None and asked is not None and asked > limit:
             raise APIError(400, f"max_tokens {asked} is above this server's limit of {limit}", param="max_tokens")

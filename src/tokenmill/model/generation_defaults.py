@@ -1,0 +1,126 @@
+"""The sampling settings a model is meant to run with, used for every request field that is not given (as vLLM
+does with a checkpoint's generation_config.json). Where they come from, first found wins:
+
+1. the model's own: `generation_config.json` of a Hugging Face checkpoint; a GGUF file's `general.sampling.*`;
+2. its family's published recommendation (the table below, keyed by GGUF `general.basename` or HF `model_type`);
+3. for a GGUF file without either: llama.cpp's defaults (what that file gets from llama.cpp's tools).
+
+`generation_config="tokenmill"` skips all of this (SamplingParams' defaults apply); a path reads a
+generation_config.json (or the directory holding one) instead of the model's. No torch here."""
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenmill.errors import InvalidParameterError, TokenmillError
+
+logger = logging.getLogger(__name__)
+
+# generation_config.json's field -> SamplingParams' (max_new_tokens becomes the default max_tokens)
+HF_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+GGUF_FIELDS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
+
+# family -> (settings, where they are published); a family is a GGUF general.basename or an HF model_type
+FAMILY_DEFAULTS: dict[str, tuple[dict[str, Any], str]] = {
+    # the model card's example (temperature 0.2, top_p 0.9); the repetition penalty is tokenmill's: the 135M model
+    # repeats one sentence to the end of its budget without it, greedy or at 0.2 (benchmarks/README.md)
+    "smollm2": ({"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}, "SmolLM2's model card"),
+    # google/gemma-3-*'s generation_config.json (do_sample, top_k 64, top_p 0.95 at temperature 1)
+    "gemma-3": ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json"),
+    "gemma3": ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json"),
+    "gemma3_text": ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json"),
+}
+# llama.cpp's common_params_sampling defaults
+GGUF_FALLBACK = ({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}, "llama.cpp's defaults")
+GENERATION_CONFIG_MODES = ("auto", "tokenmill")
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """SamplingParams field -> value, for fields a request leaves unset; `source` says where they came from."""
+
+    values: dict[str, Any]
+    source: str
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.values.get("max_tokens")
+
+    def sampling_values(self) -> dict[str, Any]:
+        """Every default but max_tokens (which each entry point settles with its own rules)."""
+        return {k: v for k, v in self.values.items() if k != "max_tokens"}
+
+    def describe(self) -> str:
+        settings = ", ".join(f"{k} {v}" for k, v in self.values.items()) or "none"
+        return f"{settings} (from {self.source})"
+
+
+NO_DEFAULTS = GenerationDefaults({}, "tokenmill's SamplingParams")
+
+
+def read_generation_defaults(source: Any, mode: str = "auto") -> GenerationDefaults:
+    """`source` is an opened model (GGUFFile or HFCheckpoint); `mode` is "auto", "tokenmill" or a path."""
+    if mode == "tokenmill":
+        return NO_DEFAULTS
+    if mode != "auto":
+        path = Path(mode).expanduser()
+        file = path / "generation_config.json" if path.is_dir() else path
+        try:
+            config = json.loads(file.read_text())
+        except (OSError, ValueError) as exc:
+            raise InvalidParameterError(
+                f"generation_config {mode!r}: cannot read {file} ({exc}); give 'auto', 'tokenmill' or a "
+                "generation_config.json (or its directory)",
+                "generation_config",
+            ) from exc
+        return _checked(_renamed(config, HF_FIELDS), str(file))
+    checkpoint = hasattr(source, "generation_config")  # a Hugging Face checkpoint (its file may be missing: None)
+    if checkpoint:
+        values = _renamed(source.generation_config or {}, HF_FIELDS)
+        if values:
+            return _checked(values, "the checkpoint's generation_config.json")
+        family = source.config.get("model_type")
+    else:
+        values = _renamed(source.metadata, GGUF_FIELDS)
+        if values:
+            return _checked(values, "the GGUF file's general.sampling metadata")
+        family = source.get("general.basename")
+    if family in FAMILY_DEFAULTS:
+        return _checked(*FAMILY_DEFAULTS[family])
+    if not checkpoint:
+        return _checked(*GGUF_FALLBACK)
+    return NO_DEFAULTS
+
+
+def _renamed(config: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {ours: config[theirs] for theirs, ours in names.items() if config.get(theirs) is not None}
+
+
+def _checked(values: dict[str, Any], source: str) -> GenerationDefaults:
+    """Keep the values SamplingParams accepts; a model file's bad value is logged and left out, never fatal."""
+    from tokenmill.sampling_params import SamplingParams
+
+    kept: dict[str, Any] = {}
+    for name, value in values.items():
+        try:
+            SamplingParams(**{name: value})
+        except (TokenmillError, TypeError) as exc:
+            logger.warning("ignoring %s's %s=%r: %s", source, name, value, exc)
+            continue
+        kept[name] = value
+    return GenerationDefaults(kept, source)
