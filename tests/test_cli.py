@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,18 +23,21 @@ def test_console_script_is_installed() -> None:
 
 @pytest.mark.slow
 def test_generate_streams_and_reports_timings(llm) -> None:
-    out = run("generate", "How do GPUs work?", "--max-tokens", "12", "--quantization", "none")
+    out = run("generate", "How do GPUs work?", "--max-tokens", "12", "--quantization", "none", "--temperature", "0")
     assert out.returncode == 0, out.stderr
-    expected = llm.chat([{"role": "user", "content": "How do GPUs work?"}], _greedy(12))[0].outputs[0].text
+    # the model's recommended settings (SmolLM2's repetition penalty) with the command line's on top
+    expected = llm.chat([{"role": "user", "content": "How do GPUs work?"}], _greedy(llm, 12))[0].outputs[0].text
     assert out.stdout == expected + "\n"
     assert "time to first token" in out.stderr and "tokens/s" in out.stderr
 
 
 @pytest.mark.slow
 def test_generate_raw(llm) -> None:
-    out = run("generate", "--raw", "Once upon a time", "--max-tokens", "8", "--quantization", "none")
+    out = run("generate", "--raw", "Once upon a time", "--max-tokens", "8", "--quantization", "none", "--top-k", "1")
     assert out.returncode == 0, out.stderr
-    assert out.stdout == llm.generate("Once upon a time", _greedy(8), use_tqdm=False)[0].outputs[0].text + "\n"
+    params = llm.get_default_sampling_params(top_k=1, max_tokens=8)  # top-k 1 at temperature 0.2: greedy
+    assert out.stdout == llm.generate("Once upon a time", params, use_tqdm=False)[0].outputs[0].text + "\n"
+    assert "loaded the bundled SmolLM2-135M-Instruct in" in out.stderr  # the loading line
 
 
 def test_generate_help_explains_itself() -> None:
@@ -61,16 +65,14 @@ def test_serve_exits_when_the_engine_cannot_be_built() -> None:
     assert "Traceback" not in out.stderr
 
 
-def _greedy(n: int):
-    from tokenmill import SamplingParams
-
-    return SamplingParams(temperature=0, max_tokens=n)
+def _greedy(llm, n: int):
+    return llm.get_default_sampling_params(temperature=0, max_tokens=n)
 
 
 @pytest.mark.slow
 def test_chat_is_multi_turn() -> None:
     out = subprocess.run(
-        [*TOKENMILL, "chat", "--max-tokens", "8"],
+        [*TOKENMILL, "chat", "--max-tokens", "8", "--temperature", "0"],
         input="Hello!\nWhat did I say?\n/reset\nHello!\n/exit\n",
         capture_output=True,
         text=True,
@@ -133,3 +135,48 @@ def test_every_option_has_help_and_there_is_a_version() -> None:
     assert missing == []
     out = subprocess.run([sys.executable, "-m", "tokenmill", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"tokenmill {__version__}"
+
+
+def _read_until(fd: int, wanted: bytes, seen: bytearray, timeout: float = 120) -> None:
+    """Read the terminal into `seen` until it holds `wanted` (after what it held before)."""
+    import os
+    import select
+
+    start, deadline = len(seen), time.monotonic() + timeout
+    while wanted not in seen[start:]:
+        assert time.monotonic() < deadline, f"no {wanted!r} in {bytes(seen[start:])[-500:]!r}"
+        if select.select([fd], [], [], 0.5)[0]:
+            seen += os.read(fd, 65536)
+
+
+@pytest.mark.slow
+def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
+    """In a terminal: a loading line, then keys typed mid-answer appear neither in the answer nor as a message of
+    their own; they wait as the start of the next input line."""
+    import os
+    import pty
+    import signal
+
+    # greedy without the repetition penalty, SmolLM2 repeats a sentence to max_tokens: a long answer to type into
+    args = ["chat", "--temperature", "0", "--repetition-penalty", "1", "--max-tokens", "300"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: tokenmill chat on the terminal's other end
+        os.execv(sys.executable, [*TOKENMILL, *args])
+    seen = bytearray()
+    try:
+        _read_until(fd, b"\n> ", seen)
+        assert b"loaded the bundled SmolLM2-135M-Instruct in" in seen
+        os.write(fd, b"How do GPUs work?\r")
+        _read_until(fd, b"Granular", seen)  # the answer is streaming
+        typed_at = len(seen)
+        os.write(fd, b"typed ahead\x7fD")  # with a backspace
+        _read_until(fd, b"time to first token", seen)
+        answer = bytes(seen[typed_at:]).split(b"[", 1)[0]
+        _read_until(fd, b"> typed aheaD", seen, timeout=30)  # offered as the next line's start
+        assert b"time to first token" not in seen[:typed_at], "typed after the answer ended: proves nothing"
+        assert b"typed" not in answer and b"300 generated" in seen
+        assert seen.count(b"time to first token") == 1  # not sent as a message
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)

@@ -53,6 +53,13 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
     g.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (default 64)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default 512)")
     g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
+    g.add_argument(
+        "--generation-config",
+        default=None,
+        help="sampling defaults for what a request leaves unset: auto (default: the model's recommended settings, "
+        "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's for a GGUF), "
+        "tokenmill (temperature 1, no top-p/top-k/penalty), or a generation_config.json (or its folder)",
+    )
     if request_seed:
         g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
     add_parallel_args(parser)
@@ -89,6 +96,7 @@ ENGINE_OPTIONS = (
     "device",
     "tensor_parallel_size",
     "collective_timeout_s",
+    "generation_config",
 )
 
 
@@ -97,21 +105,19 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
-    g = parser.add_argument_group("sampling")
+    g = parser.add_argument_group("sampling (default: the model's recommended settings, see --generation-config)")
     g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"stop after this many tokens ({max_tokens})")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    g.add_argument("--temperature", type=float, default=None, help="0 is greedy")
     g.add_argument(
-        "--top-p",
-        type=float,
-        default=1.0,
-        help="sample from the smallest set of tokens whose probability reaches this (default 1: all)",
+        "--top-p", type=float, default=None, help="sample from the fewest tokens whose probability reaches this"
     )
-    g.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens only (default 0: all)")
+    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only (0: all)")
+    g.add_argument("--min-p", type=float, default=None, help="drop tokens less likely than this times the top one")
     g.add_argument(
         "--repetition-penalty",
         type=float,
-        default=1.0,
-        help="above 1, tokens already in the prompt or the output become less likely (default 1: off)",
+        default=None,
+        help="above 1, tokens already in the prompt or the output become less likely (1: off)",
     )
     g.add_argument("--sampling-seed", type=int, default=None, help="seed of this generation")
 
@@ -290,23 +296,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def sampling_params_from(args: argparse.Namespace):
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_params_from(args: argparse.Namespace, llm=None):
+    """The model's recommended settings with the options given on the command line on top; without `llm`, only
+    the given options (to check them before the model loads)."""
     from tokenmill.sampling_params import SamplingParams
 
-    return SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        repetition_penalty=args.repetition_penalty,
-        max_tokens=args.max_tokens,
-        seed=args.sampling_seed,
-    )
+    given = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
+    given.update(max_tokens=args.max_tokens, seed=args.sampling_seed)
+    return SamplingParams(**given) if llm is None else llm.get_default_sampling_params(**given)
 
 
-def make_llm(args: argparse.Namespace):
-    from tokenmill.entrypoints.llm import LLM
+def load_llm_with_progress(args: argparse.Namespace):
+    """generate and chat: the model loads under a loading line (importing torch alone takes seconds)."""
+    from tokenmill.entrypoints.terminal import LoadingLine
 
-    return LLM(args.model, dtype=args.dtype, quantization=args.quantization, **engine_options(args))
+    with LoadingLine(args.model or "the bundled SmolLM2-135M-Instruct") as line:
+        line.phase("importing torch")
+        from tokenmill.entrypoints.llm import LLM
+
+        line.phase("reading the model and building the engine")
+        return LLM(args.model, dtype=args.dtype, quantization=args.quantization, **engine_options(args))
 
 
 def stream_answer(llm, prompt, params) -> tuple[str, str]:
@@ -335,8 +347,9 @@ def format_timings(out, start: float) -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    params = sampling_params_from(args)
-    llm = make_llm(args)
+    sampling_params_from(args)  # a bad option fails before the model loads
+    llm = load_llm_with_progress(args)
+    params = sampling_params_from(args, llm)
     if args.raw:
         prompt = args.prompt
     else:
@@ -350,8 +363,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    params = sampling_params_from(args)
-    llm = make_llm(args)
+    from tokenmill.entrypoints.terminal import HeldInput, input_with
+
+    sampling_params_from(args)  # a bad option fails before the model loads
+    llm = load_llm_with_progress(args)
+    params = sampling_params_from(args, llm)
+    typed_ahead = ""
     system = args.system
     history: list[dict] = []
     interactive = sys.stdin.isatty()
@@ -359,7 +376,8 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"tokenmill chat with {llm.engine.model_name}. /reset, /system TEXT, /exit.", file=sys.stderr)
     while True:
         try:
-            line = input("> " if interactive else "")
+            line = input_with(typed_ahead, "> " if interactive else "")
+            typed_ahead = ""
         except EOFError:
             break
         text = line.strip()
@@ -380,7 +398,9 @@ def run_chat(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": system}] if system else []) + history
         try:
             ids = llm.engine.encode_chat(messages)
-            answer, timings = stream_answer(llm, {"prompt_token_ids": ids}, params)
+            with HeldInput() as held:  # keys typed meanwhile become the start of the next line, not answer text
+                answer, timings = stream_answer(llm, {"prompt_token_ids": ids}, params)
+            typed_ahead = held.text
         except TokenmillError as exc:
             history.pop()
             print(f"[error: {exc}]", file=sys.stderr)
