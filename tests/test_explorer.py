@@ -5,6 +5,8 @@ import math
 import re
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -105,8 +107,34 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     page.close()
 
 
-def status_of(page) -> str:
-    return page.inner_text("#status")
+@contextmanager
+def engine_steps(url: str) -> Iterator[list[dict]]:
+    """The engine's own step events while the block runs (read beside the page's), up to the engine's next idle
+    heartbeat after it: every step of the block's requests."""
+    steps: list[dict] = []
+    listening, stop = threading.Event(), threading.Event()
+
+    def listen() -> None:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with httpx.stream("GET", f"{url}/explorer/events", headers=headers, timeout=120) as r:
+            listening.set()
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event["type"] == "step":
+                    steps.append(event)
+                elif stop.is_set():  # idle after the block: no step of it is still to come
+                    return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert listening.wait(30)
+    try:
+        yield steps
+    finally:
+        stop.set()
+        listener.join(timeout=30)
 
 
 def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -> None:
@@ -119,42 +147,26 @@ def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -
     assert page.inner_text("#eng-steps") == str(engine["num_steps"])
     last = engine["last_step"]
     assert page.inner_text("#eng-batch") == (str(last["batch_size"]) if last else "none yet")
-    steps: list[dict] = []
-    listening = threading.Event()
-
-    def listen() -> None:  # the engine's own step events, beside the page's
-        headers = {"Authorization": f"Bearer {KEY}"}
-        with httpx.stream("GET", f"{server.url}/explorer/events", headers=headers, timeout=120) as r:
-            listening.set()
-            for line in r.iter_lines():
-                if line.startswith("data: ") and (event := json.loads(line[6:]))["type"] == "step":
-                    steps.append(event)
-                if page_done.is_set():
-                    return
-
-    page_done = threading.Event()
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    assert listening.wait(30)
     text = "Read these notes and list every colour. " + " ".join(
         f"Note {i}: the {['red', 'green', 'blue', 'amber', 'violet'][i % 5]} lamp {i * 7} is lit." for i in range(88)
     )
-    page.fill("#prompt", text)
-    page.fill("#max-tokens", "4")
-    page.click("#submit")
-    page.wait_for_function("document.getElementById('status').textContent.includes('prefilling chunk')", timeout=60_000)
-    assert page.locator("#output-tokens .chip").count() == 0  # before the first token
-    prefilling = re.fullmatch(r"prefilling chunk (\d)/(\d): [\d,]+ of 1,3\d\d prompt tokens computed…", status_of(page))
-    assert prefilling, status_of(page)
-    page.screenshot(path=str(ARTIFACTS / "explorer-long-prefilling.png"))
-    page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
-    page_done.set()
+    with engine_steps(server.url) as steps:
+        page.fill("#prompt", text)
+        page.fill("#max-tokens", "4")
+        page.click("#submit")
+        prefilling_shown = "document.getElementById('status').textContent.includes('prefilling chunk')"
+        page.wait_for_function(prefilling_shown, timeout=60_000)
+        assert page.locator("#output-tokens .chip").count() == 0  # before the first token
+        status = page.inner_text("#status")
+        prefilling = re.fullmatch(r"prefilling chunk (\d)/(\d): [\d,]+ of 1,3\d\d prompt tokens computed…", status)
+        assert prefilling, status
+        page.screenshot(path=str(ARTIFACTS / "explorer-long-prefilling.png"))
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "explorer-long-done.png"))
 
     prompt_tokens = int(page.inner_text("#fig-prompt").replace(",", ""))
     assert prompt_tokens >= 1300
     call = f"chatcmpl-{page.inner_text('#fig-request')}-0"
-    listener.join(timeout=30)
     mine = [b for e in steps for b in e["batch"] if b["request_id"] == call]
     engine_chunks = max(b["prefill_chunk"] or 0 for b in mine)
     computed = prompt_tokens - mine[0]["cached_tokens"]  # the chat template's first block may be cached
