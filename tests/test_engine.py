@@ -105,9 +105,14 @@ def test_preemption_completes_the_offline_workload_unchanged() -> None:
 def test_chunked_prefill_gives_the_same_tokens(llm: LLM) -> None:
     prompt = {"prompt_token_ids": np.random.default_rng(3).integers(100, 10000, size=700).tolist()}
     small_chunks = LLM(max_num_batched_tokens=64, enable_prefix_caching=False)
-    assert token_lists(small_chunks.generate(prompt, GREEDY, use_tqdm=False)) == token_lists(
-        llm.generate(prompt, GREEDY, use_tqdm=False)
+    (chunked,), (whole,) = (
+        small_chunks.generate(prompt, GREEDY, use_tqdm=False),
+        llm.generate(prompt, GREEDY, use_tqdm=False),
     )
+    assert token_lists([chunked]) == token_lists([whole])
+    # the engine counts the steps that computed part of each prompt (the request explorer shows them)
+    assert chunked.metrics.num_prefill_chunks == math.ceil(700 / 64)
+    assert whole.metrics.num_prefill_chunks == math.ceil((700 - whole.num_cached_tokens) / 512)
 
 
 def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(llm: LLM) -> None:

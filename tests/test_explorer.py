@@ -1,9 +1,12 @@
 """The request explorer in a real browser: headless Debian Chromium driven by Playwright against a real server."""
 
 import json
+import math
 import re
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -92,7 +95,7 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     # the same prompt again: its leading blocks come from the prefix cache, and the chips say so
     run_prompt(page, "How do GPUs work?", max_tokens=8)
     assert page.locator("#prompt-tokens .chip.cached").count() >= 16
-    assert "blocks" in page.inner_text("#kv-reused")
+    assert re.fullmatch(r"\d+ blocks? \(\d+ tokens\)", page.inner_text("#kv-reused"))
     assert page.inner_text("#fig-allowed") == "–"  # not constrained
 
     # constrained to a schema: the lifecycle shows how many tokens each step's mask allowed
@@ -102,6 +105,108 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     last, fewest, most = (int(x) for x in page.inner_text("#fig-allowed").split(" / "))
     assert 1 <= fewest <= last <= most and fewest == 1  # '{"ok": ' allows one continuation at its start
     page.close()
+
+
+@contextmanager
+def engine_steps(url: str) -> Iterator[list[dict]]:
+    """The engine's own step events while the block runs (read beside the page's), up to the engine's next idle
+    heartbeat after it: every step of the block's requests."""
+    steps: list[dict] = []
+    listening, stop = threading.Event(), threading.Event()
+
+    def listen() -> None:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with httpx.stream("GET", f"{url}/explorer/events", headers=headers, timeout=120) as r:
+            listening.set()
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                event = json.loads(line[6:])
+                if event["type"] == "step":
+                    steps.append(event)
+                elif stop.is_set():  # idle after the block: no step of it is still to come
+                    return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert listening.wait(30)
+    try:
+        yield steps
+    finally:
+        stop.set()
+        listener.join(timeout=30)
+
+
+def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -> None:
+    """A prompt of 1,300+ tokens is prefilled in chunks of at most max_num_batched_tokens (512 by default): the page
+    says "prefilling chunk i/n" before the first token, counts the chunks the engine counts, and keeps the prompt
+    collapsed so the lifecycle stays in view."""
+    page = open_explorer(browser, server.url, viewport={"width": 1280, "height": 1100})
+    # the engine panel is filled at load, from the engine's stats and last step (none yet: nothing ran before)
+    engine = httpx.get(f"{server.url}/explorer/info", headers={"Authorization": f"Bearer {KEY}"}).json()["engine"]
+    assert page.inner_text("#eng-steps") == str(engine["num_steps"])
+    last = engine["last_step"]
+    assert page.inner_text("#eng-batch") == (str(last["batch_size"]) if last else "none yet")
+    text = "Read these notes and list every colour. " + " ".join(
+        f"Note {i}: the {['red', 'green', 'blue', 'amber', 'violet'][i % 5]} lamp {i * 7} is lit." for i in range(88)
+    )
+    with engine_steps(server.url) as steps:
+        page.fill("#prompt", text)
+        page.fill("#max-tokens", "4")
+        page.click("#submit")
+        prefilling_shown = "document.getElementById('status').textContent.includes('prefilling chunk')"
+        page.wait_for_function(prefilling_shown, timeout=60_000)
+        assert page.locator("#output-tokens .chip").count() == 0  # before the first token
+        status = page.inner_text("#status")
+        prefilling = re.fullmatch(r"prefilling chunk (\d)/(\d): [\d,]+ of 1,3\d\d prompt tokens computed…", status)
+        assert prefilling, status
+        page.screenshot(path=str(ARTIFACTS / "explorer-long-prefilling.png"))
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "explorer-long-done.png"))
+
+    prompt_tokens = int(page.inner_text("#fig-prompt").replace(",", ""))
+    assert prompt_tokens >= 1300
+    call = f"chatcmpl-{page.inner_text('#fig-request')}-0"
+    mine = [b for e in steps for b in e["batch"] if b["request_id"] == call]
+    engine_chunks = max(b["prefill_chunk"] or 0 for b in mine)
+    computed = prompt_tokens - mine[0]["cached_tokens"]  # the chat template's first block may be cached
+    assert engine_chunks == math.ceil(computed / 512) == 3  # prefilled alone, in chunks of 512 tokens
+    assert 2 <= int(prefilling[1]) <= int(prefilling[2]) == engine_chunks
+    assert int(page.inner_text("#fig-chunks")) == engine_chunks
+    assert page.locator("#timeline .seg.prefill").count() == engine_chunks
+    assert re.search(r"\d+(\.\d+)? m?s", page.inner_text("#fig-queue"))
+
+    # collapsed: head … "N more tokens" … tail, the lifecycle in the first screen; one click shows every token
+    shown = page.locator("#prompt-tokens .chip").count()
+    assert shown < 200
+    more = page.locator("[data-testid=prompt-more]")
+    assert more.inner_text() == f"… {prompt_tokens - shown:,} more tokens (show all)"
+    assert page.locator("#lifecycle-card").bounding_box()["y"] < 1100
+    more.click()
+    assert page.locator("#prompt-tokens .chip").count() == prompt_tokens
+    page.screenshot(path=str(ARTIFACTS / "explorer-long-expanded.png"))
+    page.close()
+
+
+def test_two_tabs_each_highlight_their_own_sequence(server, browser) -> None:
+    tabs = [open_explorer(browser, server.url, viewport={"width": 1280, "height": 1100}) for _ in range(2)]
+    for tab, prompt in zip(tabs, ("Write a poem about the sea.", "Write a story about a fox."), strict=True):
+        tab.fill("#prompt", prompt)
+        tab.fill("#max-tokens", "40")
+        tab.click("#submit")
+    both_in_the_batch = """() => {
+        const seqs = document.querySelectorAll('#eng-requests .seq');
+        const mine = document.querySelectorAll('#eng-requests .seq.mine');
+        const id = document.getElementById('fig-request').textContent;
+        return seqs.length >= 2 && mine.length === 1 && mine[0].dataset.requestId === `chatcmpl-${id}-0`;
+    }"""
+    for i, tab in enumerate(tabs):
+        tab.wait_for_function(both_in_the_batch, timeout=60_000)
+        tab.screenshot(path=str(ARTIFACTS / f"explorer-two-tabs-{i + 1}.png"), full_page=True)
+    assert tabs[0].inner_text("#fig-request") != tabs[1].inner_text("#fig-request")
+    for tab in tabs:
+        tab.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
+        tab.close()
 
 
 def test_another_tabs_request_shows_in_the_engine_panel(server, browser) -> None:
@@ -133,6 +238,8 @@ def test_the_explorer_needs_the_api_key_and_shows_no_ones_text(server, browser) 
     asks again when it is wrong. The event stream tells request ids and token counts, never text or token ids."""
     for path in ("/explorer/info", "/explorer/events"):
         assert httpx.get(server.url + path, timeout=10).status_code == 401
+    icon = httpx.get(server.url + "/favicon.ico", timeout=10)  # like the page itself, the icon needs no key
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     page = browser.new_page()
     page.goto(server.url + "/")
     page.wait_for_selector("#key-form", state="visible")
@@ -176,6 +283,7 @@ STEP_FIELDS = {
     "tokens",
     "prompt_tokens",
     "cached_tokens",
+    "prefill_chunk",
     "blocks",
     "allowed_tokens",
 }

@@ -574,6 +574,43 @@ def test_explorer_endpoints(server: ServerProcess) -> None:
     step = next(e for e in events if e["type"] == "step")
     assert step["batch"][0]["request_id"].startswith("cmpl-") and step["batch"][0]["blocks"] >= 1
     assert {"num_running", "num_waiting", "kv_blocks_in_use", "duration_ms"} <= set(step)
+    # the engine panel is filled at page load from the last step, and the page has an icon
+    last = httpx.get(f"{server.url}/explorer/info").json()["engine"]["last_step"]
+    assert last["batch_size"] >= 1 and last["duration_ms"] > 0 and last["step"] >= step["step"]
+    icon = httpx.get(f"{server.url}/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_x_request_id_names_the_call(server: ServerProcess) -> None:
+    """A client's X-Request-Id (as vLLM honours it) names the call from the moment it is sent, in the response's id,
+    its header and the engine's step events; an id that is not a short token, or is already in flight, is a 400."""
+    url = server.url
+    body = {"prompt": "Hi", "max_tokens": 2}
+    r = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Request-Id": "my-call.1"}, timeout=60)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "my-call.1" and r.json()["id"] == "cmpl-my-call.1"
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=chat, headers={"X-Request-Id": "c_2"}) as r:
+        assert r.headers["x-request-id"] == "c_2"
+        assert all(json.loads(x[6:])["id"] == "chatcmpl-c_2" for x in r.iter_lines() if x.startswith("data: {"))
+    unnamed = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert unnamed.json()["id"] == f"cmpl-{unnamed.headers['x-request-id']}"
+    for bad in ("", "has space", "x" * 65, "semi;colon", "slash/"):
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = httpx.post(f"{url}{path}", json={**body, **chat, "stream": False}, headers={"X-Request-Id": bad})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request_id", (bad, r.text)
+
+    # the same id while the first call runs: a 400, and the first call is untouched
+    long = {"prompt": "Count:", "max_tokens": 24, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=long, headers={"X-Request-Id": "twice"}) as first:
+        lines = first.iter_lines()
+        assert next(x for x in lines if x.startswith("data: "))  # it runs
+        again = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Request-Id": "twice"}, timeout=60)
+        assert again.status_code == 400 and again.json()["error"]["code"] == "duplicate_request_id"
+        chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    assert all(c["id"] == "cmpl-twice" for c in chunks) and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # once it ended, the id is free again
+    r = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Request-Id": "twice"}, timeout=60)
+    assert r.status_code == 200 and r.json()["id"] == "cmpl-twice"
 
 
 WEATHER = {

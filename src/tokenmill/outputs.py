@@ -40,6 +40,7 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token (of sample 0) appeared
+    num_prefill_chunks: int = 0  # steps that computed part of the prompt (several when it is prefilled in chunks)
 
     @property
     def queue_time(self) -> float | None:

@@ -123,7 +123,8 @@ class LLMEngine:
         self._mask_pool: ThreadPoolExecutor | None = None  # computes constrained rows' masks during the forward
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
         self.last_step: dict[str, Any] | None = None
-        self._step_count = itertools.count(1)
+        # the last step's size and time, recorded whatever record_steps says (the explorer shows it at page load)
+        self.last_step_summary: dict[str, Any] | None = None
         self.num_steps = 0
         self.prompt_tokens_total = 0  # prompt tokens computed (prefix-cache hits are not), for the throughput log
         self.generation_tokens_total = 0  # tokens sampled
@@ -377,6 +378,8 @@ class LLMEngine:
             request = self.requests[s.seq.request_id]
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = now
+            if s.start < s.seq.num_prompt_tokens and s.seq.sample_index == 0:  # its samples share one prefill
+                request.metrics.num_prefill_chunks += 1
             chunks.append(
                 StepChunk(
                     token_ids=s.seq.token_ids[s.start : s.start + s.num_new_tokens],
@@ -396,7 +399,8 @@ class LLMEngine:
             prompt_len = s.seq.num_prompt_tokens
             self.prompt_tokens_total += max(0, min(s.start + s.num_new_tokens, prompt_len) - s.start)
         self.scheduler.update_after_step(sched)
-        step = self._describe_step(sched, now) if self.record_steps else None
+        self.last_step_summary = self._summarize_step(sched, now)
+        step = self._describe_step(sched, self.last_step_summary) if self.record_steps else None
         touched: dict[str, Request] = {}
         for s, logits in zip(sched.scheduled, result.all_logits, strict=True):
             if logits is not None:
@@ -415,33 +419,40 @@ class LLMEngine:
             outputs.append(request.make_output())
         return outputs
 
-    def _describe_step(self, sched: SchedulerOutput, start: float) -> dict[str, Any]:
+    def _summarize_step(self, sched: SchedulerOutput, start: float) -> dict[str, Any]:
+        """The step's number, time, and size."""
+        return {
+            "step": self.num_steps,
+            "duration_ms": round((time.monotonic() - start) * 1000, 3),
+            "num_tokens": sched.num_batched_tokens,
+            "batch_size": len(sched.scheduled),
+            "ranks": self.config.tensor_parallel_size,  # processes that computed this step
+            "collective_ms": round(tp.last_step_collective_s * 1000, 3) if (tp := self.tensor_parallel) else 0.0,
+        }
+
+    def _describe_step(self, sched: SchedulerOutput, summary: dict[str, Any]) -> dict[str, Any]:
         """What this step did, per sequence, in plain data (the explorer streams it to browsers)."""
         batch = []
         for s in sched.scheduled:
             seq = s.seq
+            prefill = s.start < seq.num_prompt_tokens
+            metrics = self.requests[seq.request_id].metrics
             batch.append(
                 {
                     "request_id": seq.request_id,
                     "sample": seq.sample_index,
-                    "kind": "decode" if s.start >= seq.num_prompt_tokens else "prefill",
+                    "kind": "prefill" if prefill else "decode",
                     "start": s.start,
                     "tokens": s.num_new_tokens,
                     "prompt_tokens": seq.num_prompt_tokens,
                     "cached_tokens": seq.num_cached_tokens,
+                    # the request's prefill chunks so far, this one included (the engine's own count)
+                    "prefill_chunk": metrics.num_prefill_chunks if prefill else None,
                     "blocks": len(seq.block_table),
                     "allowed_tokens": None,  # a constrained sequence: how many tokens its mask allowed
                 }
             )
-        return {
-            "step": next(self._step_count),
-            "duration_ms": round((time.monotonic() - start) * 1000, 3),
-            "num_tokens": sched.num_batched_tokens,
-            "ranks": self.config.tensor_parallel_size,  # processes that computed this step
-            "collective_ms": round(tp.last_step_collective_s * 1000, 3) if (tp := self.tensor_parallel) else 0.0,
-            "batch": batch,
-            "preempted": [seq.request_id for seq in sched.preempted],
-        }
+        return {**summary, "batch": batch, "preempted": [seq.request_id for seq in sched.preempted]}
 
     def _collects_prompt_logprobs(self, request: Request, seq: Sequence, start: int) -> bool:
         if request.prompt_logprobs is None or seq.sample_index != 0:

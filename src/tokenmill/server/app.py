@@ -21,6 +21,7 @@ from tokenmill.server import schemas
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
 from tokenmill.server.errors import APIError, install_error_handlers
+from tokenmill.server.events import engine_snapshot
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.schemas import error_responses, streaming_ok
@@ -162,10 +163,15 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
     async def explorer_page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
     @app.get("/explorer/info", response_model=schemas.ExplorerInfo, responses=error_responses(401, 503))
     async def explorer_info() -> dict:
-        """What the page needs to turn block counts into bytes, and the cache's size."""
-        engine = state.require_engine().engine
+        """What the page needs to turn block counts into bytes, the cache's size, and the engine's state now."""
+        async_engine = state.require_engine()
+        engine = async_engine.engine
         c = engine.model_config
         runner = engine.runner
         return {
@@ -185,6 +191,7 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
             "max_num_batched_tokens": engine.config.max_num_batched_tokens,
             "tensor_parallel_size": engine.config.tensor_parallel_size,
             "chat_template": not engine.chat_template.is_fallback,
+            "engine": engine_snapshot(async_engine),
         }
 
     @app.get(

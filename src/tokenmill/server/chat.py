@@ -4,10 +4,10 @@ import asyncio
 import dataclasses
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
@@ -16,12 +16,14 @@ from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation
 from tokenmill.server.logprobs_format import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest
+from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.state import ServerState
 from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
+    client_id, request_id = call_id(http_request, "chatcmpl")
     state.check_model(req.model)
     engine = state.require_engine()
     if req.top_logprobs is not None and not req.logprobs:
@@ -50,7 +52,6 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     template_tools = [{"type": "function", "function": f} for f in callable_functions] if takes_tools else None
     # rendering and tokenizing a long conversation takes a while: not on the event loop
     prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, messages, req.add_generation_prompt, template_tools)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, "/v1/chat/completions")
     await generation.start()
     created = int(time.time())
@@ -58,7 +59,9 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     if req.stream:
         events = _stream(generation, req, tokenizer, state, request_id, created, k, callable_functions)
         return StreamingResponse(
-            guarded_stream(events, state.metrics.internal_errors.inc), media_type="text/event-stream"
+            guarded_stream(events, state.metrics.internal_errors.inc),
+            media_type="text/event-stream",
+            headers=echo(client_id),
         )
     try:
         (final,) = await generation.collect(http_request)
@@ -93,7 +96,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     }
     if req.return_token_ids:
         response["prompt_token_ids"] = final.prompt_token_ids
-    return response
+    return JSONResponse(jsonable_encoder(response), headers=echo(client_id))  # as FastAPI encodes a dict
 
 
 def _request_usage(final: RequestOutput) -> dict:

@@ -2,10 +2,10 @@
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.llm_engine import PromptInput
@@ -14,6 +14,7 @@ from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation
 from tokenmill.server.logprobs_format import CompletionLogprobs
 from tokenmill.server.protocol import CompletionRequest
+from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.state import ServerState
 from tokenmill.tokenizer import Tokenizer
 
@@ -88,6 +89,7 @@ class CompletionFormatter:
 
 
 async def create_completion(req: CompletionRequest, http_request: Request, state: ServerState):
+    client_id, request_id = call_id(http_request, "cmpl")
     state.check_model(req.model)
     engine = state.require_engine()
     if req.suffix:
@@ -104,7 +106,6 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     defaults = engine.engine.generation_defaults.sampling_values()
     params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
     generation = Generation(state, prompts, params, request_id, "/v1/completions")
     await generation.start()
     tokenizer = engine.engine.tokenizer
@@ -113,7 +114,9 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     if req.stream:
         events = _stream(generation, fmt, state, request_id, created)
         return StreamingResponse(
-            guarded_stream(events, state.metrics.internal_errors.inc), media_type="text/event-stream"
+            guarded_stream(events, state.metrics.internal_errors.inc),
+            media_type="text/event-stream",
+            headers=echo(client_id),
         )
     try:
         finals = await generation.collect(http_request)
@@ -127,7 +130,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
             c["finish_reason"] = "length"
     prompt_tokens = sum(len(out.prompt_token_ids) for out in finals)
     completion_tokens = fmt.completion_tokens(finals)
-    return {
+    body = {
         "id": request_id,
         "object": "text_completion",
         "created": created,
@@ -135,6 +138,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
         "choices": sorted(choices, key=lambda c: c["index"]),
         "usage": _usage(prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in finals)),
     }
+    return JSONResponse(jsonable_encoder(body), headers=echo(client_id))  # as FastAPI encodes a dict
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

@@ -11,6 +11,12 @@ from tokenmill.engine.async_engine import AsyncEngine
 QUEUE_LIMIT = 256
 
 
+def engine_snapshot(engine: AsyncEngine) -> dict[str, Any]:
+    """The engine's stats now and its last step's summary (None before its first step): what the explorer's
+    engine panel shows before (and between) step events."""
+    return {**engine.stats(), "last_step": engine.engine.last_step_summary}
+
+
 class EventHub:
     def __init__(self) -> None:
         self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()
@@ -47,7 +53,7 @@ class EventHub:
                     yield {"type": "step", **event}
                 except TimeoutError:
                     if self._engine is not None:
-                        yield {"type": "stats", **self._engine.stats()}
+                        yield {"type": "stats", **engine_snapshot(self._engine)}
         finally:
             with self._lock:
                 self._subscribers.discard(entry)

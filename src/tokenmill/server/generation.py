@@ -47,11 +47,18 @@ class Generation:
         self._index: dict[str, int] = {}
         self._queue: asyncio.Queue = asyncio.Queue()
         self._pending: set[str] = set()
+        self._claimed = False  # whether this call holds its api id (released when it closes)
 
     async def start(self) -> None:
         engine = self.state.require_engine()
         engine.engine.check_params(self.params)  # a request that can never run is a 400, not a 503
-        self.state.admit(self.call_id, len(self.prompts) * self.params.n)
+        self.state.claim_api_id(self.api_id)
+        self._claimed = True
+        try:
+            self.state.admit(self.call_id, len(self.prompts) * self.params.n)
+        except BaseException:
+            self.close()
+            raise
         self.state.in_flight[self.call_id] = self._pending
         try:
             prompts = await asyncio.to_thread(self._tokenized, engine.engine, self.prompts)
@@ -77,6 +84,9 @@ class Generation:
         self.abort()
         self.state.in_flight.pop(self.call_id, None)
         self.state.release(self.call_id)
+        if self._claimed:
+            self._claimed = False
+            self.state.api_ids.discard(self.api_id)
         if not self._logged and self.request_ids and self.state.settings.log_requests:
             self._logged = True
             self._log_access("aborted" if aborted else "200")

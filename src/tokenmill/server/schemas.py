@@ -164,6 +164,7 @@ class ExplorerInfo(BaseModel):
     max_num_batched_tokens: int
     tensor_parallel_size: int  # ranks (processes) that compute every step of every request
     chat_template: bool
+    engine: dict[str, Any]  # its stats now, and "last_step": the last step's size and time (null before the first)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

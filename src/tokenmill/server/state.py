@@ -45,6 +45,7 @@ class ServerState:
         self.created = int(time.time())
         self.shutting_down = False
         self.in_flight: dict[str, set[str]] = {}  # call id -> its engine request ids
+        self.api_ids: set[str] = set()  # the ids of the API calls in flight ("cmpl-...", "chatcmpl-...")
         # call id -> sequences it asked for (prompts x n), counted from admission (before its requests reach the
         # engine) until it ends: what --max-queue compares with, exact however fast requests arrive
         self.admitted: dict[str, int] = {}
@@ -136,6 +137,15 @@ class ServerState:
                     headers={"Retry-After": "1"},
                 )
         self.admitted[call_id] = num_seqs
+
+    def claim_api_id(self, api_id: str) -> None:
+        """Mark an API call's id as in flight; 400 when it already is (a client's X-Request-Id used twice at
+        once: two calls must never share engine request ids or step events)."""
+        if api_id in self.api_ids:
+            raise APIError(
+                400, f"request id {api_id!r} is already in flight", param="X-Request-Id", code="duplicate_request_id"
+            )
+        self.api_ids.add(api_id)
 
     def release(self, call_id: str) -> None:
         self.admitted.pop(call_id, None)

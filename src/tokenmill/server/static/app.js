@@ -1,12 +1,15 @@
 // tokenmill request explorer: follows one request through the engine while it runs.
 // Talks only to this server: /v1/chat/completions or /v1/completions (streaming, with token ids and logprobs),
-// /tokenize (the prompt's tokens), /explorer/info (the cache's geometry) and /explorer/events (engine steps).
-// When the server has an API key, every one of them needs it: the page asks for it once and keeps it for the tab.
+// /tokenize (the prompt's tokens), /explorer/info (the cache's geometry, the engine now) and /explorer/events
+// (engine steps). When the server has an API key, every one of them needs it: the page asks for it once and keeps
+// it for the tab. Each run is named by the page (an X-Request-Id header), so its steps are followed from the start:
+// its time in the queue, each prefill chunk, each decode step. Chips are drawn by chips.js.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { info: null, run: null, engine: { steps: 0, history: [], tokenTimes: [] } };
+const state = { info: null, run: null, engine: { history: [], tokenTimes: [] } };
 const KEY_ITEM = "tokenmill-api-key";
+const TPS_WINDOW_MS = 2000;  // the engine's tokens/s counts the steps of the last 2 s
 
 // fetch with the API key (if one was given); a 401 asks for the key and tries again
 async function api(url, options = {}) {
@@ -40,16 +43,10 @@ function fmtBytes(b) {
   while (b >= 1024 && i < units.length - 1) { b /= 1024; i++; }
   return `${b.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
-function visible(text) { return text.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅"; }
-
-function chip(text, id, cls) {
-  const el = document.createElement("span");
-  el.className = `chip ${cls || ""}`;
-  el.title = `token ${id}: ${JSON.stringify(text)}`;
-  const t = document.createElement("span"); t.textContent = visible(text);
-  const n = document.createElement("span"); n.className = "id"; n.textContent = `#${id}`;
-  el.append(t, n);
-  return el;
+// a new id for this tab's next run: short, printable, and random enough never to meet another tab's
+function newRunId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(6));  // (crypto.randomUUID needs https off localhost)
+  return "tab-" + [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 async function postJSON(url, body) {
@@ -75,6 +72,7 @@ async function loadInfo() {
     `${i.num_kv_heads} KV heads × ${i.head_dim} dims × ${i.kv_element_bytes} bytes (${i.kv_dtype}) = ` +
     `${i.kv_bytes_per_block.toLocaleString()} bytes`;
   if (i.chat_template === false) document.querySelector('input[value="raw"]').checked = true;
+  showEngine(i.engine, i.engine.last_step);  // the engine as it is now, before any step event comes
 }
 
 // ---- engine events -------------------------------------------------------------------------------------------
@@ -109,33 +107,59 @@ async function listenToEngine() {
 
 function onEngineEvent(ev) {
   const now = performance.now();
-  $("eng-running").textContent = ev.num_running;
-  $("eng-waiting").textContent = ev.num_waiting;
-  $("kv-total").textContent = `${ev.kv_blocks_in_use} / ${ev.kv_blocks_total}`;
-  $("kv-bar").style.width = `${(100 * ev.kv_blocks_in_use / ev.kv_blocks_total).toFixed(1)}%`;
-  if (ev.type !== "step") return;
   const eng = state.engine;
-  eng.steps += 1;
-  eng.history.push(ev.batch.length);
-  if (eng.history.length > 120) eng.history.shift();
-  eng.tokenTimes.push([now, ev.num_tokens]);
-  while (eng.tokenTimes.length && now - eng.tokenTimes[0][0] > 2000) eng.tokenTimes.shift();
-  const tokens = eng.tokenTimes.reduce((a, [, n]) => a + n, 0);
-  $("eng-batch").textContent = ev.batch.length;
-  $("eng-steps").textContent = eng.steps;
-  $("eng-step").textContent = `${ev.duration_ms.toFixed(1)} ms`;
-  $("eng-collective").textContent = ev.ranks > 1 ? `${ev.collective_ms.toFixed(2)} ms` : "– (one rank)";
-  $("eng-tps").textContent = `${(tokens / 2).toFixed(0)}`;
-  const ids = [...new Set(ev.batch.map((b) => b.request_id.replace(/-\d+$/, "")))];
-  $("eng-requests").textContent = `in this step: ${ids.map((x) => x.slice(0, 14) + "…").join(", ")}`;
-  drawBars($("batch-chart"), eng.history, "#2563eb");
-  if (state.run && state.run.id) onStepForRun(ev, now);
-  else if (state.run) state.run.early.push([ev, now]);  // before the first chunk names the request: kept
+  if (ev.type === "step") {
+    eng.history.push(ev.batch.length);
+    if (eng.history.length > 120) eng.history.shift();
+    eng.tokenTimes.push([now, ev.num_tokens]);
+    drawBars($("batch-chart"), eng.history, "#2563eb");
+    showBatch(ev.batch);
+    if (state.run) onStepForRun(ev, now);
+  }
+  showEngine(ev, ev.type === "step" ? ev : ev.last_step);
 }
+
+// the engine panel: its stats (running, waiting, blocks, steps) and its last step's size and time
+function showEngine(stats, lastStep) {
+  const now = performance.now(), times = state.engine.tokenTimes;
+  while (times.length && now - times[0][0] > TPS_WINDOW_MS) times.shift();
+  $("eng-running").textContent = stats.num_running;
+  $("eng-waiting").textContent = stats.num_waiting;
+  $("eng-steps").textContent = stats.num_steps;
+  $("eng-tps").textContent = (times.reduce((a, [, n]) => a + n, 0) * 1000 / TPS_WINDOW_MS).toFixed(0);
+  $("kv-total").textContent = `${stats.kv_blocks_in_use} / ${stats.kv_blocks_total}`;
+  $("kv-bar").style.width = `${(100 * stats.kv_blocks_in_use / stats.kv_blocks_total).toFixed(1)}%`;
+  if (!lastStep) {
+    for (const id of ["eng-batch", "eng-step", "eng-collective"]) $(id).textContent = "none yet";
+    return;
+  }
+  $("eng-batch").textContent = lastStep.batch_size;
+  $("eng-step").textContent = `${lastStep.duration_ms.toFixed(1)} ms`;
+  $("eng-collective").textContent = lastStep.ranks > 1 ? `${lastStep.collective_ms.toFixed(2)} ms` : "– (one rank)";
+}
+
+// the sequences of the last step, this tab's own highlighted (.mine)
+function showBatch(batch) {
+  const list = $("eng-requests");
+  list.replaceChildren(document.createTextNode(batch.length ? "in this step: " : ""));
+  for (const b of batch) {
+    const el = document.createElement("span");
+    const base = b.request_id.replace(/-\d+$/, "");  // "<call id>-<prompt index>": the call
+    const mine = isMine(b);
+    el.className = "seq" + (mine ? " mine" : "");
+    el.dataset.requestId = b.request_id;
+    el.title = `${b.request_id}, sample ${b.sample}: ${b.kind} of ${b.tokens} tokens${mine ? " (this tab's)" : ""}`;
+    const name = base.length > 26 ? base.slice(0, 24) + "…" : base;
+    el.textContent = `${name}${b.sample ? ` #${b.sample}` : ""} · ${b.kind} ${b.tokens}${mine ? " · this tab" : ""}`;
+    list.append(el);
+  }
+}
+
+function isMine(b) { return state.run != null && b.request_id.startsWith(state.run.callId + "-"); }
 
 function onStepForRun(ev, now) {
   const run = state.run;
-  const mine = ev.batch.filter((b) => run.id && b.request_id.startsWith(run.id) && b.sample === 0);
+  const mine = ev.batch.filter((b) => isMine(b) && b.sample === 0);
   if (!mine.length) return;
   const stepStart = now - ev.duration_ms;  // the event arrives when its step has finished
   for (const b of mine) {
@@ -148,8 +172,9 @@ function onStepForRun(ev, now) {
     }
     if (b.kind === "prefill") {
       run.chunks += 1;
-      segment("prefill", stepStart, now, `prefill ${b.start}–${b.start + b.tokens}`);
+      segment("prefill", stepStart, now, `chunk ${b.prefill_chunk}: ${b.start}–${b.start + b.tokens}`);
       $("fig-chunks").textContent = run.chunks;
+      showPrefillProgress(b);
     } else {
       segment("decode", stepStart, now, "");
     }
@@ -162,6 +187,17 @@ function onStepForRun(ev, now) {
     run.cachedTokens = b.cached_tokens;
     showKv(b.blocks, b.cached_tokens);
   }
+}
+
+// after prefill chunk i: "prefilling chunk i+1/n" while prompt tokens remain (n assumes the next chunks are as large
+// as a step allows; other requests in the batch can make them smaller, and n grows)
+function showPrefillProgress(b) {
+  const done = b.start + b.tokens;
+  const remaining = b.prompt_tokens - done;
+  if (remaining <= 0 || state.run.tokenTimes.length) return;
+  const total = b.prefill_chunk + Math.ceil(remaining / state.info.max_num_batched_tokens);
+  $("status").textContent = `prefilling chunk ${b.prefill_chunk + 1}/${total}: ` +
+    `${done.toLocaleString()} of ${b.prompt_tokens.toLocaleString()} prompt tokens computed…`;
 }
 
 // ---- the request's own view ------------------------------------------------------------------------------------
@@ -190,10 +226,10 @@ function drawTimeline() {
 }
 
 function markCached(cachedTokens) {
-  const chips = $("prompt-tokens").children;
-  for (let i = 0; i < Math.min(cachedTokens, chips.length); i++) chips[i].classList.add("cached");
+  markCachedChips($("prompt-tokens"), cachedTokens);
   const bs = state.info ? state.info.block_size : 16;
-  $("kv-reused").textContent = `${cachedTokens / bs} blocks (${cachedTokens} tokens)`;
+  const blocks = cachedTokens / bs;
+  $("kv-reused").textContent = `${blocks} block${blocks === 1 ? "" : "s"} (${cachedTokens} tokens)`;
 }
 
 function showKv(blocks, cachedTokens) {
@@ -265,17 +301,20 @@ async function submit(event) {
   $("submit").disabled = true;
   $("status").textContent = "tokenizing…";
   for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline"]) $(id).innerHTML = "";
-  for (const id of ["fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "fig-allowed", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
+  for (const id of ["fig-request", "fig-prompt", "fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "fig-allowed", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
   try {
     const messages = [{ role: "user", content: text }];
     const tok = await postJSON("/tokenize", mode === "chat"
       ? { messages, return_token_texts: true }
       : { prompt: text, add_special_tokens: true, return_token_texts: true });
-    const frag = document.createDocumentFragment();
-    tok.tokens.forEach((id, i) => frag.append(chip(tok.token_texts[i], id, "")));
-    $("prompt-tokens").append(frag);
-    $("status").textContent = `${tok.count} prompt tokens; waiting in the queue…`;
-    state.run = { id: null, t0: performance.now(), segments: [], chunks: 0, tokenTimes: [], blocks: 0, early: [] };
+    showPrompt($("prompt-tokens"), tok.tokens, tok.token_texts);
+    $("fig-prompt").textContent = tok.count.toLocaleString();
+    const id = newRunId();
+    // the engine names the call "<chatcmpl|cmpl>-<id>" from the moment it arrives: its steps are this tab's
+    state.run = { id, callId: `${mode === "chat" ? "chatcmpl" : "cmpl"}-${id}`, t0: performance.now(), segments: [],
+                  chunks: 0, tokenTimes: [], blocks: 0 };
+    $("fig-request").textContent = id;
+    $("status").textContent = `${tok.count.toLocaleString()} prompt tokens; waiting in the queue…`;
     await stream(mode, mode === "chat" ? { messages, ...params } : { prompt: tok.tokens, ...params });
   } catch (e) {
     $("status").textContent = `error: ${e.message}`;
@@ -288,16 +327,13 @@ async function stream(mode, body) {
   const url = mode === "chat" ? "/v1/chat/completions" : "/v1/completions";
   const request = { ...body, stream: true, stream_options: { include_usage: true }, return_token_ids: true,
                     logprobs: mode === "chat" ? true : 0 };
-  const r = await api(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request) });
+  const headers = { "Content-Type": "application/json", "X-Request-Id": state.run.id };
+  const r = await api(url, { method: "POST", headers, body: JSON.stringify(request) });
   if (!r.ok) { const data = await r.json(); throw new Error(data.error ? data.error.message : `HTTP ${r.status}`); }
   const run = state.run;
   let answer = "";
   for await (const chunk of sseData(r)) {
     if (chunk.error) throw new Error(chunk.error.message);
-    if (!run.id) {  // now the steps seen before this first chunk (its prefill) can be told apart
-      run.id = chunk.id;
-      for (const [ev, t] of run.early.splice(0)) onStepForRun(ev, t);
-    }
     if (chunk.usage) { onUsage(chunk.usage); continue; }
     const c = chunk.choices[0];
     if (!c) continue;
