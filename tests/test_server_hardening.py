@@ -284,3 +284,33 @@ def test_output_length_flags_reach_both_endpoints() -> None:
         assert assert_openai_error(r, 400)["param"] == "max_tokens"
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_client_that_leaves_before_the_first_byte_frees_everything(server: ServerProcess, path: str) -> None:
+    """A streamed call whose client hangs up before any event is sent still ends: its requests stop, it no longer
+    counts against --max-queue, and its X-Request-Id is free again."""
+    import socket
+
+    wait_idle(server)
+    body = {"model": MODEL, "max_tokens": 4000, "ignore_eos": True, "stream": True}  # 20 s and more, unless aborted
+    body |= (
+        {"prompt": "Once upon a time"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "Hi"}]}
+    )
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\nX-Request-Id: leaver\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    probe = {**body, "stream": False, "max_tokens": 2}
+    for _ in range(3):  # more than --max-queue 2 calls' worth, were they still counted
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(head + payload)
+        deadline = time.monotonic() + 8
+        while (r := post(server, path, probe, headers={"X-Request-Id": "leaver"})).status_code == 400:
+            assert "already in flight" in r.text and time.monotonic() < deadline, r.text  # the id stays taken
+            time.sleep(0.05)
+        assert r.status_code == 200, r.text
+        wait_idle(server, timeout=8)  # the 4,000 tokens were aborted, not generated

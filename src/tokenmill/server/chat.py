@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.completions import SHUTDOWN_ERROR, _usage
 from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation
+from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.logprobs_format import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.request_ids import call_id, echo
@@ -58,10 +58,8 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     tokenizer = llm_engine.tokenizer
     if req.stream:
         events = _stream(generation, req, tokenizer, state, request_id, created, k, callable_functions)
-        return StreamingResponse(
-            guarded_stream(events, state.metrics.internal_errors.inc),
-            media_type="text/event-stream",
-            headers=echo(client_id),
+        return GenerationStream(
+            guarded_stream(events, state.metrics.internal_errors.inc), generation, headers=echo(client_id)
         )
     try:
         (final,) = await generation.collect(http_request)

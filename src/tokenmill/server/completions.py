@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from tokenmill.engine.llm_engine import PromptInput
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation
+from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.logprobs_format import CompletionLogprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.request_ids import call_id, echo
@@ -113,10 +113,8 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     created = int(time.time())
     if req.stream:
         events = _stream(generation, fmt, state, request_id, created)
-        return StreamingResponse(
-            guarded_stream(events, state.metrics.internal_errors.inc),
-            media_type="text/event-stream",
-            headers=echo(client_id),
+        return GenerationStream(
+            guarded_stream(events, state.metrics.internal_errors.inc), generation, headers=echo(client_id)
         )
     try:
         finals = await generation.collect(http_request)

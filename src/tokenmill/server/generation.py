@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from tokenmill.engine.async_engine import EngineDeadError
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
@@ -28,6 +30,21 @@ logger = logging.getLogger("tokenmill.requests")  # one line per API call (--dis
 
 class ClientDisconnected(Exception):
     pass
+
+
+class GenerationStream(StreamingResponse):
+    """A call's server-sent events that close the call however the response ends: a client that hangs up before
+    the first event may leave the event generator never started (so its own cleanup never runs)."""
+
+    def __init__(self, events: AsyncIterator[str], generation: "Generation", headers: dict[str, str] | None = None):
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.close()
 
 
 class Generation:
