@@ -1,6 +1,7 @@
 """The asyncio front: streaming, many requests at once, aborts on disconnect, a responsive event loop."""
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -105,3 +106,43 @@ def test_abort_by_id(async_engine: AsyncEngine) -> None:
     outs = run(main())
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
     assert len(outs[-1].outputs[0].token_ids) < 400
+
+
+class StallingEngine:
+    """An engine with work that schedules nothing for a while after one real step (a request waiting for blocks):
+    its last_step stays the one step's description."""
+
+    def __init__(self) -> None:
+        self.last_step: dict | None = None
+        self.steps = 0
+        self.go = threading.Event()  # set once the test's listener is attached
+
+    def has_unfinished_requests(self) -> bool:
+        return True
+
+    def step(self) -> list:
+        if not self.go.is_set():
+            return []
+        self.steps += 1
+        if self.steps == 1:
+            self.last_step = {"step": 1, "batch": []}
+        return []
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_listeners_get_each_step_once() -> None:
+    engine = StallingEngine()
+    front = AsyncEngine(engine, stats_log_interval_s=None)  # type: ignore[arg-type]
+    seen: list[int] = []
+    front.step_listeners.append(lambda event: seen.append(event["step"]))
+    engine.go.set()
+    deadline = time.monotonic() + 5
+    while engine.steps < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    front.shutdown()
+    assert engine.steps >= 50 and seen == [1]

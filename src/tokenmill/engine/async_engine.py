@@ -52,6 +52,7 @@ class AsyncEngine:
     def _run(self) -> None:
         trimmer = MemoryTrimmer()  # a long-running server gives freed memory back (runner/memory.py)
         last_check = time.monotonic()
+        published = None  # the number of the last step the listeners were given
         try:
             while not self._stop.is_set():
                 self._drain_commands()
@@ -70,8 +71,11 @@ class AsyncEngine:
                     self._deliver(out.request_id, out)
                 self._stats = self.engine.stats()
                 self._maybe_log_stats()
-                if self.step_listeners and self.engine.last_step is not None:
-                    event = {**self.engine.last_step, **self._stats}
+                step = self.engine.last_step
+                # a step that scheduled nothing leaves the previous description: publish each step once
+                if self.step_listeners and step is not None and step["step"] != published:
+                    published = step["step"]
+                    event = {**step, **self._stats}
                     for listener in list(self.step_listeners):
                         listener(event)
         except BaseException as exc:  # the engine is broken: fail every stream, refuse new work
