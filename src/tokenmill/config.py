@@ -2,8 +2,10 @@
 
 import re
 from dataclasses import dataclass, fields
+from typing import Any
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.spec_decode.config import SpeculativeConfig
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2}
 _UNITS.update({"g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4})
@@ -44,6 +46,8 @@ class EngineConfig:
     # sampling defaults for fields a request leaves unset: "auto" (the model's recommendation,
     # model/generation_defaults.py), "tokenmill" (SamplingParams' own), or a generation_config.json / its folder
     generation_config: str = "auto"
+    # speculative decoding (tokenmill.spec_decode): a SpeculativeConfig, a dict of its fields or their JSON
+    speculative_config: Any = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -63,6 +67,7 @@ class EngineConfig:
                 "generation_config must be 'auto', 'tokenmill' or a path to a generation_config.json",
                 "generation_config",
             )
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidParameterError("enable_prefix_caching must be true or false", "enable_prefix_caching")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.bench.offline import collective_figures, machine
+from tokenmill.bench.offline import collective_figures, machine, spec_decode_figures
 from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 
@@ -30,7 +30,8 @@ def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, run
             decodes.append((output_len - 1) / (m.last_token_time - m.first_token_time))
         totals.append(m.finished_time - m.arrival_time)
     ttft = statistics.median(ttfts)
-    coordination = collective_figures(before, llm.stats())
+    after = llm.stats()
+    coordination = {**collective_figures(before, after), **spec_decode_figures(before, after)}
     llm.close()
     return {
         "bench": "latency",

@@ -33,6 +33,22 @@ def collective_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[st
     }
 
 
+def spec_decode_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Speculative decoding between two stats snapshots: proposals, acceptance, tokens per verifying step."""
+
+    def delta(name: str) -> int:
+        return after[f"spec_decode_{name}"] - before[f"spec_decode_{name}"]
+
+    drafts, proposed, accepted = delta("num_drafts"), delta("num_draft_tokens"), delta("num_accepted_tokens")
+    return {
+        "spec_decode_drafts": drafts,
+        "spec_decode_draft_tokens": proposed,
+        "spec_decode_accepted_tokens": accepted,
+        "spec_decode_acceptance_rate": round(accepted / proposed, 4) if proposed else None,
+        "spec_decode_tokens_per_draft_step": round(delta("num_emitted_tokens") / drafts, 3) if drafts else None,
+    }
+
+
 def run_offline(
     llm_kwargs: dict[str, Any], num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int
 ) -> dict[str, Any]:
@@ -56,7 +72,8 @@ def run_offline(
     start = time.monotonic()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.monotonic() - start
-    coordination = collective_figures(before, llm.stats())
+    after = llm.stats()
+    coordination = {**collective_figures(before, after), **spec_decode_figures(before, after)}
     llm.close()
     prompt_tokens = sum(len(p) for p, _ in workload)
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)

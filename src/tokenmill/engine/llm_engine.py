@@ -35,6 +35,9 @@ from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+from tokenmill.spec_decode.config import SpeculativeConfig
+from tokenmill.spec_decode.ngram import propose_ngram
+from tokenmill.spec_decode.stats import SpecDecodeStats
 from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES
 
@@ -128,6 +131,7 @@ class LLMEngine:
         self.num_steps = 0
         self.prompt_tokens_total = 0  # prompt tokens computed (prefix-cache hits are not), for the throughput log
         self.generation_tokens_total = 0  # tokens sampled
+        self.spec_decode = SpecDecodeStats()  # proposals made and accepted (speculative decoding)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
@@ -369,6 +373,8 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.config.speculative_config is not None:
+            self._propose_drafts(self.config.speculative_config)
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
@@ -380,14 +386,16 @@ class LLMEngine:
                 request.metrics.first_scheduled_time = now
             if s.start < s.seq.num_prompt_tokens and s.seq.sample_index == 0:  # its samples share one prefill
                 request.metrics.num_prefill_chunks += 1
+            drafts = s.draft_token_ids
             chunks.append(
                 StepChunk(
-                    token_ids=s.seq.token_ids[s.start : s.start + s.num_new_tokens],
+                    token_ids=s.seq.token_ids[s.start : s.start + s.num_new_tokens - len(drafts)] + drafts,
                     start_position=s.start,
                     block_table=s.seq.block_table,
                     local_block_table=s.seq.local_block_table if self.window_manager is not None else None,
-                    want_last_logits=s.completes_sequence,
-                    want_all_logits=self._collects_prompt_logprobs(request, s.seq, s.start),
+                    want_last_logits=s.completes_sequence and not drafts,
+                    # with proposals: the logits after each of its tokens, to verify them one by one
+                    want_all_logits=bool(drafts) or self._collects_prompt_logprobs(request, s.seq, s.start),
                     prompt_len=s.seq.num_prompt_tokens,
                 )
             )
@@ -403,9 +411,10 @@ class LLMEngine:
         step = self._describe_step(sched, self.last_step_summary) if self.record_steps else None
         touched: dict[str, Request] = {}
         for s, logits in zip(sched.scheduled, result.all_logits, strict=True):
-            if logits is not None:
+            if logits is not None and not s.draft_token_ids:
                 self._add_prompt_logprobs(self.requests[s.seq.request_id], s.start, logits)
         self._sample_and_append(sched, result.last_logits, touched, masks)
+        self._verify_drafts(sched, result.all_logits, touched)
         if step is not None:  # with what each constrained row's mask allowed, known once sampled
             for entry, s in zip(step["batch"], sched.scheduled, strict=True):
                 if s.completes_sequence and s.seq.params.structured_outputs is not None:
@@ -516,7 +525,7 @@ class LLMEngine:
         row_samples: list[tuple[Request, SampleState]] = []
         logits_row = 0
         for s in sched.scheduled:
-            if not s.completes_sequence:
+            if not s.completes_sequence or s.draft_token_ids:  # proposals are verified by _verify_drafts
                 continue
             request = self.requests[s.seq.request_id]
             samples = [self._sample_of(s.seq)]
@@ -543,6 +552,60 @@ class LLMEngine:
         for (request, sample), token in zip(row_samples, sampled, strict=True):
             self._append_token(request, sample, token, now)
             touched[request.request_id] = request
+
+    def _propose_drafts(self, spec: SpeculativeConfig) -> None:
+        """Proposals for every decoding sequence while few run (spec.disable_by_batch_size); none for constrained
+        ones (their grammar would have to follow every proposal) or past max_tokens and max_model_len."""
+        running = self.scheduler.running
+        speculate = self.spec_decode.active = len(running) <= spec.disable_by_batch_size
+        for seq in running:
+            seq.draft_token_ids = []
+            if not speculate or seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0:
+                continue  # not decoding (prefill left, or the prompt's last token)
+            if seq.params.structured_outputs is not None:
+                continue
+            room = min(
+                spec.num_speculative_tokens,
+                seq.max_tokens - seq.num_output_tokens - 1,  # the step emits one token more than it accepts
+                self.max_model_len - seq.num_tokens,
+            )
+            seq.draft_token_ids = propose_ngram(seq.token_ids, spec.prompt_lookup_max, spec.prompt_lookup_min, room)
+
+    def _verify_drafts(self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]) -> None:
+        """Sample each proposing sequence's rows in order, as plain decoding would sample its next tokens, and
+        keep going while the sampled token is the proposed one. A proposal is a single token, so accepting it
+        exactly when the target's own sample equals it is exact rejection sampling: the output has the target's
+        distribution, and with the same seed the same tokens (one draw per emitted token, as without proposals).
+        Rows of all proposing sequences are sampled together, one position at a time."""
+        verifying = [(s, logits) for s, logits in zip(sched.scheduled, all_logits, strict=True) if s.draft_token_ids]
+        if not verifying:
+            return
+        accepted = [0] * len(verifying)
+        active = list(range(len(verifying)))
+        position = 0
+        while active:
+            rows = [self._sampling_row(verifying[k][0].seq, row) for row, k in enumerate(active)]
+            logits = torch.stack([verifying[k][1][position] for k in active])  # [active, vocab]
+            sampled = self.sampler.sample(logits, rows)
+            self.generation_tokens_total += len(sampled)
+            now = time.monotonic()
+            still = []
+            for k, token in zip(active, sampled, strict=True):
+                s = verifying[k][0]
+                request = self.requests[s.seq.request_id]
+                self._append_token(request, self._sample_of(s.seq), token, now)
+                touched[request.request_id] = request
+                drafts = s.draft_token_ids
+                if not s.seq.is_finished and position < len(drafts) and token.token_id == drafts[position]:
+                    accepted[k] += 1
+                    still.append(k)
+            active = still
+            position += 1
+        for (s, _), num_accepted in zip(verifying, accepted, strict=True):
+            self.spec_decode.record(len(s.draft_token_ids), num_accepted)
+            if not s.seq.is_finished:
+                self.scheduler.commit_accepted(s.seq, num_accepted)
+            s.seq.draft_token_ids = []
 
     def _fork(self, request: Request, parent: Sequence) -> list[SampleState]:
         """After the prompt is computed, the other n - 1 samples share its KV blocks."""
@@ -651,6 +714,8 @@ class LLMEngine:
             "num_steps": self.num_steps,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
+            **self.spec_decode.as_stats(),
+            "spec_decode_active": int(self.spec_decode.active),
             "tensor_parallel_size": self.config.tensor_parallel_size,
             # time rank 0 spent in collectives (step broadcasts, all-reduces, the logits' gather): all steps, last
             "collective_seconds_total": tp.group.collective_seconds if tp is not None else 0.0,

@@ -60,6 +60,13 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
         "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's for a GGUF), "
         "tokenmill (temperature 1, no top-p/top-k/penalty), or a generation_config.json (or its folder)",
     )
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K} (optional: '
+        '"prompt_lookup_max" 4, "prompt_lookup_min" 2, "disable_by_batch_size" 4): up to K tokens proposed from '
+        "the sequence's own earlier tokens, verified in one pass; the output is what it would be without it",
+    )
     if request_seed:
         g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
     add_parallel_args(parser)
@@ -97,6 +104,7 @@ ENGINE_OPTIONS = (
     "tensor_parallel_size",
     "collective_timeout_s",
     "generation_config",
+    "speculative_config",
 )
 
 

@@ -32,12 +32,15 @@ class SchedulerConfig:
 class ScheduledSequence:
     seq: Sequence
     start: int  # num_computed_tokens when scheduled
-    num_new_tokens: int
+    num_new_tokens: int  # tokens computed this step, the proposed ones included
+    # proposed tokens (speculative decoding) after the sequence's last token: the last num_draft_tokens of the step
+    draft_token_ids: list[int] = field(default_factory=list)
     # after this chunk every token of the sequence is computed, so it samples a new token
     completes_sequence: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.completes_sequence = self.start + self.num_new_tokens == self.seq.num_tokens
+        num_real = self.num_new_tokens - len(self.draft_token_ids)
+        self.completes_sequence = self.start + num_real == self.seq.num_tokens
 
 
 @dataclass
@@ -94,6 +97,15 @@ class Scheduler:
                 i += 1
                 continue
             local_copies: list[tuple[int, int]] = []  # kept across attempts: a copy-on-write happens once
+            drafts = seq.draft_token_ids[: budget - 1] if num_new == 1 else []
+            copies = self._allocate(seq, 1 + len(drafts), local_copies) if drafts else None
+            if copies is not None:  # room for the proposals too (never preempt anyone for them)
+                out.block_copies.extend(copies)
+                out.local_block_copies.extend(local_copies)
+                out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, 1 + len(drafts), drafts))
+                budget -= 1 + len(drafts)
+                i += 1
+                continue
             while True:
                 copies = self._allocate(seq, num_new, local_copies)
                 if copies is not None:
@@ -191,6 +203,14 @@ class Scheduler:
         if self.window_manager is not None:
             self.window_manager.free(seq)
 
+    def commit_accepted(self, seq: Sequence, num_accepted: int) -> None:
+        """num_accepted proposed tokens were right: their K/V, written by the step, now count as computed."""
+        seq.num_computed_tokens += num_accepted
+        self.block_manager.commit_computed(seq)
+        if self.window_manager is not None:
+            self.window_manager.commit_computed(seq)
+            self.window_manager.release_outside_window(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._free(seq)
@@ -202,7 +222,8 @@ class Scheduler:
     def update_after_step(self, out: SchedulerOutput) -> None:
         """The forward pass wrote the K/V of every scheduled token."""
         for s in out.scheduled:
-            s.seq.num_computed_tokens = s.start + s.num_new_tokens
+            # proposed tokens count once accepted (the engine advances num_computed_tokens over them then)
+            s.seq.num_computed_tokens = s.start + s.num_new_tokens - len(s.draft_token_ids)
             self.block_manager.commit_computed(s.seq)
             if self.window_manager is not None:
                 self.window_manager.commit_computed(s.seq)

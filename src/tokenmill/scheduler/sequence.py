@@ -39,6 +39,8 @@ class Sequence:
         self.num_preemptions = 0
         self.ever_scheduled = False
         self.cumulative_logprob = 0.0
+        # tokens proposed for the next step (speculative decoding): computed with the last token and verified
+        self.draft_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -61,6 +61,19 @@ class _EngineCollector(Collector):
             "Time in collectives during the last step",
             value=s["last_step_collective_ms"] / 1000,
         )
+        # speculative decoding, in vLLM's names (acceptance rate: accepted over draft tokens)
+        for name, what in (
+            ("num_drafts", "Sequence-steps that verified proposed tokens"),
+            ("num_draft_tokens", "Tokens proposed"),
+            ("num_accepted_tokens", "Proposed tokens accepted"),
+            ("num_emitted_tokens", "Tokens emitted by steps that verified proposals (accepted + 1 each)"),
+        ):
+            yield CounterMetricFamily(f"tokenmill:spec_decode_{name}", what, value=s[f"spec_decode_{name}"])
+        yield GaugeMetricFamily(
+            "tokenmill:spec_decode_enabled",
+            "1 while the engine proposes tokens this step (speculative decoding on and few sequences running)",
+            value=s["spec_decode_active"],
+        )
 
 
 class ServerMetrics:

@@ -1,0 +1,7 @@
+"""Speculative decoding: cheap proposals for a sequence's next tokens, all verified in one forward pass of the
+model (config.py: what the user asks for; ngram.py: proposals looked up in the sequence's own tokens). The
+verification itself is the engine's sampling, row by row (engine/llm_engine.py, _verify_drafts)."""
+
+from tokenmill.spec_decode.config import SpeculativeConfig
+
+__all__ = ["SpeculativeConfig"]

@@ -1,0 +1,72 @@
+"""`speculative_config`, in vLLM's names: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N,
+"prompt_lookup_min": M, "disable_by_batch_size": B}. No torch here."""
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from tokenmill.errors import InvalidParameterError
+
+METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int  # K: tokens proposed per sequence and step (the pass computes K + 1 rows)
+    prompt_lookup_max: int = 4  # the longest suffix n-gram looked up in the sequence's earlier tokens
+    prompt_lookup_min: int = 2  # the shortest one
+    # speculate only while at most this many sequences run: a larger batch already keeps the cores busy, and
+    # rejected proposals would cost compute it needs (measured: benchmarks/README.md, "Speculative decoding")
+    disable_by_batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InvalidParameterError(
+                f"speculative_config: method {self.method!r} is not supported (supported: {', '.join(METHODS)})",
+                "speculative_config",
+            )
+        for name, low, high in (
+            ("num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS),
+            ("prompt_lookup_max", 1, 64),
+            ("prompt_lookup_min", 1, 64),
+            ("disable_by_batch_size", 1, None),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+                bound = f"at least {low}" if high is None else f"between {low} and {high}"
+                raise InvalidParameterError(
+                    f"speculative_config: {name} must be an integer {bound}, got {value!r}", "speculative_config"
+                )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise InvalidParameterError(
+                f"speculative_config: prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max "
+                f"({self.prompt_lookup_max})",
+                "speculative_config",
+            )
+
+    @classmethod
+    def parse(cls, value: "SpeculativeConfig | dict[str, Any] | str | None") -> "SpeculativeConfig | None":
+        """A SpeculativeConfig, a dict of its fields, or their JSON (the command line's form); None: none."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise InvalidParameterError(f"speculative_config is not JSON: {exc}", "speculative_config") from exc
+        if not isinstance(value, dict):
+            raise InvalidParameterError("speculative_config must be a JSON object", "speculative_config")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise InvalidParameterError(
+                f"speculative_config: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})",
+                "speculative_config",
+            )
+        if "method" not in value or "num_speculative_tokens" not in value:
+            raise InvalidParameterError(
+                "speculative_config needs method and num_speculative_tokens", "speculative_config"
+            )
+        return cls(**value)

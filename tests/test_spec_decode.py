@@ -1,0 +1,236 @@
+"""Speculative decoding (n-gram prompt lookup): proposals, their scheduling, and outputs exactly as without it."""
+
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from tokenmill import LLM, SamplingParams
+from tokenmill.errors import InvalidParameterError
+from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
+from tokenmill.scheduler.sequence import Sequence
+from tokenmill.spec_decode import SpeculativeConfig
+from tokenmill.spec_decode.ngram import propose_ngram
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
+PASSAGE = (
+    "The river wound slowly through the valley, past old stone farmhouses and fields of barley. In the evening the "
+    "light turned gold and the swallows flew low over the water. Children ran along the bank, calling to each "
+    "other, while their parents talked quietly on the bridge. Far away a church bell rang seven times."
+)
+COPY = [{"role": "user", "content": "Repeat this passage word for word:\n\n" + PASSAGE}]
+
+
+def test_ngram_proposals() -> None:
+    # the most recent earlier occurrence of the longest suffix n-gram, and what followed it
+    assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 3, 1, 2) == [7, 5]
+    assert propose_ngram([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 3, 1, 5) == [7, 5, 1, 2, 3]
+    assert propose_ngram([5, 6, 7, 8, 6], 3, 1, 3) == [7, 8, 6]  # only a 1-gram matches
+    assert propose_ngram([5, 6, 7, 8, 6], 3, 2, 3) == []  # ... which is below prompt_lookup_min
+    assert propose_ngram([1, 2, 3], 2, 1, 4) == [] and propose_ngram([4, 4], 2, 1, 0) == []
+
+
+def test_speculative_config_is_checked() -> None:
+    parsed = SpeculativeConfig.parse(json.dumps({"method": "ngram", "num_speculative_tokens": 3}))
+    assert parsed == SpeculativeConfig("ngram", 3)
+    for bad in (
+        {"method": "eagle", "num_speculative_tokens": 3},
+        {"method": "ngram"},
+        {"method": "ngram", "num_speculative_tokens": 0},
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5},
+        {"method": "ngram", "num_speculative_tokens": 3, "lookahead": 1},
+        "{not json",
+        [1],
+    ):
+        with pytest.raises(InvalidParameterError, match="speculative_config"):
+            SpeculativeConfig.parse(bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match="speculative_config"):
+        LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 99})
+
+
+def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> None:
+    """A decoding sequence with proposals computes 1 + K tokens in one step (blocks for all of them, within the
+    token budget); only the accepted ones then count as computed (and reach the prefix cache)."""
+    bm = BlockManager(8, 4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=6, max_model_len=32), bm)
+    seq = Sequence(0, "r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=10))
+    sched.add(seq)
+    sched.update_after_step(sched.schedule())  # the prompt
+    seq.append_token(6)
+    seq.draft_token_ids = [7, 8, 9, 10, 11, 12]  # more than the budget leaves room for
+    out = sched.schedule()
+    (s,) = out.scheduled
+    assert (s.start, s.num_new_tokens, s.draft_token_ids, s.completes_sequence) == (5, 6, [7, 8, 9, 10, 11], True)
+    assert len(seq.block_table) == 3  # positions 0 .. 10
+    sched.update_after_step(out)
+    assert seq.num_computed_tokens == 6  # the real token only
+    seq.token_ids += [7, 8, 5]  # two proposals accepted, then a token of the model's own
+    sched.commit_accepted(seq, 2)
+    assert seq.num_computed_tokens == 8 and len(bm.block_hashes(seq, 8)) == 2
+    # out of blocks for the proposals: the step computes the one real token and preempts nobody
+    small = Scheduler(SchedulerConfig(4, 16, 32), BlockManager(3, 4))
+    first, second = Sequence(1, "a", list(range(7)), SamplingParams()), Sequence(2, "b", [1, 2, 3], SamplingParams())
+    for s in (first, second):
+        small.add(s)
+    small.update_after_step(small.schedule())  # 2 + 1 blocks: all of them
+    first.append_token(7)
+    first.draft_token_ids = [1, 2, 3, 4]  # positions 7 .. 11 would need a third block
+    out = small.schedule()
+    assert [(s.seq, s.num_new_tokens, s.draft_token_ids) for s in out.scheduled][0] == (first, 1, [])
+    assert not out.preempted
+
+
+@pytest.fixture(scope="module")
+def spec_llm() -> LLM:
+    return LLM(speculative_config=NGRAM)  # float32, as the shared `llm`
+
+
+def _outputs(outs) -> list[tuple]:
+    return [(o.token_ids, o.text, o.finish_reason, o.stop_reason) for out in outs for o in out.outputs]
+
+
+@pytest.mark.slow
+def test_greedy_float32_reference_prompts_are_unchanged(llm: LLM, spec_llm: LLM, smollm2_reference: dict) -> None:
+    prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
+    prompts.append({"prompt_token_ids": spec_llm.engine.encode_chat(COPY)})
+    greedy = SamplingParams(temperature=0, max_tokens=48)
+    before = spec_llm.stats()["spec_decode_num_accepted_tokens"]
+    plain = llm.generate(prompts, greedy, use_tqdm=False)
+    assert _outputs(spec_llm.generate(prompts, greedy, use_tqdm=False)) == _outputs(plain)
+    assert spec_llm.stats()["spec_decode_num_accepted_tokens"] - before > 30  # the copy request copied
+
+
+@pytest.mark.slow
+def test_a_mixed_batch_is_unchanged(llm: LLM, spec_llm: LLM, smollm2_reference: dict) -> None:
+    """32 requests at once: stop strings (inside accepted runs too), n > 1, seeds, logprobs, prefix-cache hits."""
+    from tests.test_engine import mixed_prompts
+
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(llm, smollm2_reference)]
+    copy = {"prompt_token_ids": llm.engine.encode_chat(COPY)}
+    prompts[-4:] = [copy, copy, copy, copy]  # the same prompt four times: prefix-cache hits
+    params = []
+    for i in range(len(prompts)):
+        kind = i % 4
+        if kind == 0:
+            params.append(SamplingParams(temperature=0, max_tokens=32, stop=["farmhouses", "\n\n", " the"]))
+        elif kind == 1:
+            params.append(SamplingParams(temperature=0, max_tokens=24, n=2, logprobs=2))
+        elif kind == 2:
+            params.append(SamplingParams(temperature=0.8, top_p=0.95, seed=i, max_tokens=24))
+        else:
+            params.append(SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.1, stop=["valley"]))
+    plain = llm.generate(prompts, params, use_tqdm=False)
+    before = spec_llm.stats()
+    fast = spec_llm.generate(prompts, params, use_tqdm=False)
+    assert _outputs(fast) == _outputs(plain)
+    for a, b in zip(plain, fast, strict=True):
+        for oa, ob in zip(a.outputs, b.outputs, strict=True):
+            if oa.logprobs is not None:
+                for pa, pb in zip(oa.logprobs, ob.logprobs, strict=True):
+                    assert set(pa) == set(pb) and all(abs(pa[t].logprob - pb[t].logprob) < 1e-3 for t in pa)
+    after = spec_llm.stats()
+    assert after["spec_decode_num_accepted_tokens"] > before["spec_decode_num_accepted_tokens"]
+    assert after["prefix_cache_hit_tokens"] > before["prefix_cache_hit_tokens"]
+    spec_llm.engine.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def auto_pair() -> tuple[LLM, LLM]:
+    """`auto` engines without and with proposals (verified by the native decoder, as generated tokens are)."""
+    return LLM(quantization="auto"), LLM(quantization="auto", speculative_config=NGRAM)
+
+
+@pytest.mark.slow
+def test_greedy_auto_reference_prompts_are_unchanged(auto_pair, smollm2_reference: dict) -> None:
+    plain, fast = auto_pair
+    prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
+    prompts.append({"prompt_token_ids": plain.engine.encode_chat(COPY)})
+    greedy = SamplingParams(temperature=0, max_tokens=64)
+    for prompt in prompts:
+        assert _outputs(fast.generate(prompt, greedy, use_tqdm=False)) == _outputs(
+            plain.generate(prompt, greedy, use_tqdm=False)
+        )
+    assert fast.stats()["spec_decode_num_accepted_tokens"] > 30
+
+
+def _chi_square(a: Counter, b: Counter) -> tuple[float, int]:
+    """Two-sample chi-square statistic over the categories (rare ones pooled) and its degrees of freedom."""
+    na, nb = sum(a.values()), sum(b.values())
+    common = [t for t in set(a) | set(b) if a[t] + b[t] >= 10]
+    cells = [(a[t], b[t]) for t in common]
+    cells.append((na - sum(a[t] for t in common), nb - sum(b[t] for t in common)))
+    stat = 0.0
+    for x, y in cells:
+        total = x + y
+        if total == 0:
+            continue
+        ex, ey = total * na / (na + nb), total * nb / (na + nb)
+        stat += (x - ex) ** 2 / ex + (y - ey) ** 2 / ey
+    return stat, len(cells) - 1
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_models_distribution(auto_pair) -> None:
+    """Temperature 1, unseeded, 400 samples each way (`auto`, for speed): the first positions where proposals
+    are verified (the output's 2nd to 4th tokens) come from the same distribution.
+    Threshold: the chi-square statistic below about its 0.999 quantile (df + 3.1 sqrt(2 df) + 1). Accepting
+    every proposal, or accepting it with the wrong probability, moves mass onto the proposed token and fails."""
+    plain_llm = auto_pair[0]
+    # 1-gram lookups propose at almost every position, and mostly tokens the model would not sample: a wrong
+    # acceptance rule cannot hide behind proposals that were likely anyway
+    one_gram = {**NGRAM, "num_speculative_tokens": 2, "prompt_lookup_max": 1, "prompt_lookup_min": 1}
+    spec_llm = LLM(quantization="auto", speculative_config=one_gram)
+    prompt = {"prompt_token_ids": plain_llm.engine.encode_chat(COPY)}
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    draws = 400
+    plain = plain_llm.generate([prompt] * draws, params, use_tqdm=False)
+    before = spec_llm.stats()["spec_decode_num_drafts"]
+    fast = spec_llm.generate([prompt] * draws, params, use_tqdm=False)
+    assert spec_llm.stats()["spec_decode_num_drafts"] - before > draws  # proposals were verified
+    for position in (1, 2, 3):  # the token there (equal joint distributions have equal marginals)
+        a = Counter(o.outputs[0].token_ids[position] for o in plain if len(o.outputs[0].token_ids) > position)
+        b = Counter(o.outputs[0].token_ids[position] for o in fast if len(o.outputs[0].token_ids) > position)
+        stat, df = _chi_square(a, b)
+        assert stat < df + 3.1 * math.sqrt(2 * df) + 1, (position, stat, df, a.most_common(5), b.most_common(5))
+
+
+@pytest.mark.slow
+def test_seeded_sampling_gives_the_same_tokens(auto_pair) -> None:
+    """One draw per emitted token, as without proposals: a seed gives the same output."""
+    llm, spec_llm = auto_pair
+    prompt = {"prompt_token_ids": llm.engine.encode_chat(COPY)}
+    for seed in range(6):
+        params = SamplingParams(temperature=0.7, top_k=40, seed=seed, max_tokens=60)
+        assert _outputs(spec_llm.generate(prompt, params, use_tqdm=False)) == _outputs(
+            llm.generate(prompt, params, use_tqdm=False)
+        )
+
+
+@pytest.mark.slow
+def test_the_server_speculates_and_counts_it(auto_pair) -> None:
+    """`tokenmill serve --speculative-config JSON`: the same answer as without it, and the counters on /metrics."""
+    import httpx
+    from openai import OpenAI
+
+    from tests.server_utils import start_server
+
+    server = start_server("--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4}))
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model=client.models.list().data[0].id, messages=COPY, max_tokens=60,
+                                               temperature=0)  # fmt: skip
+        plain = auto_pair[0]
+        expected = plain.chat(COPY, plain.get_default_sampling_params(temperature=0, max_tokens=60))[0].outputs[0]
+        assert reply.choices[0].message.content == expected.text
+        metrics = {
+            line.split()[0].removeprefix("tokenmill:spec_decode_"): float(line.split()[1])
+            for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+            if line.startswith("tokenmill:spec_decode")
+        }
+        assert metrics["num_accepted_tokens_total"] > 20
+        assert metrics["num_emitted_tokens_total"] == metrics["num_accepted_tokens_total"] + metrics["num_drafts_total"]
+        assert "enabled" in metrics
+    finally:
+        server.stop()
