@@ -414,11 +414,13 @@ class LLMEngine:
             if logits is not None and not s.draft_token_ids:
                 self._add_prompt_logprobs(self.requests[s.seq.request_id], s.start, logits)
         self._sample_and_append(sched, result.last_logits, touched, masks)
-        self._verify_drafts(sched, result.all_logits, touched)
+        accepted = self._verify_drafts(sched, result.all_logits, touched)
         if step is not None:  # with what each constrained row's mask allowed, known once sampled
             for entry, s in zip(step["batch"], sched.scheduled, strict=True):
                 if s.completes_sequence and s.seq.params.structured_outputs is not None:
                     entry["allowed_tokens"] = self._sample_of(s.seq).allowed_tokens
+                if s.draft_token_ids:
+                    entry["accepted"] = accepted[s.seq.seq_id]
             self.last_step = step
         outputs = []
         for request in touched.values():
@@ -457,6 +459,9 @@ class LLMEngine:
                     "cached_tokens": seq.num_cached_tokens,
                     # the request's prefill chunks so far, this one included (the engine's own count)
                     "prefill_chunk": metrics.num_prefill_chunks if prefill else None,
+                    # speculative decoding: tokens proposed after the last one, and (once verified) how many held
+                    "proposed": len(s.draft_token_ids),
+                    "accepted": None,
                     "blocks": len(seq.block_table),
                     "allowed_tokens": None,  # a constrained sequence: how many tokens its mask allowed
                 }
@@ -571,15 +576,18 @@ class LLMEngine:
             )
             seq.draft_token_ids = propose_ngram(seq.token_ids, spec.prompt_lookup_max, spec.prompt_lookup_min, room)
 
-    def _verify_drafts(self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]) -> None:
+    def _verify_drafts(
+        self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]
+    ) -> dict[int, int]:
         """Sample each proposing sequence's rows in order, as plain decoding would sample its next tokens, and
         keep going while the sampled token is the proposed one. A proposal is a single token, so accepting it
         exactly when the target's own sample equals it is exact rejection sampling: the output has the target's
         distribution, and with the same seed the same tokens (one draw per emitted token, as without proposals).
-        Rows of all proposing sequences are sampled together, one position at a time."""
+        Rows of all proposing sequences are sampled together, one position at a time. Returns seq_id -> how many
+        proposals were accepted."""
         verifying = [(s, logits) for s, logits in zip(sched.scheduled, all_logits, strict=True) if s.draft_token_ids]
         if not verifying:
-            return
+            return {}
         accepted = [0] * len(verifying)
         active = list(range(len(verifying)))
         position = 0
@@ -606,6 +614,7 @@ class LLMEngine:
             if not s.seq.is_finished:
                 self.scheduler.commit_accepted(s.seq, num_accepted)
             s.seq.draft_token_ids = []
+        return {s.seq.seq_id: n for (s, _), n in zip(verifying, accepted, strict=True)}
 
     def _fork(self, request: Request, parent: Sequence) -> list[SampleState]:
         """After the prompt is computed, the other n - 1 samples share its KV blocks."""

@@ -176,7 +176,10 @@ function onStepForRun(ev, now) {
       $("fig-chunks").textContent = run.chunks;
       showPrefillProgress(b);
     } else {
-      segment("decode", stepStart, now, "");
+      const spec = b.proposed ? ` · ${b.accepted} of ${b.proposed} proposed tokens accepted` : "";
+      segment("decode", stepStart, now, spec);
+      // accepted proposals follow the step's first token: output indices from (start - prompt) + 1
+      for (let k = 1; k <= (b.accepted || 0); k++) markAccepted(b.start - b.prompt_tokens + k);
     }
     if (b.allowed_tokens != null) {  // a constrained request: how many tokens its schema allowed at this step
       run.allowed = (run.allowed || []).concat([b.allowed_tokens]);
@@ -187,6 +190,13 @@ function onStepForRun(ev, now) {
     run.cachedTokens = b.cached_tokens;
     showKv(b.blocks, b.cached_tokens);
   }
+}
+
+// an output token that was a proposal the model confirmed (speculative decoding): marked when its chip exists
+function markAccepted(index) {
+  state.run.accepted.add(index);
+  const el = $("output-tokens").children[index];
+  if (el) el.classList.add("spec");
 }
 
 // after prefill chunk i: "prefilling chunk i+1/n" while prompt tokens remain (n assumes the next chunks are as large
@@ -312,7 +322,7 @@ async function submit(event) {
     const id = newRunId();
     // the engine names the call "<chatcmpl|cmpl>-<id>" from the moment it arrives: its steps are this tab's
     state.run = { id, callId: `${mode === "chat" ? "chatcmpl" : "cmpl"}-${id}`, t0: performance.now(), segments: [],
-                  chunks: 0, tokenTimes: [], blocks: 0 };
+                  chunks: 0, tokenTimes: [], blocks: 0, accepted: new Set() };
     $("fig-request").textContent = id;
     $("status").textContent = `${tok.count.toLocaleString()} prompt tokens; waiting in the queue…`;
     await stream(mode, mode === "chat" ? { messages, ...params } : { prompt: tok.tokens, ...params });
@@ -343,8 +353,9 @@ async function stream(mode, body) {
       : ((c.logprobs && c.logprobs.tokens) || []);
     const now = performance.now();
     ids.forEach((id, i) => {
+      const spec = run.accepted.has(run.tokenTimes.length) ? " spec" : "";
       run.tokenTimes.push(now);
-      $("output-tokens").append(chip(texts[i] != null ? texts[i] : "", id, "out new"));
+      $("output-tokens").append(chip(texts[i] != null ? texts[i] : "", id, "out new" + spec));
     });
     answer += mode === "chat" ? (c.delta && c.delta.content) || "" : c.text || "";
     $("answer").textContent = answer;
