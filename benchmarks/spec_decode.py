@@ -4,7 +4,9 @@ time, greedy; decode tokens/s after the first token, repetitions alternating, me
 
 - copy: the chat template around "Repeat this passage word for word" and a paragraph of about 100 words (the
   answer copies it: what prompt lookup is for); up to --max-tokens, ending at EOS;
-- random: 128 random prompt tokens, 128 generated (EOS ignored): nothing to look up, so only the cost shows.
+- random: 128 random prompt tokens, 128 tokens sampled at temperature 1 (seeded; EOS ignored): little to look up
+  (greedy would loop, and loops are easy to look up), so the cost of proposing and rejecting shows. tokenmill
+  only: llama-cpp-python's prompt lookup is compared on the copy case.
 
     .venv/bin/python benchmarks/spec_decode.py --peers-python .venv-peers/bin/python
 """
@@ -31,8 +33,8 @@ PASSAGE = (
 )
 
 
-def decode_rate(llm: LLM, prompt: list[int], max_tokens: int, ignore_eos: bool) -> tuple[float, list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+def decode_rate(llm: LLM, prompt: list[int], max_tokens: int, sampled: bool) -> tuple[float, list[int]]:
+    params = SamplingParams(temperature=1.0 if sampled else 0.0, seed=0, max_tokens=max_tokens, ignore_eos=sampled)
     out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
     m, ids = out.metrics, out.outputs[0].token_ids
     return (len(ids) - 1) / (m.last_token_time - m.first_token_time), ids
@@ -51,15 +53,15 @@ def main() -> None:
     random = np.random.default_rng(0).integers(100, 10000, size=128).tolist()
     cases = {"copy": (copy, args.max_tokens, False), "random": (random, 128, True)}
     result: dict = {"bench": "spec_decode", "speculative_config": spec, "words": len(PASSAGE.split())}
-    for case, (prompt, max_tokens, ignore_eos) in cases.items():
+    for case, (prompt, max_tokens, sampled) in cases.items():
         for llm in (plain, fast):
-            decode_rate(llm, prompt, 8, ignore_eos)  # warm-up
+            decode_rate(llm, prompt, 8, sampled)  # warm-up
         rates: dict[str, list[float]] = {"plain": [], "ngram": []}
         outputs = {}
         before = fast.stats()
         for _ in range(args.reps):
             for name, llm in (("plain", plain), ("ngram", fast)):
-                rate, outputs[name] = decode_rate(llm, prompt, max_tokens, ignore_eos)
+                rate, outputs[name] = decode_rate(llm, prompt, max_tokens, sampled)
                 rates[name].append(round(rate, 2))
         after = fast.stats()
         proposed = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
@@ -84,7 +86,7 @@ def main() -> None:
                 "ngram": round(1000 * (n - 1) / fast_rate / steps, 3),
             },
         }
-        if args.peers_python:
+        if args.peers_python and case == "copy":
             peer = [
                 args.peers_python,
                 str(ROOT / "benchmarks" / "peers" / "llamacpp_lookup_peer.py"),
@@ -93,7 +95,7 @@ def main() -> None:
                 "--max-tokens", str(max_tokens),
                 "--num-pred-tokens", str(args.num_speculative_tokens),
                 "--reps", str(args.reps),
-            ] + (["--ignore-eos"] if ignore_eos else [])  # fmt: skip
+            ]  # fmt: skip
             theirs = json.loads(subprocess.run(peer, capture_output=True, text=True, check=True).stdout)
             entry["llamacpp"] = theirs
             ours = statistics.median(rates["ngram"])
