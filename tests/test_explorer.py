@@ -286,4 +286,6 @@ STEP_FIELDS = {
     "prefill_chunk",
     "blocks",
     "allowed_tokens",
+    "proposed",  # speculative decoding: how many tokens were proposed, and how many held
+    "accepted",
 }

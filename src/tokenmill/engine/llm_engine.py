@@ -576,9 +576,7 @@ class LLMEngine:
             )
             seq.draft_token_ids = propose_ngram(seq.token_ids, spec.prompt_lookup_max, spec.prompt_lookup_min, room)
 
-    def _verify_drafts(
-        self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]
-    ) -> dict[int, int]:
+    def _verify_drafts(self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]) -> dict[int, int]:
         """Sample each proposing sequence's rows in order, as plain decoding would sample its next tokens, and
         keep going while the sampled token is the proposed one. A proposal is a single token, so accepting it
         exactly when the target's own sample equals it is exact rejection sampling: the output has the target's
