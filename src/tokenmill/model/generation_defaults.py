@@ -35,15 +35,16 @@ GGUF_FIELDS = {
     "general.sampling.penalty_repeat": "repetition_penalty",
 }
 
+# google/gemma-3-*'s generation_config.json (do_sample, top_k 64, top_p 0.95 at temperature 1)
+GEMMA3 = ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json")
 # family -> (settings, where they are published); a family is a GGUF general.basename or an HF model_type
 FAMILY_DEFAULTS: dict[str, tuple[dict[str, Any], str]] = {
     # the model card's example (temperature 0.2, top_p 0.9); the repetition penalty is tokenmill's: the 135M model
-    # repeats one sentence to the end of its budget without it, greedy or at 0.2 (benchmarks/README.md)
+    # repeats one sentence to the end of its budget without it, greedy or at 0.2 (benchmarks/repetition_guard.py)
     "smollm2": ({"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}, "SmolLM2's model card"),
-    # google/gemma-3-*'s generation_config.json (do_sample, top_k 64, top_p 0.95 at temperature 1)
-    "gemma-3": ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json"),
-    "gemma3": ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json"),
-    "gemma3_text": ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json"),
+    "gemma-3": GEMMA3,
+    "gemma3": GEMMA3,
+    "gemma3_text": GEMMA3,
 }
 # llama.cpp's common_params_sampling defaults
 GGUF_FALLBACK = ({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}, "llama.cpp's defaults")
