@@ -36,7 +36,9 @@ KEY = "explorer-key"
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server("--api-key", KEY)  # the page and its event stream ask for the key
+    # the page and its event stream ask for the key; n-gram speculation, whose accepted proposals the page marks
+    speculation = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
+    proc = start_server("--api-key", KEY, "--speculative-config", speculation)
     yield proc
     proc.stop()
 
@@ -185,6 +187,33 @@ def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -
     more.click()
     assert page.locator("#prompt-tokens .chip").count() == prompt_tokens
     page.screenshot(path=str(ARTIFACTS / "explorer-long-expanded.png"))
+    page.close()
+
+
+def test_accepted_proposals_are_marked_on_their_chips(server, browser) -> None:
+    """Speculative decoding: an answer that copies its prompt is mostly proposals the model accepted; the page
+    marks exactly the output tokens the engine's step events say were accepted, and the timeline's decode steps
+    tell how many of how many proposed tokens held."""
+    from tests.test_spec_decode import PASSAGE
+
+    page = open_explorer(browser, server.url, viewport={"width": 1280, "height": 1100})
+    with engine_steps(server.url) as steps:
+        run_prompt(page, "Repeat this passage word for word:\n\n" + PASSAGE, max_tokens=48)
+    call = f"chatcmpl-{page.inner_text('#fig-request')}-0"
+    accepted = {  # output indices of the accepted proposals, from the engine's own events
+        b["start"] - b["prompt_tokens"] + k
+        for e in steps
+        for b in e["batch"]
+        if b["request_id"] == call and b["accepted"]
+        for k in range(1, b["accepted"] + 1)
+    }
+    assert len(accepted) >= 10
+    chips = page.locator("#output-tokens .chip")
+    marked = {i for i in range(chips.count()) if "spec" in (chips.nth(i).get_attribute("class") or "").split()}
+    assert marked == accepted
+    labels = page.locator("#timeline .seg.decode").all_inner_texts()
+    assert any(re.search(r"\d+ of \d+ proposed tokens accepted", label) for label in labels)
+    page.screenshot(path=str(ARTIFACTS / "explorer-speculation.png"))
     page.close()
 
 

@@ -1,4 +1,5 @@
-"""Speculative decoding (n-gram prompt lookup): proposals, their scheduling, and outputs exactly as without it."""
+"""Speculative decoding (n-gram prompt lookup and a draft model): proposals, their scheduling, and outputs exactly as
+without it."""
 
 import json
 import math
@@ -12,9 +13,12 @@ from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.spec_decode import SpeculativeConfig
+from tokenmill.spec_decode.draft_model import DraftCacheLedger
 from tokenmill.spec_decode.ngram import propose_ngram
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
+# the issue's draft: the bundled model's 4-bit copy (`auto`) proposing for the float32 model
+DRAFT = {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
 PASSAGE = (
     "The river wound slowly through the valley, past old stone farmhouses and fields of barley. In the evening the "
     "light turned gold and the swallows flew low over the water. Children ran along the bank, calling to each "
@@ -41,6 +45,9 @@ def test_speculative_config_is_checked() -> None:
         {"method": "ngram", "num_speculative_tokens": 0},
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5},
         {"method": "ngram", "num_speculative_tokens": 3, "lookahead": 1},
+        {"method": "draft_model", "num_speculative_tokens": 3},  # which model?
+        {"method": "ngram", "num_speculative_tokens": 3, "model": "smollm2-135m"},
+        {**DRAFT, "quantization": "fp4"},
         "{not json",
         [1],
     ):
@@ -48,6 +55,14 @@ def test_speculative_config_is_checked() -> None:
             SpeculativeConfig.parse(bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidParameterError, match="speculative_config"):
         LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 99})
+
+
+def test_a_draft_model_must_share_the_tokenizer() -> None:
+    """Checked before either model's weights are read."""
+    with pytest.raises(InvalidParameterError, match="another tokenizer"):
+        LLM(quantization="auto", speculative_config={**DRAFT, "model": "gemma3-270m"})
+    with pytest.raises(InvalidParameterError, match="sliding-window"):  # Gemma 3 drafting for itself
+        LLM("gemma3-270m", quantization="auto", speculative_config={**DRAFT, "model": "gemma3-270m"})
 
 
 def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> None:
@@ -59,10 +74,10 @@ def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> Non
     sched.add(seq)
     sched.update_after_step(sched.schedule())  # the prompt
     seq.append_token(6)
-    seq.draft_token_ids = [7, 8, 9, 10, 11, 12]  # more than the budget leaves room for
+    seq.num_lookahead_tokens = 6  # more than the budget leaves room for
     out = sched.schedule()
     (s,) = out.scheduled
-    assert (s.start, s.num_new_tokens, s.draft_token_ids, s.completes_sequence) == (5, 6, [7, 8, 9, 10, 11], True)
+    assert (s.start, s.num_new_tokens, s.num_draft_tokens, s.completes_sequence) == (5, 6, 5, True)
     assert len(seq.block_table) == 3  # positions 0 .. 10
     sched.update_after_step(out)
     assert seq.num_computed_tokens == 6  # the real token only
@@ -76,15 +91,39 @@ def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> Non
         small.add(s)
     small.update_after_step(small.schedule())  # 2 + 1 blocks: all of them
     first.append_token(7)
-    first.draft_token_ids = [1, 2, 3, 4]  # positions 7 .. 11 would need a third block
+    first.num_lookahead_tokens = 4  # positions 7 .. 11 would need a third block
     out = small.schedule()
-    assert [(s.seq, s.num_new_tokens, s.draft_token_ids) for s in out.scheduled][0] == (first, 1, [])
+    assert [(s.seq, s.num_new_tokens, s.num_draft_tokens) for s in out.scheduled][0] == (first, 1, 0)
     assert not out.preempted
+
+
+def test_the_draft_model_knows_how_much_of_its_cache_holds() -> None:
+    ledger = DraftCacheLedger()
+    seq = Sequence(0, "r", [1, 2, 3, 4, 5], SamplingParams())
+    seq.append_token(6)
+    assert ledger.valid_prefix(seq) == 0  # never computed
+    ledger.record(seq, [7, 8, 9])  # tokens 1 .. 6, then proposals 7, 8, 9 fed back (a 4th proposal was not)
+    seq.token_ids += [7, 5, 9, 4]  # one accepted, the target's own 5, then two steps without speculation
+    assert ledger.valid_prefix(seq) == 7  # through the accepted 7 (its 8 there is wrong, whatever follows)
+    seq.token_ids[-4:] = [7, 8, 5]  # two accepted, then a token of the target's own
+    assert ledger.valid_prefix(seq) == 8  # through the accepted 8
+    seq.token_ids[-3:] = [7, 8, 9, 10, 11]  # all four accepted, and one more
+    assert ledger.valid_prefix(seq) == 9  # the 4th proposal and the target's token are new to the draft
+    seq.num_preemptions += 1  # its blocks were freed, the draft's K/V in them too
+    assert ledger.valid_prefix(seq) == 0
+    ledger.record(seq, [])
+    ledger.release(seq.seq_id)
+    assert ledger.valid_prefix(seq) == 0
 
 
 @pytest.fixture(scope="module")
 def spec_llm() -> LLM:
     return LLM(speculative_config=NGRAM)  # float32, as the shared `llm`
+
+
+@pytest.fixture(scope="module")
+def draft_llm() -> LLM:
+    return LLM(speculative_config=DRAFT)  # float32, its 4-bit copy drafting
 
 
 def _outputs(outs) -> list[tuple]:
@@ -103,8 +142,10 @@ def test_greedy_float32_reference_prompts_are_unchanged(llm: LLM, spec_llm: LLM,
 
 
 @pytest.mark.slow
-def test_a_mixed_batch_is_unchanged(llm: LLM, spec_llm: LLM, smollm2_reference: dict) -> None:
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_mixed_batch_is_unchanged(llm: LLM, method: str, smollm2_reference: dict, request) -> None:
     """32 requests at once: stop strings (inside accepted runs too), n > 1, seeds, logprobs, prefix-cache hits."""
+    spec_llm = request.getfixturevalue("spec_llm" if method == "ngram" else "draft_llm")
     from tests.test_engine import mixed_prompts
 
     prompts = [{"prompt_token_ids": p[:96]} for p in mixed_prompts(llm, smollm2_reference)]  # decode matters here
@@ -131,7 +172,11 @@ def test_a_mixed_batch_is_unchanged(llm: LLM, spec_llm: LLM, smollm2_reference: 
                 for pa, pb in zip(oa.logprobs, ob.logprobs, strict=True):
                     assert set(pa) == set(pb) and all(abs(pa[t].logprob - pb[t].logprob) < 1e-3 for t in pa)
     after = spec_llm.stats()
-    assert after["spec_decode_num_accepted_tokens"] > before["spec_decode_num_accepted_tokens"]
+    accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+    proposed = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
+    assert accepted > 0
+    if method == "draft_model":  # the 4-bit copy mostly agrees with the float32 model (less on random tokens)
+        assert proposed > 500 and accepted > 0.5 * proposed
     assert after["prefix_cache_hit_tokens"] > before["prefix_cache_hit_tokens"]
     spec_llm.engine.check_integrity()
 
@@ -153,6 +198,30 @@ def test_greedy_auto_reference_prompts_are_unchanged(auto_pair, smollm2_referenc
             plain.generate(prompt, greedy, use_tqdm=False)
         )
     assert fast.stats()["spec_decode_num_accepted_tokens"] > 30
+
+
+@pytest.mark.slow
+def test_a_draft_model_keeps_its_cache_right_through_preemption() -> None:
+    """The `auto` model drafting for itself proposes exactly what it then samples greedily, as long as its own
+    K/V cache is right: all proposals are accepted, also for sequences preempted (their blocks freed and given out
+    again) and recomputed, and for the n > 1 samples forked from a prompt. A draft that kept using K/V it lost
+    would propose wrong tokens. The outputs are those of plain decoding with room for every sequence."""
+    from tests.test_engine import offline_workload
+
+    workload = offline_workload(6)  # prompts of 40 .. 300 tokens
+    prompts = [{"prompt_token_ids": p} for p, _ in workload]
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, n=1 + i % 2) for i in range(6)]
+    roomy = LLM(quantization="auto", num_kv_blocks=1024)
+    expected = _outputs(roomy.generate(prompts, params, use_tqdm=False))
+    itself = {**DRAFT, "quantization": "auto"}
+    # 9 sequences, 1,000-odd tokens with their outputs, 768 slots
+    tight = LLM(quantization="auto", num_kv_blocks=48, max_num_batched_tokens=1024, speculative_config=itself)
+    assert _outputs(tight.generate(prompts, params, use_tqdm=False)) == expected
+    stats = tight.stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["spec_decode_num_draft_tokens"] > 200
+    assert stats["spec_decode_num_accepted_tokens"] >= 0.99 * stats["spec_decode_num_draft_tokens"]
+    tight.engine.check_integrity()
 
 
 def _chi_square(a: Counter, b: Counter) -> tuple[float, int]:

@@ -36,6 +36,7 @@ from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 from tokenmill.spec_decode.config import SpeculativeConfig
+from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_model
 from tokenmill.spec_decode.ngram import propose_ngram
 from tokenmill.spec_decode.stats import SpecDecodeStats
 from tokenmill.tokenizer import ChatTemplate
@@ -89,6 +90,10 @@ class LLMEngine:
                 f"quantization {quantization!r} uses CPU kernels; on {self.device.type} use quantization=None",
                 "quantization",
             )
+        spec = self.config.speculative_config
+        draft_source = None
+        if spec is not None and spec.method == "draft_model":
+            draft_source = open_draft_model(spec, gguf, self.tokenizer)
         self.runner: ModelRunner | TensorParallelRunner
         if self.config.tensor_parallel_size > 1:
             del gguf  # each rank reads its own shard of the file
@@ -97,11 +102,22 @@ class LLMEngine:
         else:
             self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
         self.model_config = self.runner.model_config
+        self.drafter: DraftModelProposer | None = None
+        if draft_source is not None:
+            try:
+                self.drafter = DraftModelProposer(
+                    draft_source, spec, parse_dtype(dtype), self.device, self.config.block_size
+                )
+            except BaseException:
+                self.close()
+                raise
         num_blocks, num_local_blocks = self._kv_pools()
         cache_tokens = num_blocks * self.config.block_size
         try:
             self.max_model_len = self._max_model_len(cache_tokens)
             self.runner.allocate_kv_cache(num_blocks, num_local_blocks)
+            if self.drafter is not None:
+                self.drafter.allocate_kv_cache(num_blocks)  # indexed by the same block tables
         except BaseException:
             self.close()  # no worker rank outlives an engine that could not be built
             raise
@@ -132,6 +148,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0  # prompt tokens computed (prefix-cache hits are not), for the throughput log
         self.generation_tokens_total = 0  # tokens sampled
         self.spec_decode = SpecDecodeStats()  # proposals made and accepted (speculative decoding)
+        self._ngram_proposals: dict[int, list[int]] = {}  # this step's, by seq_id (n-gram speculation)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
@@ -150,6 +167,16 @@ class LLMEngine:
             cache_tokens / self.max_model_len,
         )
         logger.info("sampling defaults: %s", self.generation_defaults.describe())
+        if spec is not None:
+            proposer = f"n-gram prompt lookup ({spec.prompt_lookup_min}..{spec.prompt_lookup_max} tokens)"
+            if self.drafter is not None:
+                proposer = f"draft model {self.drafter.name} ({self.drafter.quantization or 'dense'})"
+            logger.info(
+                "speculative decoding: up to %d tokens proposed by %s, while at most %d sequences run",
+                spec.num_speculative_tokens,
+                proposer,
+                spec.disable_by_batch_size,
+            )
 
     def _kv_pools(self) -> tuple[int, int]:
         """(blocks of the full-attention layers' pool, blocks of the sliding-window layers' own pool or 0).
@@ -159,7 +186,10 @@ class LLMEngine:
         one sequence's), since their blocks go back once they leave the window; the rest of the memory goes to
         the full-attention layers, whose blocks every position keeps."""
         layers, local = self.model_config.num_layers, self.runner.num_local_layers
-        num_blocks = num_kv_blocks_for(self.config, self.runner.kv_bytes_per_block(), self.device)
+        bytes_per_block = self.runner.kv_bytes_per_block()
+        if self.drafter is not None:  # a block holds the draft model's K/V of its tokens too
+            bytes_per_block += self.drafter.kv_bytes_per_block()
+        num_blocks = num_kv_blocks_for(self.config, bytes_per_block, self.device)
         if not local:
             return num_blocks, 0
         bs, window = self.config.block_size, self.model_config.sliding_window
@@ -173,7 +203,8 @@ class LLMEngine:
     def _kv_cache_bytes(self, num_blocks: int, num_local_blocks: int) -> int:
         layers, local = self.model_config.num_layers, (self.runner.num_local_layers if num_local_blocks else 0)
         per_layer = self.runner.kv_bytes_per_block() // layers
-        return per_layer * (num_blocks * (layers - local) + num_local_blocks * local)
+        draft = self.drafter.kv_bytes_per_block() * num_blocks if self.drafter is not None else 0
+        return per_layer * (num_blocks * (layers - local) + num_local_blocks * local) + draft
 
     def _rank_spec(self, path: Path, dtype: str | torch.dtype) -> RankSpec:
         dtype_name = str(parse_dtype(dtype)).removeprefix("torch.")
@@ -362,6 +393,8 @@ class LLMEngine:
                 sample.seq.finish_reason = "abort"
                 self.scheduler.finish(sample.seq)
                 self.sampler.release(sample.seq.seq_id)
+                if self.drafter is not None:
+                    self.drafter.release(sample.seq.seq_id)
         request.metrics.finished_time = time.monotonic()
         output = request.make_output()
         output.finished = True
@@ -373,12 +406,16 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        if self.config.speculative_config is not None:
-            self._propose_drafts(self.config.speculative_config)
+        spec = self.config.speculative_config
+        if spec is not None:
+            self._plan_speculation(spec)
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
         now = time.monotonic()
+        self.runner.copy_blocks(sched.block_copies, sched.local_block_copies)
+        if spec is not None:
+            self._fill_drafts(sched)
         chunks = []
         for s in sched.scheduled:
             request = self.requests[s.seq.request_id]
@@ -400,7 +437,6 @@ class LLMEngine:
                 )
             )
         masks = self._start_grammar_masks(sched)  # computed while the forward runs
-        self.runner.copy_blocks(sched.block_copies, sched.local_block_copies)
         result = self.runner.execute(chunks)
         self.num_steps += 1
         for s in sched.scheduled:
@@ -558,13 +594,16 @@ class LLMEngine:
             self._append_token(request, sample, token, now)
             touched[request.request_id] = request
 
-    def _propose_drafts(self, spec: SpeculativeConfig) -> None:
-        """Proposals for every decoding sequence while few run (spec.disable_by_batch_size); none for constrained
-        ones (their grammar would have to follow every proposal) or past max_tokens and max_model_len."""
+    def _plan_speculation(self, spec: SpeculativeConfig) -> None:
+        """How many tokens each decoding sequence proposes this step, while few run (spec.disable_by_batch_size);
+        none for constrained ones (their grammar would have to follow every proposal) or past max_tokens and
+        max_model_len. n-gram proposals are looked up now (their number is what matched); a draft model's are
+        made once the scheduler has given them slots (_fill_drafts)."""
         running = self.scheduler.running
         speculate = self.spec_decode.active = len(running) <= spec.disable_by_batch_size
+        self._ngram_proposals.clear()
         for seq in running:
-            seq.draft_token_ids = []
+            seq.num_lookahead_tokens = 0
             if not speculate or seq.num_computed_tokens != seq.num_tokens - 1 or seq.num_output_tokens == 0:
                 continue  # not decoding (prefill left, or the prompt's last token)
             if seq.params.structured_outputs is not None:
@@ -574,7 +613,28 @@ class LLMEngine:
                 seq.max_tokens - seq.num_output_tokens - 1,  # the step emits one token more than it accepts
                 self.max_model_len - seq.num_tokens,
             )
-            seq.draft_token_ids = propose_ngram(seq.token_ids, spec.prompt_lookup_max, spec.prompt_lookup_min, room)
+            if room <= 0:
+                continue
+            if self.drafter is None:
+                proposals = propose_ngram(seq.token_ids, spec.prompt_lookup_max, spec.prompt_lookup_min, room)
+                self._ngram_proposals[seq.seq_id] = proposals
+                room = len(proposals)
+            seq.num_lookahead_tokens = room
+
+    def _fill_drafts(self, sched: SchedulerOutput) -> None:
+        """The proposals of the sequences the scheduler gave proposal slots (as many as it gave)."""
+        wanted = [s for s in sched.scheduled if s.num_draft_tokens]
+        if self.drafter is None:
+            for s in wanted:
+                s.draft_token_ids = self._ngram_proposals[s.seq.seq_id][: s.num_draft_tokens]
+            return
+        if wanted:
+            self.drafter.copy_blocks(sched.block_copies)  # the target's copy-on-write, in the draft's cache too
+            proposals = self.drafter.propose([(s.seq, s.num_draft_tokens) for s in wanted])
+            for s, tokens in zip(wanted, proposals, strict=True):
+                s.draft_token_ids = tokens
+        elif sched.block_copies:
+            self.drafter.copy_blocks(sched.block_copies)
 
     def _verify_drafts(self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]) -> dict[int, int]:
         """Sample each proposing sequence's rows in order, as plain decoding would sample its next tokens, and
@@ -611,7 +671,6 @@ class LLMEngine:
             self.spec_decode.record(len(s.draft_token_ids), num_accepted)
             if not s.seq.is_finished:
                 self.scheduler.commit_accepted(s.seq, num_accepted)
-            s.seq.draft_token_ids = []
         return {s.seq.seq_id: n for (s, _), n in zip(verifying, accepted, strict=True)}
 
     def _fork(self, request: Request, parent: Sequence) -> list[SampleState]:
@@ -693,6 +752,8 @@ class LLMEngine:
         seq.stop_reason = stop_reason
         self.scheduler.finish(seq)
         self.sampler.release(seq.seq_id)
+        if self.drafter is not None:
+            self.drafter.release(seq.seq_id)
 
     # ---- introspection ------------------------------------------------------------------------------------------
 

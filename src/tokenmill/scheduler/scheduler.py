@@ -33,13 +33,15 @@ class ScheduledSequence:
     seq: Sequence
     start: int  # num_computed_tokens when scheduled
     num_new_tokens: int  # tokens computed this step, the proposed ones included
-    # proposed tokens (speculative decoding) after the sequence's last token: the last num_draft_tokens of the step
+    # speculative decoding: slots for proposed tokens after the sequence's last one (the step's last ones), and
+    # the proposals themselves, which the engine fills in after scheduling (num_draft_tokens of them)
+    num_draft_tokens: int = 0
     draft_token_ids: list[int] = field(default_factory=list)
     # after this chunk every token of the sequence is computed, so it samples a new token
     completes_sequence: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        num_real = self.num_new_tokens - len(self.draft_token_ids)
+        num_real = self.num_new_tokens - self.num_draft_tokens
         self.completes_sequence = self.start + num_real == self.seq.num_tokens
 
 
@@ -97,13 +99,13 @@ class Scheduler:
                 i += 1
                 continue
             local_copies: list[tuple[int, int]] = []  # kept across attempts: a copy-on-write happens once
-            drafts = seq.draft_token_ids[: budget - 1] if num_new == 1 else []
-            copies = self._allocate(seq, 1 + len(drafts), local_copies) if drafts else None
+            lookahead = min(seq.num_lookahead_tokens, budget - 1) if num_new == 1 else 0
+            copies = self._allocate(seq, 1 + lookahead, local_copies) if lookahead else None
             if copies is not None:  # room for the proposals too (never preempt anyone for them)
                 out.block_copies.extend(copies)
                 out.local_block_copies.extend(local_copies)
-                out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, 1 + len(drafts), drafts))
-                budget -= 1 + len(drafts)
+                out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, 1 + lookahead, lookahead))
+                budget -= 1 + lookahead
                 i += 1
                 continue
             while True:
@@ -223,7 +225,7 @@ class Scheduler:
         """The forward pass wrote the K/V of every scheduled token."""
         for s in out.scheduled:
             # proposed tokens count once accepted (the engine advances num_computed_tokens over them then)
-            s.seq.num_computed_tokens = s.start + s.num_new_tokens - len(s.draft_token_ids)
+            s.seq.num_computed_tokens = s.start + s.num_new_tokens - s.num_draft_tokens
             self.block_manager.commit_computed(s.seq)
             if self.window_manager is not None:
                 self.window_manager.commit_computed(s.seq)

@@ -39,8 +39,9 @@ class Sequence:
         self.num_preemptions = 0
         self.ever_scheduled = False
         self.cumulative_logprob = 0.0
-        # tokens proposed for the next step (speculative decoding): computed with the last token and verified
-        self.draft_token_ids: list[int] = []
+        # speculative decoding: how many proposed tokens the next step should compute after the last one (the
+        # engine fills them in once the scheduler has given them slots)
+        self.num_lookahead_tokens = 0
 
     @property
     def num_tokens(self) -> int:

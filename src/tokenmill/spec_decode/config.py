@@ -1,5 +1,6 @@
 """`speculative_config`, in vLLM's names: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N,
-"prompt_lookup_min": M, "disable_by_batch_size": B}. No torch here."""
+"prompt_lookup_min": M, "disable_by_batch_size": B}, or {"method": "draft_model", "model": PATH_OR_NAME,
+"num_speculative_tokens": K, "quantization": Q}. No torch here."""
 
 import json
 from dataclasses import dataclass, fields
@@ -7,7 +8,8 @@ from typing import Any
 
 from tokenmill.errors import InvalidParameterError
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
+DRAFT_QUANTIZATIONS = (None, "none", "int8", "int4", "auto")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -20,6 +22,10 @@ class SpeculativeConfig:
     # speculate only while at most this many sequences run: a larger batch already keeps the cores busy, and
     # rejected proposals would cost compute it needs (measured: benchmarks/README.md, "Speculative decoding")
     disable_by_batch_size: int = 4
+    # draft_model: the smaller model that proposes (a path, or a name as --model takes; it must share the target's
+    # tokenizer), and its weights' format (as LLM's quantization; "auto": 4-bit, the fastest to run here)
+    model: str | None = None
+    quantization: str | None = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -39,6 +45,21 @@ class SpeculativeConfig:
                 raise InvalidParameterError(
                     f"speculative_config: {name} must be an integer {bound}, got {value!r}", "speculative_config"
                 )
+        if self.method == "draft_model" and not (isinstance(self.model, str) and self.model):
+            raise InvalidParameterError(
+                'speculative_config: method "draft_model" needs "model": the draft model\'s path or name',
+                "speculative_config",
+            )
+        if self.method == "ngram" and self.model is not None:
+            raise InvalidParameterError(
+                'speculative_config: "model" is for method "draft_model" (ngram proposes from the sequence itself)',
+                "speculative_config",
+            )
+        if self.quantization not in DRAFT_QUANTIZATIONS:
+            raise InvalidParameterError(
+                f"speculative_config: quantization {self.quantization!r} is not supported (none, int8, int4 or auto)",
+                "speculative_config",
+            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise InvalidParameterError(
                 f"speculative_config: prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max "

@@ -1,0 +1,140 @@
+"""Draft-model proposals: a smaller model with the target's tokenizer runs K greedy steps ahead of each speculating
+sequence, and the target verifies the K tokens in one pass (engine/llm_engine.py, _verify_drafts).
+
+The draft's K/V live in a cache of its own, indexed by the target's block tables: the block manager that gives a
+sequence its blocks gives them for both models (a block's memory is sized for both), and its copy-on-write copies
+are made in both caches. The draft runs after the scheduler has allocated the step's 1 + K slots, and writes
+positions below the last one. A ledger keeps, per sequence, how far the draft's K/V are right: the real tokens it
+has computed and the proposals the target then accepted; the rest (the first time, after a preemption freed the
+blocks, or tokens decoded while the batch was too large to speculate) it computes in its next pass.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.errors import InvalidParameterError
+from tokenmill.loader.model_path import resolve_model_path
+from tokenmill.loader.model_source import ModelSource, load_tokenizer, open_model_source
+from tokenmill.model.config import model_config_from_source
+from tokenmill.runner.model_runner import ModelRunner, StepChunk
+from tokenmill.scheduler.sequence import Sequence
+from tokenmill.spec_decode.config import SpeculativeConfig
+from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
+
+
+@dataclass
+class _Entry:
+    num_real: int  # K/V of token_ids[:num_real], the sequence's real tokens when the draft last ran
+    written: list[int]  # then of these proposals, fed back after them: right as far as the target accepted them
+    num_preemptions: int  # the sequence's, then (a preemption frees its blocks, and the draft's K/V with them)
+
+
+class DraftCacheLedger:
+    """Per sequence, how far the draft model's cache holds the right K/V. No torch here."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+
+    def valid_prefix(self, seq: Sequence) -> int:
+        """Leading tokens of seq whose K/V in the draft's cache are right, short of its last token (fed back or
+        not, the draft computes it again to propose what follows)."""
+        entry = self._entries.get(seq.seq_id)
+        if entry is None or entry.num_preemptions != seq.num_preemptions:
+            return 0
+        valid = entry.num_real
+        for token in entry.written:
+            if valid >= seq.num_tokens or seq.token_ids[valid] != token:
+                break
+            valid += 1
+        return min(valid, seq.num_tokens - 1)
+
+    def record(self, seq: Sequence, fed_back: list[int]) -> None:
+        """The draft computed all of seq's tokens, then fed back these proposals."""
+        self._entries[seq.seq_id] = _Entry(seq.num_tokens, fed_back, seq.num_preemptions)
+
+    def release(self, seq_id: int) -> None:
+        self._entries.pop(seq_id, None)
+
+
+def open_draft_model(spec: SpeculativeConfig, target: ModelSource, target_tokenizer: Tokenizer) -> ModelSource:
+    """The draft model's file, checked against the target's before either model's weights are read: the same
+    vocabulary, and no sliding-window layers (not supported yet)."""
+    assert spec.model is not None
+    source = open_model_source(resolve_model_path(spec.model))
+    tokenizer = load_tokenizer(source)
+    vocab, target_vocab = tokenizer.backend, target_tokenizer.backend
+    if tokenizer.vocab_size != target_tokenizer.vocab_size or vocab.get_vocab(True) != target_vocab.get_vocab(True):
+        raise InvalidParameterError(
+            f"speculative_config: the draft model {spec.model!r} has another tokenizer than the target model; "
+            "a draft must share the target's vocabulary",
+            "speculative_config",
+        )
+    config, target_config = model_config_from_source(source), model_config_from_source(target)
+    if config.vocab_size != target_config.vocab_size:
+        raise InvalidParameterError(
+            f"speculative_config: the draft model's vocabulary has {config.vocab_size} rows, the target's "
+            f"{target_config.vocab_size}",
+            "speculative_config",
+        )
+    if config.sliding_window or target_config.sliding_window:
+        raise InvalidParameterError(
+            "speculative_config: draft_model with sliding-window layers (in the draft or the target, as Gemma 3 "
+            "has) is not supported yet; use method ngram",
+            "speculative_config",
+        )
+    return source
+
+
+class DraftModelProposer:
+    def __init__(
+        self, source: ModelSource, spec: SpeculativeConfig, dtype: torch.dtype, device: torch.device, block_size: int
+    ):
+        """`source`: from open_draft_model."""
+        quantization = None if spec.quantization == "none" else spec.quantization
+        if device.type != "cpu":
+            quantization = None  # the quantized kernels are CPU kernels (as for the target)
+        self.runner = ModelRunner(source, dtype, device, block_size, quantization)
+        self.name = source.path.name
+        self.quantization = quantization
+        self.ledger = DraftCacheLedger()
+
+    def kv_bytes_per_block(self) -> int:
+        return self.runner.kv_bytes_per_block()
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.runner.allocate_kv_cache(num_blocks)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """The target's copy-on-write copies, done in the draft's cache too (same block ids)."""
+        if copies:
+            self.runner.copy_blocks(copies)
+
+    def release(self, seq_id: int) -> None:
+        self.ledger.release(seq_id)
+
+    @torch.inference_mode()
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """For each (sequence, k): k greedy draft tokens after its last one. The first pass computes what the draft
+        has not seen of each sequence, then one pass per further token; a sequence's k slots must be allocated."""
+        proposals: list[list[int]] = [[] for _ in wanted]
+        chunks = []
+        for seq, _ in wanted:
+            start = self.ledger.valid_prefix(seq)
+            chunks.append(StepChunk(seq.token_ids[start:], start, seq.block_table, prompt_len=seq.num_prompt_tokens))
+        active = list(range(len(wanted)))
+        while True:
+            logits = self.runner.execute(chunks).last_logits  # [len(active), vocab]
+            for i, token in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+                proposals[i].append(token)
+            active = [i for i in active if len(proposals[i]) < wanted[i][1]]
+            if not active:
+                break
+            chunks = []
+            for i in active:
+                seq, last = wanted[i][0], proposals[i][-1]
+                position = seq.num_tokens + len(proposals[i]) - 1
+                chunks.append(StepChunk([last], position, seq.block_table, prompt_len=seq.num_prompt_tokens))
+        for (seq, _), tokens in zip(wanted, proposals, strict=True):
+            self.ledger.record(seq, tokens[:-1])  # the last proposal was never fed back
+        return proposals
