@@ -138,7 +138,10 @@ def test_a_step_description_round_trips() -> None:
 
 @pytest.fixture(scope="module")
 def tp3():
-    engine = LLM(tensor_parallel_size=3, max_num_batched_tokens=256)
+    # with n-gram speculation while at most 8 sequences run: the reference prompts verify proposals across the
+    # ranks, the mixed batch of 32 decodes plainly
+    speculation = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 8}
+    engine = LLM(tensor_parallel_size=3, max_num_batched_tokens=256, speculative_config=speculation)
     yield engine
     engine.engine.check_integrity()
     engine.close()
@@ -150,13 +153,15 @@ def greedy(n: int) -> SamplingParams:
 
 @pytest.mark.slow
 def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_reference: dict, mixed_batch) -> None:
-    """float32, sums through shared memory: the reference prompts, then a mixed batch of 32 (chunked prefill at
-    256 tokens a step, prefix-cache hits from the reference prompts seen before)."""
+    """float32, sums through shared memory: the reference prompts (speculating: K + 1 rows per sequence across
+    the ranks), then a mixed batch of 32 (chunked prefill at 256 tokens a step, prefix-cache hits from the
+    reference prompts seen before)."""
     assert tp3.engine.runner.group.shm is not None
     reference = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
     assert token_lists(tp3.generate(reference, greedy(24), use_tqdm=False)) == token_lists(
         llm.generate(reference, greedy(24), use_tqdm=False)
     )
+    assert tp3.stats()["spec_decode_num_accepted_tokens"] > 0
     hits_before = tp3.stats()["prefix_cache_hit_tokens"]
     prompts, one_rank = mixed_batch  # the shared engine's tokens for them, in one batch
     assert token_lists(tp3.generate(prompts, greedy(16), use_tqdm=False)) == one_rank
@@ -201,16 +206,24 @@ def test_two_ranks_through_gloo_split_heads_unevenly_and_close(
     llm: LLM, smollm2_reference: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """9 heads over 2 ranks (6 + 3, by KV group), every sum through gloo (TOKENMILL_TP_SHM=0, as between
-    machines): one rank's tokens; close() ends the worker process."""
+    machines): one rank's tokens, also with a draft model proposing; close() ends the worker process."""
     import psutil
 
     monkeypatch.setenv("TOKENMILL_TP_SHM", "0")
-    engine = LLM(tensor_parallel_size=2)
+    draft = {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 4}
+    engine = LLM(tensor_parallel_size=2, speculative_config=draft)
     assert engine.engine.runner.group.shm is None
     pids = engine.engine.runner.workers.pids()
     assert len(pids) == 1 and psutil.pid_exists(pids[0])
     prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
-    two = token_lists(engine.generate(prompts, greedy(16), use_tqdm=False))
+    two = token_lists(engine.generate(prompts, greedy(16), use_tqdm=False))  # 6 sequences: (mostly) no speculation
     assert two == token_lists(llm.generate(prompts, greedy(16), use_tqdm=False))
+    # one sequence: the draft model (4-bit, in this process) proposes, the two ranks verify
+    before = engine.stats()["spec_decode_num_accepted_tokens"]
+    one = [prompts[0]]
+    assert token_lists(engine.generate(one, greedy(24), use_tqdm=False)) == token_lists(
+        llm.generate(one, greedy(24), use_tqdm=False)
+    )
+    assert engine.stats()["spec_decode_num_accepted_tokens"] - before > 10
     engine.close()
     assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE

@@ -30,7 +30,7 @@ from tokenmill.runner.device import parse_dtype, select_device
 from tokenmill.runner.kv_cache import num_kv_blocks_for
 from tokenmill.runner.memory import bound_onednn_cache, release_free_memory
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
-from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
+from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow, is_plain_greedy, prompt_logprobs
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -641,23 +641,27 @@ class LLMEngine:
         keep going while the sampled token is the proposed one. A proposal is a single token, so accepting it
         exactly when the target's own sample equals it is exact rejection sampling: the output has the target's
         distribution, and with the same seed the same tokens (one draw per emitted token, as without proposals).
-        Rows of all proposing sequences are sampled together, one position at a time. Returns seq_id -> how many
-        proposals were accepted."""
+        Rows of all proposing sequences are sampled together, one position at a time; plain greedy rows, whose
+        token does not depend on the tokens before it, all at once. Returns seq_id -> proposals accepted."""
         verifying = [(s, logits) for s, logits in zip(sched.scheduled, all_logits, strict=True) if s.draft_token_ids]
         if not verifying:
             return {}
+        upfront = self._sample_independent_rows(verifying)
         accepted = [0] * len(verifying)
         active = list(range(len(verifying)))
         position = 0
         while active:
-            rows = [self._sampling_row(verifying[k][0].seq, row) for row, k in enumerate(active)]
-            logits = torch.stack([verifying[k][1][position] for k in active])  # [active, vocab]
-            sampled = self.sampler.sample(logits, rows)
-            self.generation_tokens_total += len(sampled)
+            drawn: dict[int, SampledToken] = {k: upfront[k][position] for k in active if k in upfront}
+            needed = [k for k in active if k not in upfront]
+            if needed:
+                rows = [self._sampling_row(verifying[k][0].seq, row) for row, k in enumerate(needed)]
+                logits = torch.stack([verifying[k][1][position] for k in needed])  # [needed, vocab]
+                drawn.update(zip(needed, self.sampler.sample(logits, rows), strict=True))
+            self.generation_tokens_total += len(active)
             now = time.monotonic()
             still = []
-            for k, token in zip(active, sampled, strict=True):
-                s = verifying[k][0]
+            for k in active:
+                s, token = verifying[k][0], drawn[k]
                 request = self.requests[s.seq.request_id]
                 self._append_token(request, self._sample_of(s.seq), token, now)
                 touched[request.request_id] = request
@@ -672,6 +676,24 @@ class LLMEngine:
             if not s.seq.is_finished:
                 self.scheduler.commit_accepted(s.seq, num_accepted)
         return {s.seq.seq_id: n for (s, _), n in zip(verifying, accepted, strict=True)}
+
+    def _sample_independent_rows(self, verifying: list) -> dict[int, list[SampledToken]]:
+        """The tokens of every row of the verifying sequences (index into `verifying` -> one per row) whose rows are
+        plain greedy (no penalty, bias or ban: min_tokens reached), in one sampler call: such a row's token is its
+        argmax whatever came before it, so the verification needs no round per position."""
+        independent = [k for k, (s, _) in enumerate(verifying) if is_plain_greedy(self._sampling_row(s.seq, 0))]
+        if not independent:
+            return {}
+        rows: list[SamplingRow] = []
+        for k in independent:
+            seq, first = verifying[k][0].seq, len(rows)
+            rows += [self._sampling_row(seq, first + j) for j in range(verifying[k][1].shape[0])]
+        sampled = self.sampler.sample(torch.cat([verifying[k][1] for k in independent]), rows)  # [sum(K + 1), vocab]
+        upfront, first = {}, 0
+        for k in independent:
+            count = verifying[k][1].shape[0]
+            upfront[k], first = sampled[first : first + count], first + count
+        return upfront
 
     def _fork(self, request: Request, parent: Sequence) -> list[SampleState]:
         """After the prompt is computed, the other n - 1 samples share its KV blocks."""

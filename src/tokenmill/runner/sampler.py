@@ -45,7 +45,8 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def _plain_greedy(row: SamplingRow) -> bool:
+def is_plain_greedy(row: SamplingRow) -> bool:
+    """The row's token is the argmax of its raw logits: nothing to apply, nothing to draw."""
     p = row.params
     return (
         p.greedy
@@ -86,7 +87,7 @@ class Sampler:
             raw = logits.float()  # [R, V]
         else:
             raw = logits.index_select(0, torch.tensor([r.logits_row for r in rows], device=logits.device)).float()
-        if all(_plain_greedy(r) for r in rows):  # the common decode case: nothing to apply, nothing to draw
+        if all(is_plain_greedy(r) for r in rows):  # the common decode case: nothing to apply, nothing to draw
             return self._logprobs(raw, argmax_rows(raw), rows)
         processed = self._apply_biases_and_penalties(raw.clone(), rows)
         tokens = torch.empty(len(rows), dtype=torch.int64, device=raw.device)
