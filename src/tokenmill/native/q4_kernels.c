@@ -37,7 +37,16 @@
 #define QK 32
 #define GROUP 16        /* output rows interleaved per weight group */
 #define GROUP_BYTES 256 /* codes per group and block: 16 rows x 32 codes x 4 bits */
-#define ROWS_PER_PASS 4 /* activation rows whose accumulators stay in registers */
+/* activation rows whose accumulators stay in registers: each pass reads a group's weights once for all its rows
+ * (AVX-512 has 32 vector registers, AVX2 16) */
+#if defined(TM_AVX512_VNNI)
+#define ROWS_PER_PASS 8
+#else
+#define ROWS_PER_PASS 4
+#endif
+/* up to this many rows, two integer chains per pass and row (the dot-product instruction's latency); above it, one
+ * (registers). The chains sum exact integers, so a row's result is the same bits either way. */
+#define SPLIT_ROWS 2
 #define LO_STEPS 254.0f /* the second activation pass resolves one step of the first into 254 */
 
 void tm_set_threads(int n) { omp_set_num_threads(n); }
@@ -175,34 +184,48 @@ static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64
 #if defined(TM_AVX512_VNNI)
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
+    const int split = mt <= SPLIT_ROWS; /* a constant in each inlined copy */
     __m512 acc[ROWS_PER_PASS];
-    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int t = 0; t < mt; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        /* four independent integer chains per activation row: (first, second pass) x (low, high nibbles) */
+        /* per activation row, integer chains for the first and second pass; with few rows, two each (low and high
+         * nibbles), which add up to the same sums */
         __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
+#pragma GCC unroll 8
         for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
             const __m512i w = _mm512_loadu_si512((const void *)(qg + b * GROUP_BYTES + u * 64));
             const __m512i w_low = _mm512_and_si512(w, low4);                       /* codes 8u .. 8u + 3 */
             const __m512i w_high = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4); /* codes 8u + 4 .. 8u + 7 */
+#pragma GCC unroll 8
             for (int t = 0; t < mt; ++t) {
                 const int8_t *h = a->hi + (t0 + t) * k + b * QK + 8 * u, *l = a->lo + (t0 + t) * k + b * QK + 8 * u;
                 hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_low, _mm512_set1_epi32(four_codes(h)));
-                hi1[t] = _mm512_dpbusd_epi32(hi1[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
                 lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_low, _mm512_set1_epi32(four_codes(l)));
-                lo1[t] = _mm512_dpbusd_epi32(lo1[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+                if (split) {
+                    hi1[t] = _mm512_dpbusd_epi32(hi1[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo1[t] = _mm512_dpbusd_epi32(lo1[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+                } else {
+                    hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+                }
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mg + b * GROUP)));
+#pragma GCC unroll 8
         for (int t = 0; t < mt; ++t) {
             const int64_t tb = (t0 + t) * nb + b;
-            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo0[t], lo1[t])), inv_steps,
-                                               _mm512_cvtepi32_ps(_mm512_add_epi32(hi0[t], hi1[t])));
+            const __m512i hi_dot = split ? _mm512_add_epi32(hi0[t], hi1[t]) : hi0[t];
+            const __m512i lo_dot = split ? _mm512_add_epi32(lo0[t], lo1[t]) : lo0[t];
+            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
             acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
             acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sum[tb]), acc[t]);
         }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
 #elif defined(TM_AVX2)
     /* two halves of 8 rows. vpmaddubsw multiplies u8 codes by s8 activations into pairwise 16-bit sums (at most
@@ -296,28 +319,45 @@ static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64
 #if defined(TM_AVX512_VNNI)
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
+    const int split = mt <= SPLIT_ROWS; /* as in q4_group: with few rows, two chains per pass (even and odd u) */
     __m512 acc[ROWS_PER_PASS];
-    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int t = 0; t < mt; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        __m512i hi[2][ROWS_PER_PASS], lo[2][ROWS_PER_PASS]; /* two chains per pass: even and odd u */
-        for (int t = 0; t < mt; ++t) hi[0][t] = hi[1][t] = lo[0][t] = lo[1][t] = _mm512_setzero_si512();
-        for (int u = 0; u < QK / 4; ++u) {
-            const __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64)), flip);
+        __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
+#pragma GCC unroll 8
+        for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int u = 0; u < QK / 4; u += 2) {
+            const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64)), flip);
+            const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64 + 64)), flip);
+#pragma GCC unroll 8
             for (int t = 0; t < mt; ++t) {
                 const int8_t *h = a->hi + (t0 + t) * k + b * QK + 4 * u, *l = a->lo + (t0 + t) * k + b * QK + 4 * u;
-                hi[u & 1][t] = _mm512_dpbusd_epi32(hi[u & 1][t], w, _mm512_set1_epi32(four_codes(h)));
-                lo[u & 1][t] = _mm512_dpbusd_epi32(lo[u & 1][t], w, _mm512_set1_epi32(four_codes(l)));
+                hi0[t] = _mm512_dpbusd_epi32(hi0[t], w0, _mm512_set1_epi32(four_codes(h)));
+                lo0[t] = _mm512_dpbusd_epi32(lo0[t], w0, _mm512_set1_epi32(four_codes(l)));
+                if (split) {
+                    hi1[t] = _mm512_dpbusd_epi32(hi1[t], w1, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo1[t] = _mm512_dpbusd_epi32(lo1[t], w1, _mm512_set1_epi32(four_codes(l + 4)));
+                } else {
+                    hi0[t] = _mm512_dpbusd_epi32(hi0[t], w1, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo0[t] = _mm512_dpbusd_epi32(lo0[t], w1, _mm512_set1_epi32(four_codes(l + 4)));
+                }
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
+#pragma GCC unroll 8
         for (int t = 0; t < mt; ++t) {
             const int64_t tb = (t0 + t) * nb + b;
-            const __m512i hi_dot = _mm512_sub_epi32(_mm512_add_epi32(hi[0][t], hi[1][t]), _mm512_set1_epi32(128 * a->sum_hi[tb]));
-            const __m512i lo_dot = _mm512_sub_epi32(_mm512_add_epi32(lo[0][t], lo[1][t]), _mm512_set1_epi32(128 * a->sum_lo[tb]));
+            const __m512i hi_sum = split ? _mm512_add_epi32(hi0[t], hi1[t]) : hi0[t];
+            const __m512i lo_sum = split ? _mm512_add_epi32(lo0[t], lo1[t]) : lo0[t];
+            const __m512i hi_dot = _mm512_sub_epi32(hi_sum, _mm512_set1_epi32(128 * a->sum_hi[tb]));
+            const __m512i lo_dot = _mm512_sub_epi32(lo_sum, _mm512_set1_epi32(128 * a->sum_lo[tb]));
             const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
             acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
         }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
 #elif defined(TM_AVX2)
     const __m256i ones = _mm256_set1_epi16(1);
@@ -386,12 +426,25 @@ typedef struct {
 static inline void group_pass(const tm_qx *a, int64_t t0, int64_t mt, int64_t k, int bits, const uint8_t *qg,
                               const uint16_t *dg, const uint16_t *mg, float *part) {
     const int8_t *q8 = (const int8_t *)qg;
+#define TM_PASS(rows)                                                                                              \
+    case rows:                                                                                                     \
+        bits == 4 ? q4_group(a, t0, rows, k, qg, dg, mg, part) : q8_group(a, t0, rows, k, q8, dg, part);          \
+        break;
     switch (mt) {
-    case 1: bits == 4 ? q4_group(a, t0, 1, k, qg, dg, mg, part) : q8_group(a, t0, 1, k, q8, dg, part); break;
-    case 2: bits == 4 ? q4_group(a, t0, 2, k, qg, dg, mg, part) : q8_group(a, t0, 2, k, q8, dg, part); break;
-    case 3: bits == 4 ? q4_group(a, t0, 3, k, qg, dg, mg, part) : q8_group(a, t0, 3, k, q8, dg, part); break;
+        TM_PASS(1)
+        TM_PASS(2)
+        TM_PASS(3)
+#if ROWS_PER_PASS == 8
+        TM_PASS(4)
+        TM_PASS(5)
+        TM_PASS(6)
+        TM_PASS(7)
+    default: bits == 4 ? q4_group(a, t0, 8, k, qg, dg, mg, part) : q8_group(a, t0, 8, k, q8, dg, part); break;
+#else
     default: bits == 4 ? q4_group(a, t0, 4, k, qg, dg, mg, part) : q8_group(a, t0, 4, k, q8, dg, part); break;
+#endif
     }
+#undef TM_PASS
 }
 
 /* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16 */
