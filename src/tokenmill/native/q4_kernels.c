@@ -16,8 +16,9 @@
  * quantized values, so that each weight multiplies the same activation (the errors meet weights centred on 0).
  *
  * Vector paths: AVX-512 VNNI (16 rows per instruction), AVX2 with FMA and F16C (two halves of 8 rows; vpmaddubsw
- * + vpmaddwd), and portable C; the compiler picks with -march=native. Threads: OpenMP over row groups; tokenmill loads this library
- * after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
+ * + vpmaddwd), and portable C; the compiler picks with -march=native. Threads: OpenMP over row groups (and in the
+ * decoder one parallel region per layer, which also shares out the rows' norms and activation blocks); tokenmill
+ * loads this library after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
  */
 #include <float.h>
 #include <math.h>
@@ -98,10 +99,10 @@ typedef struct {
     int32_t *sum_hi, *sum_lo; /* [m, k/32]: sums of the codes of each pass */
 } tm_qx;
 
+/* Called by every thread of a parallel region (the blocks are shared out), or outside one (one thread does all). */
 static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) {
     const int64_t nb = k / QK;
-    /* a few rows' blocks cost less than waking the other threads (8,192 values: about 15 us on one core) */
-#pragma omp parallel for schedule(static) if (m * nb >= 256)
+#pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
         int8_t *hi = a->hi + tb * QK, *lo = a->lo + tb * QK;
@@ -447,11 +448,12 @@ static inline void group_pass(const tm_qx *a, int64_t t0, int64_t mt, int64_t k,
 #undef TM_PASS
 }
 
-/* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16 */
+/* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16. Called by every thread of a parallel
+ * region (the groups are shared out). */
 static void grouped_matmul(const tm_qx *a, int64_t m, int64_t k, int bits, const uint8_t *qs, const uint16_t *d,
                            const uint16_t *mn, int64_t n, float *y) {
     const int64_t nb = k / QK, group_bytes = GROUP * QK * bits / 8;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t g = 0; g < n / GROUP; ++g) {
         const uint16_t *mg = mn ? mn + g * nb * GROUP : NULL;
         for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
@@ -483,8 +485,11 @@ static int product(const float *x, int64_t m, int64_t k, int bits, const uint8_t
     tm_qx a;
     int rc = qx_alloc(&a, m, k);
     if (rc == 0) {
-        quantize_rows(x, m, k, &a);
-        grouped_matmul(&a, m, k, bits, qs, d, mn, n, y);
+#pragma omp parallel
+        {
+            quantize_rows(x, m, k, &a); /* the end of its loop waits for every thread */
+            grouped_matmul(&a, m, k, bits, qs, d, mn, n, y);
+        }
     }
     qx_free(&a);
     return rc;
@@ -547,7 +552,7 @@ typedef struct {
     tm_qx qx; /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
 } tm_scratch;
 
-/* y = x @ w.T through the scratch's quantized activations */
+/* y = x @ w.T through the scratch's quantized activations; called by every thread of decode_layer's region */
 static void project(const float *x, int64_t m, const tm_packed_weight *w, const tm_scratch *s, float *y) {
     quantize_rows(x, m, w->k, &s->qx);
     grouped_matmul(&s->qx, m, w->k, (int)w->bits, w->qs, w->d, w->m, w->n, y);
@@ -644,7 +649,9 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
 
 /* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
  * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
- * ctx_slots[t * max_ctx ...] (its own position last). */
+ * ctx_slots[t * max_ctx ...] (its own position last). One parallel region: the threads share out the rows (norms,
+ * rope, SwiGLU: each row on one thread, with the code it has alone), the activation blocks, the weight groups and
+ * the (row, head) pairs of attention; `reduce` runs on the calling thread. */
 static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
                         const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
                         const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
@@ -655,63 +662,85 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
     float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
     const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = gate_up->n / 2;
     float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
-    /* attention block */
-    for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
-    project(x, m, qkv, s, qkv_out);
-    for (int64_t t = 0; t < m; ++t) {
-        float *row = qkv_out + t * qkv->n;
-        if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
-            for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
-            for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
-                rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
-        }
-        for (int64_t hd = 0; hd < heads + kv_heads; ++hd) rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
-        memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
-        memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
-    }
     const int64_t group = heads / kv_heads;
-#pragma omp parallel for schedule(static)
-    for (int64_t th = 0; th < m * heads; ++th) {
-        const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
-        /* a local layer's query sees the last `window` slots of its context (its own position last) */
-        const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
-        const int64_t n_ctx = ctx_lens[t] - skip;
-        const float *q = qkv_out + t * qkv->n + hd * dim;
-        float *sc = scores + th * max_ctx;
-        const int64_t *slots = ctx_slots + t * max_ctx + skip;
-        qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
-        softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
-    }
-    project(attn, m, o, s, delta);
-    if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
-    if (layer->post_attn_norm)
-        for (int64_t t = 0; t < m; ++t) rms_norm(delta + t * h, layer->post_attn_norm, eps, h, delta + t * h);
-#pragma omp simd
-    for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
-    /* MLP block */
-    for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm2, eps, h, x + t * h);
-    project(x, m, gate_up, s, gu);
-    for (int64_t t = 0; t < m; ++t) {
-        const float *g = gu + t * gate_up->n, *u = g + inter;
-        float *a = x + t * inter;
-        if (activation == TM_GELU_TANH) {
-#pragma omp simd
-            for (int64_t i = 0; i < inter; ++i) {
-                const float v = g[i];
-                a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+    int rc = 0; /* shared; read only after a barrier */
+#pragma omp parallel
+    {
+        /* attention block */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
+        project(x, m, qkv, s, qkv_out);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; ++t) {
+            float *row = qkv_out + t * qkv->n;
+            if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
+                for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
+                for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
+                    rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
             }
-        } else {
+            for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
+                rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
+            memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
+            memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+        }
+#pragma omp for schedule(static)
+        for (int64_t th = 0; th < m * heads; ++th) {
+            const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
+            /* a local layer's query sees the last `window` slots of its context (its own position last) */
+            const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
+            const int64_t n_ctx = ctx_lens[t] - skip;
+            const float *q = qkv_out + t * qkv->n + hd * dim;
+            float *sc = scores + th * max_ctx;
+            const int64_t *slots = ctx_slots + t * max_ctx + skip;
+            qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
+            softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
+        }
+        project(attn, m, o, s, delta);
+#pragma omp master
+        if (reduce && reduce(reduce_ctx, delta, m * h)) rc = -3;
+#pragma omp barrier
+        if (rc == 0) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < m; ++t) {
+                float *dt = delta + t * h, *ht = hidden + t * h;
+                if (layer->post_attn_norm) rms_norm(dt, layer->post_attn_norm, eps, h, dt);
 #pragma omp simd
-            for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+                /* MLP block */
+                rms_norm(ht, norm2, eps, h, x + t * h);
+            }
+            project(x, m, gate_up, s, gu);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < m; ++t) {
+                const float *g = gu + t * gate_up->n, *u = g + inter;
+                float *a = x + t * inter;
+                if (activation == TM_GELU_TANH) {
+#pragma omp simd
+                    for (int64_t i = 0; i < inter; ++i) {
+                        const float v = g[i];
+                        a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                }
+            }
+            project(x, m, down, s, delta);
+#pragma omp master
+            if (reduce && reduce(reduce_ctx, delta, m * h)) rc = -3;
+#pragma omp barrier
+            if (rc == 0) {
+#pragma omp for schedule(static)
+                for (int64_t t = 0; t < m; ++t) {
+                    float *dt = delta + t * h, *ht = hidden + t * h;
+                    if (layer->post_mlp_norm) rms_norm(dt, layer->post_mlp_norm, eps, h, dt);
+#pragma omp simd
+                    for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+                }
+            }
         }
     }
-    project(x, m, down, s, delta);
-    if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
-    if (layer->post_mlp_norm)
-        for (int64_t t = 0; t < m; ++t) rms_norm(delta + t * h, layer->post_mlp_norm, eps, h, delta + t * h);
-#pragma omp simd
-    for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
-    return 0;
+    return rc;
 }
 
 /* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
