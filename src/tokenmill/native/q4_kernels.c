@@ -696,9 +696,11 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
             softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
         }
         project(attn, m, o, s, delta);
+        if (reduce) { /* the same branch on every thread */
 #pragma omp master
-        if (reduce && reduce(reduce_ctx, delta, m * h)) rc = -3;
+            if (reduce(reduce_ctx, delta, m * h)) rc = -3;
 #pragma omp barrier
+        }
         if (rc == 0) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < m; ++t) {
@@ -726,9 +728,11 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
                 }
             }
             project(x, m, down, s, delta);
+            if (reduce) {
 #pragma omp master
-            if (reduce && reduce(reduce_ctx, delta, m * h)) rc = -3;
+                if (reduce(reduce_ctx, delta, m * h)) rc = -3;
 #pragma omp barrier
+            }
             if (rc == 0) {
 #pragma omp for schedule(static)
                 for (int64_t t = 0; t < m; ++t) {
