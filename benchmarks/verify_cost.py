@@ -126,9 +126,10 @@ def main() -> None:
     for lib_name in libs:
         for case in ("1 row", f"{DRAFT_ROWS} rows"):
             step[f"{lib_name} {case}"] = {k: [] for k in ("execute", "native", "head", "sampling", "total")}
+    names = list(libs)
     for rep in range(args.reps + 2):  # two warm-up rounds
-        for lib_name, lib in libs.items():
-            use(lib)
+        for lib_name in names[rep % len(names) :] + names[: rep % len(names)]:  # each first in turn
+            use(libs[lib_name])
             for case, chunks in (("1 row", one), (f"{DRAFT_ROWS} rows", five)):
                 parts["native"], parts["head"] = [], []
                 execute_ms, out = clock(runner.execute, chunks)
@@ -158,7 +159,8 @@ def main() -> None:
     rows = [1, 2, 3, 4, 5, 6, 8]
     inputs = {m: runner._prepare([StepChunk([tokens[0]], PROMPT_TOKENS + i, table) for i in range(m)]) for m in rows}
     for rep in range(args.reps + 2):
-        for lib_name, lib in libs.items():
+        for lib_name in names[rep % len(names) :] + names[: rep % len(names)]:
+            lib = libs[lib_name]
             use(lib)
             for w in weights.values():
                 if hasattr(w, "_lib"):
