@@ -16,8 +16,9 @@
  * quantized values, so that each weight multiplies the same activation (the errors meet weights centred on 0).
  *
  * Vector paths: AVX-512 VNNI (16 rows per instruction), AVX2 with FMA and F16C (two halves of 8 rows; vpmaddubsw
- * + vpmaddwd), and portable C; the compiler picks with -march=native. Threads: OpenMP over row groups; tokenmill loads this library
- * after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
+ * + vpmaddwd), and portable C; the compiler picks with -march=native. Threads: OpenMP over row groups (and in the
+ * decoder one parallel region per layer, which also shares out the rows' norms and activation blocks); tokenmill
+ * loads this library after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
  */
 #include <float.h>
 #include <math.h>
@@ -37,7 +38,16 @@
 #define QK 32
 #define GROUP 16        /* output rows interleaved per weight group */
 #define GROUP_BYTES 256 /* codes per group and block: 16 rows x 32 codes x 4 bits */
-#define ROWS_PER_PASS 4 /* activation rows whose accumulators stay in registers */
+/* activation rows whose accumulators stay in registers: each pass reads a group's weights once for all its rows
+ * (AVX-512 has 32 vector registers, AVX2 16) */
+#if defined(TM_AVX512_VNNI)
+#define ROWS_PER_PASS 8
+#else
+#define ROWS_PER_PASS 4
+#endif
+/* up to this many rows, two integer chains per pass and row (the dot-product instruction's latency); above it, one
+ * (registers). The chains sum exact integers, so a row's result is the same bits either way. */
+#define SPLIT_ROWS 2
 #define LO_STEPS 254.0f /* the second activation pass resolves one step of the first into 254 */
 
 void tm_set_threads(int n) { omp_set_num_threads(n); }
@@ -89,10 +99,10 @@ typedef struct {
     int32_t *sum_hi, *sum_lo; /* [m, k/32]: sums of the codes of each pass */
 } tm_qx;
 
+/* Called by every thread of a parallel region (the blocks are shared out), or outside one (one thread does all). */
 static void quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) {
     const int64_t nb = k / QK;
-    /* a few rows' blocks cost less than waking the other threads (8,192 values: about 15 us on one core) */
-#pragma omp parallel for schedule(static) if (m * nb >= 256)
+#pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
         int8_t *hi = a->hi + tb * QK, *lo = a->lo + tb * QK;
@@ -175,34 +185,48 @@ static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64
 #if defined(TM_AVX512_VNNI)
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
+    const int split = mt <= SPLIT_ROWS; /* a constant in each inlined copy */
     __m512 acc[ROWS_PER_PASS];
-    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int t = 0; t < mt; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        /* four independent integer chains per activation row: (first, second pass) x (low, high nibbles) */
+        /* per activation row, integer chains for the first and second pass; with few rows, two each (low and high
+         * nibbles), which add up to the same sums */
         __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
+#pragma GCC unroll 8
         for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) {
             const __m512i w = _mm512_loadu_si512((const void *)(qg + b * GROUP_BYTES + u * 64));
             const __m512i w_low = _mm512_and_si512(w, low4);                       /* codes 8u .. 8u + 3 */
             const __m512i w_high = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4); /* codes 8u + 4 .. 8u + 7 */
+#pragma GCC unroll 8
             for (int t = 0; t < mt; ++t) {
                 const int8_t *h = a->hi + (t0 + t) * k + b * QK + 8 * u, *l = a->lo + (t0 + t) * k + b * QK + 8 * u;
                 hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_low, _mm512_set1_epi32(four_codes(h)));
-                hi1[t] = _mm512_dpbusd_epi32(hi1[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
                 lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_low, _mm512_set1_epi32(four_codes(l)));
-                lo1[t] = _mm512_dpbusd_epi32(lo1[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+                if (split) {
+                    hi1[t] = _mm512_dpbusd_epi32(hi1[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo1[t] = _mm512_dpbusd_epi32(lo1[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+                } else {
+                    hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
+                }
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mg + b * GROUP)));
+#pragma GCC unroll 8
         for (int t = 0; t < mt; ++t) {
             const int64_t tb = (t0 + t) * nb + b;
-            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo0[t], lo1[t])), inv_steps,
-                                               _mm512_cvtepi32_ps(_mm512_add_epi32(hi0[t], hi1[t])));
+            const __m512i hi_dot = split ? _mm512_add_epi32(hi0[t], hi1[t]) : hi0[t];
+            const __m512i lo_dot = split ? _mm512_add_epi32(lo0[t], lo1[t]) : lo0[t];
+            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
             acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
             acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sum[tb]), acc[t]);
         }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
 #elif defined(TM_AVX2)
     /* two halves of 8 rows. vpmaddubsw multiplies u8 codes by s8 activations into pairwise 16-bit sums (at most
@@ -296,28 +320,45 @@ static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64
 #if defined(TM_AVX512_VNNI)
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
+    const int split = mt <= SPLIT_ROWS; /* as in q4_group: with few rows, two chains per pass (even and odd u) */
     __m512 acc[ROWS_PER_PASS];
-    for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int t = 0; t < mt; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        __m512i hi[2][ROWS_PER_PASS], lo[2][ROWS_PER_PASS]; /* two chains per pass: even and odd u */
-        for (int t = 0; t < mt; ++t) hi[0][t] = hi[1][t] = lo[0][t] = lo[1][t] = _mm512_setzero_si512();
-        for (int u = 0; u < QK / 4; ++u) {
-            const __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64)), flip);
+        __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
+#pragma GCC unroll 8
+        for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int u = 0; u < QK / 4; u += 2) {
+            const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64)), flip);
+            const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64 + 64)), flip);
+#pragma GCC unroll 8
             for (int t = 0; t < mt; ++t) {
                 const int8_t *h = a->hi + (t0 + t) * k + b * QK + 4 * u, *l = a->lo + (t0 + t) * k + b * QK + 4 * u;
-                hi[u & 1][t] = _mm512_dpbusd_epi32(hi[u & 1][t], w, _mm512_set1_epi32(four_codes(h)));
-                lo[u & 1][t] = _mm512_dpbusd_epi32(lo[u & 1][t], w, _mm512_set1_epi32(four_codes(l)));
+                hi0[t] = _mm512_dpbusd_epi32(hi0[t], w0, _mm512_set1_epi32(four_codes(h)));
+                lo0[t] = _mm512_dpbusd_epi32(lo0[t], w0, _mm512_set1_epi32(four_codes(l)));
+                if (split) {
+                    hi1[t] = _mm512_dpbusd_epi32(hi1[t], w1, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo1[t] = _mm512_dpbusd_epi32(lo1[t], w1, _mm512_set1_epi32(four_codes(l + 4)));
+                } else {
+                    hi0[t] = _mm512_dpbusd_epi32(hi0[t], w1, _mm512_set1_epi32(four_codes(h + 4)));
+                    lo0[t] = _mm512_dpbusd_epi32(lo0[t], w1, _mm512_set1_epi32(four_codes(l + 4)));
+                }
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
+#pragma GCC unroll 8
         for (int t = 0; t < mt; ++t) {
             const int64_t tb = (t0 + t) * nb + b;
-            const __m512i hi_dot = _mm512_sub_epi32(_mm512_add_epi32(hi[0][t], hi[1][t]), _mm512_set1_epi32(128 * a->sum_hi[tb]));
-            const __m512i lo_dot = _mm512_sub_epi32(_mm512_add_epi32(lo[0][t], lo[1][t]), _mm512_set1_epi32(128 * a->sum_lo[tb]));
+            const __m512i hi_sum = split ? _mm512_add_epi32(hi0[t], hi1[t]) : hi0[t];
+            const __m512i lo_sum = split ? _mm512_add_epi32(lo0[t], lo1[t]) : lo0[t];
+            const __m512i hi_dot = _mm512_sub_epi32(hi_sum, _mm512_set1_epi32(128 * a->sum_hi[tb]));
+            const __m512i lo_dot = _mm512_sub_epi32(lo_sum, _mm512_set1_epi32(128 * a->sum_lo[tb]));
             const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
             acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
         }
     }
+#pragma GCC unroll 8
     for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
 #elif defined(TM_AVX2)
     const __m256i ones = _mm256_set1_epi16(1);
@@ -386,19 +427,33 @@ typedef struct {
 static inline void group_pass(const tm_qx *a, int64_t t0, int64_t mt, int64_t k, int bits, const uint8_t *qg,
                               const uint16_t *dg, const uint16_t *mg, float *part) {
     const int8_t *q8 = (const int8_t *)qg;
+#define TM_PASS(rows)                                                                                              \
+    case rows:                                                                                                     \
+        bits == 4 ? q4_group(a, t0, rows, k, qg, dg, mg, part) : q8_group(a, t0, rows, k, q8, dg, part);          \
+        break;
     switch (mt) {
-    case 1: bits == 4 ? q4_group(a, t0, 1, k, qg, dg, mg, part) : q8_group(a, t0, 1, k, q8, dg, part); break;
-    case 2: bits == 4 ? q4_group(a, t0, 2, k, qg, dg, mg, part) : q8_group(a, t0, 2, k, q8, dg, part); break;
-    case 3: bits == 4 ? q4_group(a, t0, 3, k, qg, dg, mg, part) : q8_group(a, t0, 3, k, q8, dg, part); break;
+        TM_PASS(1)
+        TM_PASS(2)
+        TM_PASS(3)
+#if ROWS_PER_PASS == 8
+        TM_PASS(4)
+        TM_PASS(5)
+        TM_PASS(6)
+        TM_PASS(7)
+    default: bits == 4 ? q4_group(a, t0, 8, k, qg, dg, mg, part) : q8_group(a, t0, 8, k, q8, dg, part); break;
+#else
     default: bits == 4 ? q4_group(a, t0, 4, k, qg, dg, mg, part) : q8_group(a, t0, 4, k, q8, dg, part); break;
+#endif
     }
+#undef TM_PASS
 }
 
-/* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16 */
+/* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16. Called by every thread of a parallel
+ * region (the groups are shared out). */
 static void grouped_matmul(const tm_qx *a, int64_t m, int64_t k, int bits, const uint8_t *qs, const uint16_t *d,
                            const uint16_t *mn, int64_t n, float *y) {
     const int64_t nb = k / QK, group_bytes = GROUP * QK * bits / 8;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t g = 0; g < n / GROUP; ++g) {
         const uint16_t *mg = mn ? mn + g * nb * GROUP : NULL;
         for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
@@ -430,8 +485,11 @@ static int product(const float *x, int64_t m, int64_t k, int bits, const uint8_t
     tm_qx a;
     int rc = qx_alloc(&a, m, k);
     if (rc == 0) {
-        quantize_rows(x, m, k, &a);
-        grouped_matmul(&a, m, k, bits, qs, d, mn, n, y);
+#pragma omp parallel
+        {
+            quantize_rows(x, m, k, &a); /* the end of its loop waits for every thread */
+            grouped_matmul(&a, m, k, bits, qs, d, mn, n, y);
+        }
     }
     qx_free(&a);
     return rc;
@@ -494,7 +552,7 @@ typedef struct {
     tm_qx qx; /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
 } tm_scratch;
 
-/* y = x @ w.T through the scratch's quantized activations */
+/* y = x @ w.T through the scratch's quantized activations; called by every thread of decode_layer's region */
 static void project(const float *x, int64_t m, const tm_packed_weight *w, const tm_scratch *s, float *y) {
     quantize_rows(x, m, w->k, &s->qx);
     grouped_matmul(&s->qx, m, w->k, (int)w->bits, w->qs, w->d, w->m, w->n, y);
@@ -591,7 +649,9 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
 
 /* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
  * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
- * ctx_slots[t * max_ctx ...] (its own position last). */
+ * ctx_slots[t * max_ctx ...] (its own position last). One parallel region: the threads share out the rows (norms,
+ * rope, SwiGLU: each row on one thread, with the code it has alone), the activation blocks, the weight groups and
+ * the (row, head) pairs of attention; `reduce` runs on the calling thread. */
 static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
                         const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
                         const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
@@ -602,63 +662,89 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
     float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
     const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = gate_up->n / 2;
     float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
-    /* attention block */
-    for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
-    project(x, m, qkv, s, qkv_out);
-    for (int64_t t = 0; t < m; ++t) {
-        float *row = qkv_out + t * qkv->n;
-        if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
-            for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
-            for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
-                rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
-        }
-        for (int64_t hd = 0; hd < heads + kv_heads; ++hd) rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
-        memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
-        memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
-    }
     const int64_t group = heads / kv_heads;
-#pragma omp parallel for schedule(static)
-    for (int64_t th = 0; th < m * heads; ++th) {
-        const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
-        /* a local layer's query sees the last `window` slots of its context (its own position last) */
-        const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
-        const int64_t n_ctx = ctx_lens[t] - skip;
-        const float *q = qkv_out + t * qkv->n + hd * dim;
-        float *sc = scores + th * max_ctx;
-        const int64_t *slots = ctx_slots + t * max_ctx + skip;
-        qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
-        softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
-    }
-    project(attn, m, o, s, delta);
-    if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
-    if (layer->post_attn_norm)
-        for (int64_t t = 0; t < m; ++t) rms_norm(delta + t * h, layer->post_attn_norm, eps, h, delta + t * h);
-#pragma omp simd
-    for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
-    /* MLP block */
-    for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm2, eps, h, x + t * h);
-    project(x, m, gate_up, s, gu);
-    for (int64_t t = 0; t < m; ++t) {
-        const float *g = gu + t * gate_up->n, *u = g + inter;
-        float *a = x + t * inter;
-        if (activation == TM_GELU_TANH) {
-#pragma omp simd
-            for (int64_t i = 0; i < inter; ++i) {
-                const float v = g[i];
-                a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+    int rc = 0; /* shared; read only after a barrier */
+#pragma omp parallel
+    {
+        /* attention block */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
+        project(x, m, qkv, s, qkv_out);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; ++t) {
+            float *row = qkv_out + t * qkv->n;
+            if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
+                for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
+                for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
+                    rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
             }
-        } else {
+            for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
+                rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
+            memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
+            memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+        }
+#pragma omp for schedule(static)
+        for (int64_t th = 0; th < m * heads; ++th) {
+            const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
+            /* a local layer's query sees the last `window` slots of its context (its own position last) */
+            const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
+            const int64_t n_ctx = ctx_lens[t] - skip;
+            const float *q = qkv_out + t * qkv->n + hd * dim;
+            float *sc = scores + th * max_ctx;
+            const int64_t *slots = ctx_slots + t * max_ctx + skip;
+            qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
+            softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
+        }
+        project(attn, m, o, s, delta);
+        if (reduce) { /* the same branch on every thread */
+#pragma omp master
+            if (reduce(reduce_ctx, delta, m * h)) rc = -3;
+#pragma omp barrier
+        }
+        if (rc == 0) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < m; ++t) {
+                float *dt = delta + t * h, *ht = hidden + t * h;
+                if (layer->post_attn_norm) rms_norm(dt, layer->post_attn_norm, eps, h, dt);
 #pragma omp simd
-            for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+                /* MLP block */
+                rms_norm(ht, norm2, eps, h, x + t * h);
+            }
+            project(x, m, gate_up, s, gu);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < m; ++t) {
+                const float *g = gu + t * gate_up->n, *u = g + inter;
+                float *a = x + t * inter;
+                if (activation == TM_GELU_TANH) {
+#pragma omp simd
+                    for (int64_t i = 0; i < inter; ++i) {
+                        const float v = g[i];
+                        a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                }
+            }
+            project(x, m, down, s, delta);
+            if (reduce) {
+#pragma omp master
+                if (reduce(reduce_ctx, delta, m * h)) rc = -3;
+#pragma omp barrier
+            }
+            if (rc == 0) {
+#pragma omp for schedule(static)
+                for (int64_t t = 0; t < m; ++t) {
+                    float *dt = delta + t * h, *ht = hidden + t * h;
+                    if (layer->post_mlp_norm) rms_norm(dt, layer->post_mlp_norm, eps, h, dt);
+#pragma omp simd
+                    for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+                }
+            }
         }
     }
-    project(x, m, down, s, delta);
-    if (reduce && reduce(reduce_ctx, delta, m * h)) return -3;
-    if (layer->post_mlp_norm)
-        for (int64_t t = 0; t < m; ++t) rms_norm(delta + t * h, layer->post_mlp_norm, eps, h, delta + t * h);
-#pragma omp simd
-    for (int64_t i = 0; i < m * h; ++i) hidden[i] += delta[i];
-    return 0;
+    return rc;
 }
 
 /* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
