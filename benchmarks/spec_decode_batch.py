@@ -1,7 +1,8 @@
 """When speculative decoding pays, by the number of sequences decoding together: for N requests at once (offline,
-greedy, 96 tokens each), output tokens/s without and with speculation (disable_by_batch_size out of the way),
-repetitions alternating, medians. What `disable_by_batch_size` should default to is where the ratio falls
-below 1.
+greedy, 96 tokens each), output tokens/s without speculation, with every proposal the method offers
+(`verify_row_cost` 0, as vLLM proposes), and with as many as pay by each sequence's acceptance rate and the
+batch's size (the default `verify_row_cost`); `disable_by_batch_size` out of the way; repetitions alternating,
+medians.
 
 - ngram: the bundled model under `auto`, n-gram proposals (K 4);
 - draft_model: the float32 model, its own 4-bit copy (`auto`) drafting (K 4): the issue's draft-model case.
@@ -72,34 +73,39 @@ def main() -> None:
     result: dict = {"bench": "spec_decode_batch", "max_tokens": args.max_tokens}
     for method in args.methods.split(","):
         spec = {"method": method, "num_speculative_tokens": args.num_speculative_tokens, "disable_by_batch_size": 10**6}
-        if method == "ngram":
-            plain, fast = LLM(quantization="auto"), LLM(quantization="auto", speculative_config=spec)
-        else:
+        if method == "draft_model":
             spec["model"] = "smollm2-135m"  # its 4-bit copy drafting for the float32 model
-            plain, fast = LLM(), LLM(speculative_config=spec)
+        quantization = "auto" if method == "ngram" else None
+        engines = {
+            "plain": LLM(quantization=quantization),
+            "always": LLM(quantization=quantization, speculative_config={**spec, "verify_row_cost": 0}),
+            "adaptive": LLM(quantization=quantization, speculative_config=spec),
+        }
+        plain = engines["plain"]
         for workload in args.workloads.split(","):
             rows = []
             for n in sizes:
                 batch = prompts(plain, workload, n)
-                for llm in (plain, fast):
+                for llm in engines.values():
                     throughput(llm, batch, 4)  # warm-up (also the shapes of this batch size)
-                rates: dict[str, list[float]] = {"plain": [], method: []}
-                before = fast.stats()
+                rates: dict[str, list[float]] = {name: [] for name in engines}
+                before = {name: llm.stats() for name, llm in engines.items()}
                 for _ in range(args.reps):
-                    for name, llm in (("plain", plain), (method, fast)):
+                    for name, llm in engines.items():
                         rates[name].append(round(throughput(llm, batch, args.max_tokens), 2))
-                after = fast.stats()
-                proposed = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
-                accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
-                plain_rate, fast_rate = statistics.median(rates["plain"]), statistics.median(rates[method])
-                rows.append(
-                    {
-                        "batch_size": n,
-                        "tok_s": rates,
-                        "speedup": round(fast_rate / plain_rate, 3),
-                        "acceptance_rate": round(accepted / proposed, 3) if proposed else None,
-                    }
-                )
+                row: dict = {"batch_size": n, "tok_s": rates}
+                plain_rate = statistics.median(rates["plain"])
+                for name in ("always", "adaptive"):
+                    after = engines[name].stats()
+                    proposed, accepted = (
+                        after[f"spec_decode_num_{key}_tokens"] - before[name][f"spec_decode_num_{key}_tokens"]
+                        for key in ("draft", "accepted")
+                    )
+                    row[f"{name}_speedup"] = round(statistics.median(rates[name]) / plain_rate, 3)
+                    row[f"{name}_acceptance_rate"] = round(accepted / proposed, 3) if proposed else None
+                    emitted = after["generation_tokens_total"] - before[name]["generation_tokens_total"]
+                    row[f"{name}_proposed_per_token"] = round(proposed / emitted, 3)
+                rows.append(row)
                 print(json.dumps({"method": method, "workload": workload, **rows[-1]}), file=sys.stderr)
             result[f"{method}/{workload}"] = rows
     print(json.dumps(result))

@@ -13,12 +13,15 @@ from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.spec_decode import SpeculativeConfig
+from tokenmill.spec_decode.acceptance import AcceptanceTracker
 from tokenmill.spec_decode.draft_model import DraftCacheLedger
 from tokenmill.spec_decode.ngram import propose_ngram
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
+# every proposal the method offers, in batches of any size: what is tested is that proposals never change outputs
+ALWAYS = {"num_speculative_tokens": 4, "disable_by_batch_size": 64, "verify_row_cost": 0}
+NGRAM = {"method": "ngram", **ALWAYS}
 # the issue's draft: the bundled model's 4-bit copy (`auto`) proposing for the float32 model
-DRAFT = {"method": "draft_model", "model": "smollm2-135m", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
+DRAFT = {"method": "draft_model", "model": "smollm2-135m", **ALWAYS}
 PASSAGE = (
     "The river wound slowly through the valley, past old stone farmhouses and fields of barley. In the evening the "
     "light turned gold and the swallows flew low over the water. Children ran along the bank, calling to each "
@@ -48,6 +51,7 @@ def test_speculative_config_is_checked() -> None:
         {"method": "draft_model", "num_speculative_tokens": 3},  # which model?
         {"method": "ngram", "num_speculative_tokens": 3, "model": "smollm2-135m"},
         {**DRAFT, "quantization": "fp4"},
+        {**NGRAM, "verify_row_cost": -1},
         "{not json",
         [1],
     ):
@@ -95,6 +99,28 @@ def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> Non
     out = small.schedule()
     assert [(s.seq, s.num_new_tokens, s.num_draft_tokens) for s in out.scheduled][0] == (first, 1, 0)
     assert not out.preempted
+
+
+def test_proposals_are_as_many_as_pay_for_their_rows() -> None:
+    """A sequence whose proposals hold proposes all K while few run and fewer in a large batch; one whose
+    proposals fail stops proposing, and tries again after some steps without."""
+    tracker = AcceptanceTracker()
+    assert 1 <= tracker.proposal_length(0, 4, 1) < 4  # a new sequence: a rate of one half
+    for _ in range(10):
+        tracker.observe(0, 4, 4)  # all accepted
+        tracker.observe(1, 4, 0)  # none
+    assert tracker.rate(0) > 0.9 and tracker.rate(1) < 0.15
+    assert tracker.proposal_length(0, 4, 1) == 4
+    assert 0 < tracker.proposal_length(0, 4, 64) < tracker.proposal_length(0, 4, 16)
+    assert tracker.proposal_length(0, 2, 1) == 2  # never more than the room
+    assert tracker.proposal_length(1, 4, 1) == 0
+    steps = 0
+    while tracker.proposal_length(1, 4, 1) == 0:
+        tracker.idle(1)
+        steps += 1
+    assert 3 <= steps <= 20
+    tracker.release(0)
+    assert tracker.rate(0) == 0.5
 
 
 def test_the_draft_model_knows_how_much_of_its_cache_holds() -> None:

@@ -140,7 +140,7 @@ def test_a_step_description_round_trips() -> None:
 def tp3():
     # with n-gram speculation while at most 8 sequences run: the reference prompts verify proposals across the
     # ranks, the mixed batch of 32 decodes plainly
-    speculation = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 8}
+    speculation = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 8, "verify_row_cost": 0}
     engine = LLM(tensor_parallel_size=3, max_num_batched_tokens=256, speculative_config=speculation)
     yield engine
     engine.engine.check_integrity()

@@ -35,6 +35,7 @@ from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+from tokenmill.spec_decode.acceptance import AcceptanceTracker
 from tokenmill.spec_decode.config import SpeculativeConfig
 from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_model
 from tokenmill.spec_decode.ngram import propose_ngram
@@ -149,6 +150,8 @@ class LLMEngine:
         self.generation_tokens_total = 0  # tokens sampled
         self.spec_decode = SpecDecodeStats()  # proposals made and accepted (speculative decoding)
         self._ngram_proposals: dict[int, list[int]] = {}  # this step's, by seq_id (n-gram speculation)
+        # how many proposals pay, per sequence and step
+        self.acceptance = AcceptanceTracker(spec.verify_row_cost if spec is not None else 0.0)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
@@ -393,8 +396,7 @@ class LLMEngine:
                 sample.seq.finish_reason = "abort"
                 self.scheduler.finish(sample.seq)
                 self.sampler.release(sample.seq.seq_id)
-                if self.drafter is not None:
-                    self.drafter.release(sample.seq.seq_id)
+                self._release_speculation(sample.seq.seq_id)
         request.metrics.finished_time = time.monotonic()
         output = request.make_output()
         output.finished = True
@@ -595,10 +597,11 @@ class LLMEngine:
             touched[request.request_id] = request
 
     def _plan_speculation(self, spec: SpeculativeConfig) -> None:
-        """How many tokens each decoding sequence proposes this step, while few run (spec.disable_by_batch_size);
-        none for constrained ones (their grammar would have to follow every proposal) or past max_tokens and
-        max_model_len. n-gram proposals are looked up now (their number is what matched); a draft model's are
-        made once the scheduler has given them slots (_fill_drafts)."""
+        """How many tokens each decoding sequence proposes this step: as many as pay for their rows (by its recent
+        acceptance rate and the batch's size: spec_decode/acceptance.py), none while more than
+        spec.disable_by_batch_size sequences run, none for constrained ones (their grammar would have to follow
+        every proposal) or past max_tokens and max_model_len. n-gram proposals are looked up now (their number is
+        what matched); a draft model's are made once the scheduler has given them slots (_fill_drafts)."""
         running = self.scheduler.running
         speculate = self.spec_decode.active = len(running) <= spec.disable_by_batch_size
         self._ngram_proposals.clear()
@@ -613,12 +616,14 @@ class LLMEngine:
                 seq.max_tokens - seq.num_output_tokens - 1,  # the step emits one token more than it accepts
                 self.max_model_len - seq.num_tokens,
             )
-            if room <= 0:
-                continue
-            if self.drafter is None:
+            # as many as pay for their rows, by the sequence's recent acceptance rate and the batch's size
+            room = self.acceptance.proposal_length(seq.seq_id, room, len(running)) if room > 0 else 0
+            if room > 0 and self.drafter is None:
                 proposals = propose_ngram(seq.token_ids, spec.prompt_lookup_max, spec.prompt_lookup_min, room)
                 self._ngram_proposals[seq.seq_id] = proposals
                 room = len(proposals)
+            if room == 0:
+                self.acceptance.idle(seq.seq_id)
             seq.num_lookahead_tokens = room
 
     def _fill_drafts(self, sched: SchedulerOutput) -> None:
@@ -673,6 +678,7 @@ class LLMEngine:
             position += 1
         for (s, _), num_accepted in zip(verifying, accepted, strict=True):
             self.spec_decode.record(len(s.draft_token_ids), num_accepted)
+            self.acceptance.observe(s.seq.seq_id, len(s.draft_token_ids), num_accepted)
             if not s.seq.is_finished:
                 self.scheduler.commit_accepted(s.seq, num_accepted)
         return {s.seq.seq_id: n for (s, _), n in zip(verifying, accepted, strict=True)}
@@ -774,8 +780,12 @@ class LLMEngine:
         seq.stop_reason = stop_reason
         self.scheduler.finish(seq)
         self.sampler.release(seq.seq_id)
+        self._release_speculation(seq.seq_id)
+
+    def _release_speculation(self, seq_id: int) -> None:
+        self.acceptance.release(seq_id)
         if self.drafter is not None:
-            self.drafter.release(seq.seq_id)
+            self.drafter.release(seq_id)
 
     # ---- introspection ------------------------------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """`speculative_config`, in vLLM's names: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N,
 "prompt_lookup_min": M, "disable_by_batch_size": B}, or {"method": "draft_model", "model": PATH_OR_NAME,
-"num_speculative_tokens": K, "quantization": Q}. No torch here."""
+"num_speculative_tokens": K, "quantization": Q}; and tokenmill's "verify_row_cost": C. No torch here."""
 
 import json
 from dataclasses import dataclass, fields
 from typing import Any
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.spec_decode.acceptance import ROW_COST
 
 METHODS = ("ngram", "draft_model")
 DRAFT_QUANTIZATIONS = (None, "none", "int8", "int4", "auto")
@@ -22,6 +23,9 @@ class SpeculativeConfig:
     # speculate only while at most this many sequences run: a larger batch already keeps the cores busy, and
     # rejected proposals would cost compute it needs (measured: benchmarks/README.md, "Speculative decoding")
     disable_by_batch_size: int = 4
+    # a verified row's extra time as a share of a one-row step: sets how many proposals pay, by each sequence's
+    # acceptance rate and the batch's size (spec_decode/acceptance.py); 0: always as many as the method offers
+    verify_row_cost: float = ROW_COST
     # draft_model: the smaller model that proposes (a path, or a name as --model takes; it must share the target's
     # tokenizer), and its weights' format (as LLM's quantization; "auto": 4-bit, the fastest to run here)
     model: str | None = None
@@ -59,6 +63,11 @@ class SpeculativeConfig:
             raise InvalidParameterError(
                 f"speculative_config: quantization {self.quantization!r} is not supported (none, int8, int4 or auto)",
                 "speculative_config",
+            )
+        cost = self.verify_row_cost
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost <= 10:
+            raise InvalidParameterError(
+                f"speculative_config: verify_row_cost must be a number from 0 to 10, got {cost!r}", "speculative_config"
             )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise InvalidParameterError(

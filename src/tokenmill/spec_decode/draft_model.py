@@ -62,7 +62,8 @@ def open_draft_model(spec: SpeculativeConfig, target: ModelSource, target_tokeni
     vocabulary, and no sliding-window layers (not supported yet)."""
     assert spec.model is not None
     source = open_model_source(resolve_model_path(spec.model))
-    tokenizer = load_tokenizer(source)
+    # the same file (another format of one model, e.g. its 4-bit copy): the same tokenizer
+    tokenizer = target_tokenizer if source.path == target.path else load_tokenizer(source)
     vocab, target_vocab = tokenizer.backend, target_tokenizer.backend
     if tokenizer.vocab_size != target_tokenizer.vocab_size or vocab.get_vocab(True) != target_vocab.get_vocab(True):
         raise InvalidParameterError(
