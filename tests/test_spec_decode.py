@@ -106,6 +106,7 @@ def test_proposals_are_as_many_as_pay_for_their_rows() -> None:
     proposals fail stops proposing, and tries again after some steps without."""
     tracker = AcceptanceTracker()
     assert 1 <= tracker.proposal_length(0, 4, 1) < 4  # a new sequence: a rate of one half
+    assert tracker.proposal_length(0, 4, 64) == 1  # which alone would not pay in a large batch: it tries one
     for _ in range(10):
         tracker.observe(0, 4, 4)  # all accepted
         tracker.observe(1, 4, 0)  # none

@@ -7,7 +7,8 @@ bound by compute, a row costs what a sequence's token costs. So a proposal pays 
 batch would have made in the row's time: B c / (1 + B c) for B running sequences, c a row's cost as a share of a
 one-row step. Each sequence's rate is estimated from its own recent verifications (a copying answer accepts
 nearly all, free text a third, random text none) and drifts back toward a prior while it does not propose, so a
-sequence that starts copying is tried again. No torch here.
+sequence that starts copying is tried again; a sequence proposes at least one token until its first verification.
+No torch here.
 """
 
 from dataclasses import dataclass
@@ -43,12 +44,15 @@ class AcceptanceTracker:
         return cost / (1 + cost)
 
     def proposal_length(self, seq_id: int, room: int, num_running: int) -> int:
-        """How many tokens (at most room) the sequence should propose this step."""
+        """How many tokens (at most room) the sequence should propose this step; at least one until its proposals
+        were first verified (in a large batch the prior alone would never let it try, and never learn)."""
         rate, threshold = self.rate(seq_id), self.threshold(num_running)
         k, emitted = 0, rate  # emitted: the chance that proposal k + 1 is emitted
         while k < room and emitted >= threshold:
             k += 1
             emitted *= rate
+        if seq_id not in self._counts:
+            k = max(k, min(room, 1))
         return k
 
     def observe(self, seq_id: int, proposed: int, accepted: int) -> None:
