@@ -64,10 +64,11 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
         "--speculative-config",
         default=None,
         help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K} (optional: '
-        '"prompt_lookup_max" 4, "prompt_lookup_min" 2, "disable_by_batch_size" 4): up to K tokens proposed from '
-        'the sequence\'s own earlier tokens; or {"method": "draft_model", "model": PATH_OR_NAME, '
-        '"num_speculative_tokens": K} (optional: "quantization" auto): K tokens proposed by a smaller model with '
-        "the same tokenizer. All proposals are verified in one pass; the output is what it would be without them",
+        '"prompt_lookup_max" 4, "prompt_lookup_min" 2, "disable_by_batch_size" 8, "verify_row_cost" 0.17): up to '
+        "K tokens proposed from the sequence's own earlier tokens, as many as pay by its acceptance rate; or "
+        '{"method": "draft_model", "model": PATH_OR_NAME, "num_speculative_tokens": K} (optional: "quantization" '
+        "auto): up to K tokens proposed by a smaller model with the same tokenizer. All proposals are verified in "
+        "one pass; the output is what it would be without them",
     )
     if request_seed:
         g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")

@@ -21,8 +21,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4  # the longest suffix n-gram looked up in the sequence's earlier tokens
     prompt_lookup_min: int = 2  # the shortest one
     # speculate only while at most this many sequences run: a larger batch already keeps the cores busy, and
-    # rejected proposals would cost compute it needs (measured: benchmarks/README.md, "Speculative decoding")
-    disable_by_batch_size: int = 4
+    # rejected proposals would cost compute it needs (measured: benchmarks/README.md, "Speculative decoding": at
+    # 16 sequences even a copying workload gains nothing)
+    disable_by_batch_size: int = 8
     # a verified row's extra time as a share of a one-row step: sets how many proposals pay, by each sequence's
     # acceptance rate and the batch's size (spec_decode/acceptance.py); 0: always as many as the method offers
     verify_row_cost: float = ROW_COST
