@@ -124,11 +124,11 @@ def test_the_handler_of_last_resort_was_never_reached(server: ServerProcess) -> 
 
 
 def test_a_bounded_soak_keeps_every_answer_right_and_memory_flat(default_server: ServerProcess) -> None:
-    """`tokenmill bench soak` for 30 s (benchmarks/README.md has the 30-minute one): memory within 5% of what it
-    was after the first 10 s, when the first requests have brought in what the later ones reuse."""
-    result = run_soak(default_server.url, duration_s=30, concurrency=6, sample_s=1.0, warmup_s=10)
+    """`tokenmill bench soak` for 20 s (benchmarks/README.md has the 30-minute one; CI's 15 minutes): memory within
+    5% of what it was after the first 7 s, when the first requests have brought in what the later ones reuse."""
+    result = run_soak(default_server.url, duration_s=20, concurrency=6, sample_s=1.0, warmup_s=7)
     assert result["unexpected"] == 0, result["unexpected_examples"]
-    assert result["requests"] > 60 and result["internal_errors"] == 0
+    assert result["requests"] > 40 and result["internal_errors"] == 0
     assert abs(result["rss_drift_pct"]) <= 5, result["rss_samples_mib"]
     server = default_server
     deadline = time.monotonic() + 30

@@ -18,6 +18,7 @@ from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import ModelSource, load_tokenizer, open_model_source
 from tokenmill.model.config import model_config_from_source
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
+from tokenmill.runner.sampler import argmax_rows
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.spec_decode.config import SpeculativeConfig
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
@@ -126,7 +127,7 @@ class DraftModelProposer:
         active = list(range(len(wanted)))
         while True:
             logits = self.runner.execute(chunks).last_logits  # [len(active), vocab]
-            for i, token in zip(active, logits.argmax(dim=-1).tolist(), strict=True):
+            for i, token in zip(active, argmax_rows(logits).tolist(), strict=True):
                 proposals[i].append(token)
             active = [i for i in active if len(proposals[i]) < wanted[i][1]]
             if not active:
