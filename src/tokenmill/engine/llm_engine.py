@@ -633,13 +633,11 @@ class LLMEngine:
             for s in wanted:
                 s.draft_token_ids = self._ngram_proposals[s.seq.seq_id][: s.num_draft_tokens]
             return
+        self.drafter.copy_blocks(sched.block_copies)  # the target's copy-on-write, in the draft's cache too
         if wanted:
-            self.drafter.copy_blocks(sched.block_copies)  # the target's copy-on-write, in the draft's cache too
             proposals = self.drafter.propose([(s.seq, s.num_draft_tokens) for s in wanted])
             for s, tokens in zip(wanted, proposals, strict=True):
                 s.draft_token_ids = tokens
-        elif sched.block_copies:
-            self.drafter.copy_blocks(sched.block_copies)
 
     def _verify_drafts(self, sched: SchedulerOutput, all_logits: list, touched: dict[str, Request]) -> dict[int, int]:
         """Sample each proposing sequence's rows in order, as plain decoding would sample its next tokens, and

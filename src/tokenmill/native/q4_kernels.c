@@ -647,6 +647,24 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
     for (int64_t i = 0; i < dim; ++i) out[i] *= inv;
 }
 
+/* Under tensor parallelism, the sum of a block's output over the ranks: the calling thread runs it while the
+ * region's other threads wait (every thread calls this). Returns *rc, shared, set to -3 when the sum failed. */
+static int sum_over_ranks(tm_reduce_fn reduce, void *reduce_ctx, float *delta, int64_t n, int *rc) {
+    if (reduce) { /* the same branch on every thread */
+#pragma omp master
+        if (reduce(reduce_ctx, delta, n)) *rc = -3;
+#pragma omp barrier
+    }
+    return *rc;
+}
+
+/* One row's residual addition: ht += delta (normalized in place first when the layer has a norm there) */
+static inline void add_to_residual(float *ht, float *dt, const float *norm, float eps, int64_t h) {
+    if (norm) rms_norm(dt, norm, eps, h, dt);
+#pragma omp simd
+    for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+}
+
 /* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
  * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
  * ctx_slots[t * max_ctx ...] (its own position last). One parallel region: the threads share out the rows (norms,
@@ -696,20 +714,12 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
             softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
         }
         project(attn, m, o, s, delta);
-        if (reduce) { /* the same branch on every thread */
-#pragma omp master
-            if (reduce(reduce_ctx, delta, m * h)) rc = -3;
-#pragma omp barrier
-        }
-        if (rc == 0) {
+        if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < m; ++t) {
-                float *dt = delta + t * h, *ht = hidden + t * h;
-                if (layer->post_attn_norm) rms_norm(dt, layer->post_attn_norm, eps, h, dt);
-#pragma omp simd
-                for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+                add_to_residual(hidden + t * h, delta + t * h, layer->post_attn_norm, eps, h);
                 /* MLP block */
-                rms_norm(ht, norm2, eps, h, x + t * h);
+                rms_norm(hidden + t * h, norm2, eps, h, x + t * h);
             }
             project(x, m, gate_up, s, gu);
 #pragma omp for schedule(static)
@@ -728,19 +738,10 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
                 }
             }
             project(x, m, down, s, delta);
-            if (reduce) {
-#pragma omp master
-                if (reduce(reduce_ctx, delta, m * h)) rc = -3;
-#pragma omp barrier
-            }
-            if (rc == 0) {
+            if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
 #pragma omp for schedule(static)
-                for (int64_t t = 0; t < m; ++t) {
-                    float *dt = delta + t * h, *ht = hidden + t * h;
-                    if (layer->post_mlp_norm) rms_norm(dt, layer->post_mlp_norm, eps, h, dt);
-#pragma omp simd
-                    for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
-                }
+                for (int64_t t = 0; t < m; ++t)
+                    add_to_residual(hidden + t * h, delta + t * h, layer->post_mlp_norm, eps, h);
             }
         }
     }
