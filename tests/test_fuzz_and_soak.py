@@ -104,7 +104,7 @@ BODIES = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]), body=BODIES)
 def test_any_body_gets_an_answer_or_a_4xx_in_openais_shape(server: ServerProcess, path: str, body: bytes) -> None:
     r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=120)
