@@ -9,7 +9,12 @@ TEST_STAMP := $(VENV)/.installed-test
 PEERS := .venv-peers
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test-deps serve generate test lint clean bench-peers bench
+.PHONY: install test-deps serve generate test test-fast lint clean bench-peers bench reference
+
+# `make serve PORT=8123 HOST=0.0.0.0 ARGS="--model gemma3-270m"`: where it listens, and any other serve options
+PORT ?= 8000
+HOST ?= 127.0.0.1
+ARGS ?=
 
 install: $(STAMP)
 
@@ -34,13 +39,18 @@ $(TEST_STAMP): $(STAMP)
 	touch $(TEST_STAMP)
 
 serve: install
-	$(BIN)/tokenmill serve
+	$(BIN)/tokenmill serve --host $(HOST) --port $(PORT) $(ARGS)
 
 generate: install
 	$(BIN)/tokenmill generate "How do GPUs work?"
 
+# everything, as CI runs it (servers, browsers, multi-process and slow tests included)
 test: test-deps
 	$(BIN)/python -m pytest -q
+
+# unit and small engine tests: no servers, no browsers, nothing marked slow (a few minutes on 2 cores)
+test-fast: test-deps
+	$(BIN)/python -m pytest -q -m "not slow and not server"
 
 lint: test-deps
 	$(BIN)/ruff check .
@@ -58,6 +68,12 @@ $(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/llama_cm
 # tokenmill beside llama.cpp, in one run (see benchmarks/README.md)
 bench: test-deps bench-peers
 	$(BIN)/python benchmarks/side_by_side.py --peers-python $(PEERS)/bin/python
+
+# tests/data's reference outputs made again by llama.cpp and HF transformers (tests/data/make_reference.py)
+reference: install bench-peers
+	$(PEERS)/bin/python tests/data/make_reference.py \
+		--smollm2 "$$($(BIN)/python -c 'from tokenmill.loader.model_path import bundled_model_path as p; print(p())')" \
+		--gemma3 "$$($(BIN)/python -c 'from tokenmill.loader.model_path import gemma3_270m_path as p; print(p())')"
 
 clean:
 	rm -rf $(VENV) $(PEERS) .pytest_cache .ruff_cache *.egg-info

@@ -1,4 +1,4 @@
-"""How activation quantization moves the bundled model's outputs, against ../shared/reference (HF transformers,
+"""How activation quantization moves the bundled model's outputs, against tests/data/smollm2.json (HF transformers,
 float32, same GGUF): the `int4` mode as built (activations in two int8 passes inside the native products),
 and the same weights with one int8 pass per block of 32 (what llama.cpp's Q8 activations do), emulated by
 rounding the activations of every projection to one pass before the kernel (whose second pass then has
@@ -11,7 +11,6 @@ the first difference, and the largest top-10 log-probability difference after th
 """
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -19,7 +18,7 @@ import torch
 from tokenmill import LLM, SamplingParams
 from tokenmill.layers.quantized_linear import Q4Linear
 
-SHARED = Path(os.environ.get("TOKENMILL_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"  # the reference outputs the tests use
 
 
 def one_int8_pass(x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +45,7 @@ def measure(llm: LLM, generations: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    generations = json.loads((SHARED / "reference" / "smollm2.json").read_text())["generations"]
+    generations = json.loads((DATA / "smollm2.json").read_text())["generations"]
     llm = LLM(quantization="int4", enable_prefix_caching=False)  # the second variant recomputes the prompts
     print(json.dumps({"variant": "int4, two int8 passes (as built)", "prompts": measure(llm, generations)}))
     llm.engine.runner.native_decoder = None  # every product through Q4Linear.forward, patched below

@@ -1,5 +1,5 @@
 """Gemma 3 270M under `auto`: how far re-quantizing its k-quants (Q4_K, Q5_0, Q6_K and Q8_0 projections) into
-tokenmill's 4-bit layout moves its outputs, against ../shared/reference/gemma3.json (HF transformers, float32,
+tokenmill's 4-bit layout moves its outputs, against tests/data/gemma3.json (HF transformers, float32,
 same GGUF), beside float32 and llama.cpp's own greedy tokens on the file's k-quants (from the reference).
 
     .venv/bin/python benchmarks/gemma_quantization.py
@@ -14,7 +14,6 @@ agreement only; the reference has no log-probabilities of its).
 """
 
 import json
-import os
 from pathlib import Path
 
 from activation_quantization import one_int8_pass
@@ -22,7 +21,7 @@ from activation_quantization import one_int8_pass
 from tokenmill import LLM, SamplingParams
 from tokenmill.loader.model_path import gemma3_270m_path
 
-SHARED = Path(os.environ.get("TOKENMILL_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"  # the reference outputs the tests use
 
 
 def agreement(tokens: list[int], reference: list[int]) -> int:
@@ -49,7 +48,7 @@ def measure(llm: LLM, generations: list[dict]) -> dict:
 
 
 def main() -> None:
-    generations = json.loads((SHARED / "reference" / "gemma3.json").read_text())["generations"]
+    generations = json.loads((DATA / "gemma3.json").read_text())["generations"]
     path = str(gemma3_270m_path())
     llama_cpp = [agreement(g["llamacpp_greedy"], g["hf_fp32_greedy"]) for g in generations]
     print(json.dumps({"variant": "llama.cpp (reference file)", "greedy_tokens_agreeing": llama_cpp}))

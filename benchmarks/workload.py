@@ -1,7 +1,7 @@
 """The workload definition for the peers' scripts (which run outside tokenmill's environment).
 
 Re-exports tokenmill.bench.workload when tokenmill is importable; otherwise the same function, kept identical
-(tests/test_bench.py checks both against ../shared/bench/workload.py).
+(tests/test_bench.py checks both against the canonical definition, tests/data/workload.py).
 """
 
 try:

@@ -1,16 +1,18 @@
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("TOKENMILL_SHARED", REPO_ROOT.parent / "shared"))
+# what the tests compare with, carried by the repository (tests/data/README.md: where it comes from, and the script
+# that makes it again)
+DATA = REPO_ROOT / "tests" / "data"
 MODELS_DIR = REPO_ROOT / ".models"  # files the tests assemble (git-ignored)
 
 
 def load_reference(name: str) -> dict:
-    return json.loads((SHARED / "reference" / f"{name}.json").read_text())
+    """llama.cpp's and HF transformers' token ids and greedy continuations for a bundled model (tests/data)."""
+    return json.loads((DATA / f"{name}.json").read_text())
 
 
 @pytest.fixture(scope="session")

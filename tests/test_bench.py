@@ -1,4 +1,5 @@
-"""The benchmark workload is the shared one, and the bench commands run and print JSON."""
+"""The benchmark workload is the canonical one (tests/data/workload.py, a copy of the definition the peers' figures
+were measured with), and the bench commands run and print JSON."""
 
 import importlib.util
 import json
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, SHARED
+from tests.conftest import DATA, REPO_ROOT
 from tokenmill.bench.workload import make_workload, parse_range
 
 
@@ -18,10 +19,10 @@ def load_module(path, name):
     return module
 
 
-def test_workload_is_drawn_as_the_shared_definition() -> None:
-    shared = load_module(SHARED / "bench" / "workload.py", "shared_workload")
-    assert make_workload() == shared.make_workload(**shared.DEFAULT)
-    assert make_workload(8, (10, 20), (3, 5), 7) == shared.make_workload(8, (10, 20), (3, 5), 7)
+def test_workload_is_drawn_as_the_canonical_definition() -> None:
+    canonical = load_module(DATA / "workload.py", "canonical_workload")
+    assert make_workload() == canonical.make_workload(**canonical.DEFAULT)
+    assert make_workload(8, (10, 20), (3, 5), 7) == canonical.make_workload(8, (10, 20), (3, 5), 7)
     ours = make_workload()
     assert sum(len(p) for p, _ in ours) == 4803 and sum(m for _, m in ours) == 2277
     peers = load_module(REPO_ROOT / "benchmarks" / "workload.py", "peer_workload")

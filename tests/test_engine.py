@@ -1,15 +1,14 @@
 """The batching engine on the bundled model: batch invariance, prefix caching, preemption, sampling features,
 streaming, aborts, limits, stats and timings. Every test ends with the block accounting intact."""
 
-import importlib.util
 import math
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import SHARED
 from tokenmill import LLM, SamplingParams
+from tokenmill.bench.workload import make_workload
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -25,10 +24,9 @@ def blocks_accounted(llm: LLM):
 
 
 def offline_workload(n: int = 32) -> list[tuple[list[int], int]]:
-    spec = importlib.util.spec_from_file_location("workload", SHARED / "bench" / "workload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_workload(**{**module.DEFAULT, "n": n})
+    """The first n requests of the canonical offline workload (tests/test_bench.py checks it is drawn as
+    tests/data/workload.py draws it)."""
+    return make_workload(n=n)
 
 
 def mixed_prompts(llm: LLM, reference: dict) -> list[list[int]]:

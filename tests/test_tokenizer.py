@@ -1,4 +1,4 @@
-"""Tokenizers built from GGUF metadata against llama.cpp's ids (../shared/reference) and, on other texts,
+"""Tokenizers built from GGUF metadata against llama.cpp's ids (tests/data) and, on other texts,
 against HF transformers' own tokenizer for the same GGUF file."""
 
 import random

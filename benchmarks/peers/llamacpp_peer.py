@@ -1,7 +1,7 @@
 """llama.cpp (llama-cpp-python's low-level API) on the same GGUF and the same workloads as `tokenmill bench`.
 
 Runs in the peers' virtual environment (`make bench-peers`); prints one JSON line per benchmark:
-- offline: the offline workload (benchmarks/workload.py, identical to ../shared/bench/workload.py), greedy,
+- offline: the offline workload (benchmarks/workload.py, identical to tests/data/workload.py), greedy,
   ignore EOS: prompts packed 512 tokens a batch, then one llama_decode per step for all live sequences;
 - latency: one request of --input-len random tokens, then --output-len greedy tokens; median of --runs;
 - load: model + context creation.

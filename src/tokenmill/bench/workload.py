@@ -1,4 +1,5 @@
-"""The canonical offline workload, drawn exactly as ../shared/bench/workload.py draws it.
+"""The canonical offline workload, drawn exactly as the peers' scripts draw it
+(its definition is kept in tests/data/workload.py, and tests/test_bench.py checks this against it).
 
 n requests as (prompt_token_ids, max_tokens): prompt and output lengths uniform over the inclusive ranges, token
 ids uniform over [100, 10000), all from numpy's default_rng(seed) in that order. "offline-32" is n=32,
