@@ -25,6 +25,7 @@ class ServerProcess:
 
     process: subprocess.Popen
     port: int
+    group: bool = False  # the process leads a process group of its own (signals go to the whole group)
     health_codes: list[int] = field(default_factory=list)  # /health answers seen while starting
     lines: list[str] = field(default_factory=list)
 
@@ -43,13 +44,19 @@ class ServerProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.process.poll() is None:
-            self.process.send_signal(sig)
+            self._signal(sig)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                self._signal(signal.SIGKILL)
                 self.process.wait()
         return self.process.returncode
+
+    def _signal(self, sig: int) -> None:
+        if self.group:
+            os.killpg(self.process.pid, sig)
+        else:
+            self.process.send_signal(sig)
 
     def output(self) -> str:
         """Everything the server wrote so far (all of it once it has exited)."""
@@ -64,11 +71,14 @@ def start_server(*args: str, timeout: float = 120) -> ServerProcess:
     return start_command(command, port, timeout)
 
 
-def start_command(command: list[str], port: int, timeout: float = 120) -> ServerProcess:
-    """Run `command` (a server that will listen on `port`) until its /health answers 200."""
+def start_command(command: list[str], port: int, timeout: float = 120, group: bool = False, **popen) -> ServerProcess:
+    """Run `command` (a server that will listen on `port`) until its /health answers 200. `group`: in a process
+    group of its own, which stop() signals as a whole (a command that starts the server as its child: make)."""
     env = {**os.environ, "TOKENMILL_LOG_LEVEL": "INFO"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    server = ServerProcess(process, port)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=group, **popen
+    )
+    server = ServerProcess(process, port, group)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -82,4 +92,4 @@ def start_command(command: list[str], port: int, timeout: float = 120) -> Server
             pass
         time.sleep(0.02)
     server.stop(signal.SIGKILL)
-    raise RuntimeError("server did not become healthy in time")
+    raise RuntimeError(f"server did not become healthy in time:\n{server.output()}")

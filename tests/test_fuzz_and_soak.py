@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tests.server_utils import ServerProcess, start_server
 from tokenmill.bench.soak import run_soak
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 SCHEMATHESIS_CHECKS = [
     "not_a_server_error",
     "status_code_conformance",

@@ -14,7 +14,7 @@ from tests.server_utils import ServerProcess, start_server
 from tests.test_structured_output import PERSON, SCORES
 from tokenmill import LLM, SamplingParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from tests.server_utils import ServerProcess, start_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MODEL = "SmolLM2-135M-Instruct"

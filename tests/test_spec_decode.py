@@ -308,6 +308,7 @@ def test_seeded_sampling_gives_the_same_tokens(auto_pair) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_the_server_speculates_and_counts_it(auto_pair) -> None:
     """`tokenmill serve --speculative-config JSON`: the same answer as without it, and the counters on /metrics."""
     import httpx
