@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from tokenmill.errors import InvalidParameterError
-from tokenmill.model.generation_defaults import GGUF_FALLBACK, GenerationDefaults, read_generation_defaults
+from tokenmill.model.generation_defaults import FALLBACK, GenerationDefaults, read_generation_defaults
 from tokenmill.server.protocol import CompletionRequest
 
 
@@ -15,8 +15,8 @@ def gguf(metadata: dict) -> SimpleNamespace:
     return SimpleNamespace(metadata=metadata, get=metadata.get)
 
 
-def checkpoint(generation_config: dict | None, model_type: str = "llama") -> SimpleNamespace:
-    return SimpleNamespace(generation_config=generation_config, config={"model_type": model_type})
+def checkpoint(generation_config: dict | None, model_type: str = "llama", path: str = "/models/x", **config):
+    return SimpleNamespace(generation_config=generation_config, config={"model_type": model_type, **config}, path=path)
 
 
 def test_a_checkpoints_generation_config_wins_and_bad_values_are_left_out(caplog) -> None:
@@ -25,9 +25,23 @@ def test_a_checkpoints_generation_config_wins_and_bad_values_are_left_out(caplog
     assert found.values == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 300}
     assert found.max_tokens == 300 and "max_tokens" not in found.sampling_values()
     assert "repetition_penalty=-1" in caplog.text  # logged, not fatal
-    # nothing about sampling in it: the family's recommendation, else none (SamplingParams' defaults)
+    # nothing about sampling in it: the family's recommendation, else llama.cpp's defaults (never plain temperature 1)
     assert read_generation_defaults(checkpoint({"bos_token_id": 1}, "gemma3_text")).values["top_k"] == 64
-    assert read_generation_defaults(checkpoint(None, "qwen2")).values == {}
+    assert read_generation_defaults(checkpoint(None, "qwen2")).values == FALLBACK[0]
+
+
+def test_a_checkpoints_family_is_found_in_its_names() -> None:
+    """SmolLM2's model_type is llama: its family is in its folder's name, a download's repository name or
+    config.json's _name_or_path (SmolLM2's own generation_config.json names no sampling settings)."""
+    smollm2 = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+    no_sampling = {"bos_token_id": 1, "eos_token_id": 2}
+    assert read_generation_defaults(checkpoint(no_sampling, path="/m/SmolLM2-135M-Instruct")).values == smollm2
+    download = "/hf/hub/models--HuggingFaceTB--SmolLM2-360M-Instruct/snapshots/12ab"
+    assert read_generation_defaults(checkpoint(None, path=download)).values == smollm2
+    named = checkpoint(None, path="/m/mine", _name_or_path="HuggingFaceTB/SmolLM2-1.7B-Instruct")
+    assert read_generation_defaults(named).values == smollm2
+    found = read_generation_defaults(checkpoint(None, path="/m/my-llama"))
+    assert (found.values, found.source) == (FALLBACK[0], "llama.cpp's defaults")
 
 
 def test_gguf_metadata_then_family_then_llama_cpp_defaults() -> None:
@@ -38,7 +52,7 @@ def test_gguf_metadata_then_family_then_llama_cpp_defaults() -> None:
         "top_k": 64,
         "top_p": 0.95,
     }
-    assert read_generation_defaults(gguf({"general.basename": "mystery"})).values == GGUF_FALLBACK[0]
+    assert read_generation_defaults(gguf({"general.basename": "mystery"})).values == FALLBACK[0]
 
 
 def test_the_bundled_model_reads_well_by_default(bundled_path) -> None:

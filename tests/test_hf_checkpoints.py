@@ -167,12 +167,15 @@ def test_sharded_checkpoint_and_its_tokenizer(tmp_path: Path, tokenizer_files: P
 def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: Path, tmp_path: Path, smollm2_reference):
     """transformers reads the GGUF (dequantized, Q/K rows unpermuted) and writes an HF directory: the same model in
     float32, so tokenmill's greedy output from it is the GGUF's, token for token (16 tokens here for CI's time;
-    measured also for 32 on every reference prompt)."""
+    measured also for 32 on every reference prompt). Without a generation_config.json it samples with SmolLM2's
+    recommended settings, found in its folder's name as in a user's download (not at temperature 1)."""
     from safetensors.torch import save_file
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
         bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
     )
+    tmp_path = tmp_path / "SmolLM2-135M-Instruct"
+    tmp_path.mkdir()
     # written as save_pretrained writes it (transformers refuses to save a model it read from GGUF)
     weights = {k: v.contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
@@ -184,6 +187,8 @@ def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: P
     tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
     tokenizer.save_pretrained(tmp_path)
     from_hf = LLM(str(tmp_path))
+    assert not (tmp_path / "generation_config.json").exists()
+    assert from_hf.engine.generation_defaults == llm.engine.generation_defaults  # SmolLM2's model card's
     gens = smollm2_reference["generations"]
     for g in gens:  # the tokenizer and chat template transformers wrote give the reference's prompt ids
         if g["kind"] == "chat":
@@ -269,6 +274,7 @@ def test_tensor_parallel_checkpoint_with_biases(tmp_path: Path, tokenizer_files:
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_the_server_serves_a_checkpoint_directory(tmp_path: Path, tokenizer_files: Path) -> None:
     from openai import OpenAI
 

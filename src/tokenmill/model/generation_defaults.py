@@ -2,8 +2,11 @@
 does with a checkpoint's generation_config.json). Where they come from, first found wins:
 
 1. the model's own: `generation_config.json` of a Hugging Face checkpoint; a GGUF file's `general.sampling.*`;
-2. its family's published recommendation (the table below, keyed by GGUF `general.basename` or HF `model_type`);
-3. for a GGUF file without either: llama.cpp's defaults (what that file gets from llama.cpp's tools).
+2. its family's published recommendation (the table below), found in the model's names: a GGUF file's
+   `general.basename` and `general.name`; a checkpoint's `model_type`, `_name_or_path` and folder name (a Hugging
+   Face download's repository name, e.g. models--HuggingFaceTB--SmolLM2-135M-Instruct);
+3. for any other model: llama.cpp's defaults (what a GGUF file gets from llama.cpp's tools). Never plain
+   temperature 1 with nothing to cut the tail: on a small model that reads as gibberish.
 
 `generation_config="tokenmill"` skips all of this (SamplingParams' defaults apply); a path reads a
 generation_config.json (or the directory holding one) instead of the model's. No torch here."""
@@ -37,17 +40,16 @@ GGUF_FIELDS = {
 
 # google/gemma-3-*'s generation_config.json (do_sample, top_k 64, top_p 0.95 at temperature 1)
 GEMMA3 = ({"temperature": 1.0, "top_k": 64, "top_p": 0.95}, "Gemma 3's generation_config.json")
-# family -> (settings, where they are published); a family is a GGUF general.basename or an HF model_type
+# family -> (settings, where they are published); a family is found as a part of one of the model's names
 FAMILY_DEFAULTS: dict[str, tuple[dict[str, Any], str]] = {
     # the model card's example (temperature 0.2, top_p 0.9); the repetition penalty is tokenmill's: the 135M model
     # repeats one sentence to the end of its budget without it, greedy or at 0.2 (benchmarks/repetition_guard.py)
     "smollm2": ({"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}, "SmolLM2's model card"),
-    "gemma-3": GEMMA3,
-    "gemma3": GEMMA3,
-    "gemma3_text": GEMMA3,
+    "gemma-3": GEMMA3,  # GGUF files' basename
+    "gemma3": GEMMA3,  # HF model_type gemma3 and gemma3_text
 }
-# llama.cpp's common_params_sampling defaults
-GGUF_FALLBACK = ({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}, "llama.cpp's defaults")
+# llama.cpp's common_params_sampling defaults, for a model that names no settings and no known family
+FALLBACK = ({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}, "llama.cpp's defaults")
 GENERATION_CONFIG_MODES = ("auto", "tokenmill")
 
 
@@ -90,22 +92,34 @@ def read_generation_defaults(source: Any, mode: str = "auto") -> GenerationDefau
                 "generation_config",
             ) from exc
         return _checked(_renamed(config, HF_FIELDS), str(file))
-    checkpoint = hasattr(source, "generation_config")  # a Hugging Face checkpoint (its file may be missing: None)
-    if checkpoint:
+    if hasattr(source, "generation_config"):  # a Hugging Face checkpoint (its file may be missing: None)
         values = _renamed(source.generation_config or {}, HF_FIELDS)
         if values:
             return _checked(values, "the checkpoint's generation_config.json")
-        family = source.config.get("model_type")
+        names = [source.config.get("model_type"), source.config.get("_name_or_path"), *_folder_names(source)]
     else:
         values = _renamed(source.metadata, GGUF_FIELDS)
         if values:
             return _checked(values, "the GGUF file's general.sampling metadata")
-        family = source.get("general.basename")
-    if family in FAMILY_DEFAULTS:
-        return _checked(*FAMILY_DEFAULTS[family])
-    if not checkpoint:
-        return _checked(*GGUF_FALLBACK)
-    return NO_DEFAULTS
+        names = [source.get("general.basename"), source.get("general.name")]
+    for name in names:  # in that order: a model_type or basename first
+        for family, recommended in FAMILY_DEFAULTS.items():
+            if isinstance(name, str) and family in name.lower():
+                return _checked(*recommended)
+    return _checked(*FALLBACK)
+
+
+def _folder_names(checkpoint: Any) -> list[str]:
+    """The checkpoint folder's name, and the repository's where it is a Hugging Face download
+    (.../models--ORG--NAME/snapshots/REVISION)."""
+    path = getattr(checkpoint, "path", None)
+    if path is None:
+        return []
+    path = Path(path)
+    names = [path.name]
+    if path.parent.name == "snapshots":
+        names.append(path.parent.parent.name)
+    return names
 
 
 def _renamed(config: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
