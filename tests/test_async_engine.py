@@ -146,3 +146,29 @@ def test_listeners_get_each_step_once() -> None:
         time.sleep(0.01)
     front.shutdown()
     assert engine.steps >= 50 and seen == [1]
+
+
+def test_listeners_hear_a_step_start_before_it_is_done(async_engine: AsyncEngine) -> None:
+    """With steps recorded (the explorer listening), each step is announced when its forward pass starts
+    ("running": the explorer shows a prefill while it happens), then reported when done ("step"), with the same
+    number and batch."""
+    events: list[dict] = []
+    async_engine.step_listeners.append(events.append)
+    async_engine.engine.record_steps = True
+    try:
+
+        async def collect():
+            return [out async for out in async_engine.generate("x " * 600, SamplingParams(max_tokens=3))]
+
+        run(collect())
+    finally:
+        async_engine.engine.record_steps = False
+        async_engine.step_listeners.remove(events.append)
+    kinds = [(e["type"], e["step"]) for e in events]
+    assert kinds[0][0] == "running" and len(kinds) >= 6  # a prompt of 2 chunks, then 2 decode steps at least
+    for (kind, number), (next_kind, next_number) in zip(kinds[::2], kinds[1::2], strict=True):
+        assert (kind, next_kind, number) == ("running", "step", next_number)
+    first_running, first_done = events[0], events[1]
+    assert first_running["batch"][0]["kind"] == "prefill" and first_running["batch"][0]["prefill_chunk"] == 1
+    assert "duration_ms" not in first_running and first_done["duration_ms"] > 0
+    assert [b["tokens"] for b in first_running["batch"]] == [b["tokens"] for b in first_done["batch"]]

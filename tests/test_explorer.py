@@ -16,7 +16,7 @@ from playwright.sync_api import sync_playwright  # installed by `make install`
 from tests.conftest import REPO_ROOT
 from tests.server_utils import start_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 ARGS = [
@@ -63,16 +63,41 @@ def open_explorer(browser, url: str, **page_options):
     return page
 
 
-def run_prompt(page, text: str, max_tokens: int = 24) -> None:
+def run_prompt(page, text: str, max_tokens: int = 24, temperature: str = "0") -> None:
+    """Runs `text` greedy unless told (an empty temperature: the model's recommended settings)."""
     page.fill("#prompt", text)
     page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", temperature)
     page.click("#submit")
     page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
 
 
+def record_statuses(page) -> None:
+    """From now on the page keeps every text its status line shows (window.statuses), however briefly."""
+    page.evaluate(
+        """() => { window.statuses = [];
+        new MutationObserver(() => window.statuses.push(document.getElementById('status').textContent))
+          .observe(document.getElementById('status'), { childList: true, characterData: true, subtree: true }); }"""
+    )
+
+
+def no_label_is_cut(page) -> bool:
+    """Every timeline segment's label fits inside it (or it has none)."""
+    return page.evaluate("[...document.querySelectorAll('#timeline .seg')].every(e => e.scrollWidth <= e.clientWidth)")
+
+
 def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     page = open_explorer(browser, server.url, viewport={"width": 1280, "height": 1100})
+    record_statuses(page)
     run_prompt(page, "How do GPUs work?")
+    # a prompt of one chunk is shown prefilling while its step runs, before its first token
+    statuses = page.evaluate("window.statuses")
+    prefilling = [i for i, t in enumerate(statuses) if re.fullmatch(r"prefilling chunk 1/1: prompt tokens .*…", t)]
+    generating = [i for i, t in enumerate(statuses) if t.startswith("generating")]
+    assert prefilling and generating and prefilling[0] < generating[0], statuses
+    summary = page.inner_text("#timeline-summary")
+    assert re.fullmatch(r"queued [\d.]+ m?s · prefill [\d.]+ m?s in 1 chunk · decode [\d.]+ m?s in \d+ steps", summary)
+    assert no_label_is_cut(page)
 
     prompt_chips = page.locator("#prompt-tokens .chip")
     assert prompt_chips.count() > 10
@@ -93,6 +118,15 @@ def test_the_page_follows_a_prompt_through_the_engine(server, browser) -> None:
     assert page.locator("#timeline .seg.decode").count() >= 1
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "explorer.png"), full_page=True)
+
+    # the model's recommended settings are what empty fields mean: said on the page, and not sent
+    note = page.inner_text("#defaults-note")
+    assert "temperature 0.2" in note and "top p 0.9" in note and "SmolLM2's model card" in note, note
+    assert page.get_attribute("#temperature", "placeholder") == "0.2"
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
+        run_prompt(page, "How do GPUs work?", max_tokens=8, temperature="")
+    body = json.loads(sent.value.post_data)
+    assert "temperature" not in body and "top_p" not in body and body["max_tokens"] == 8
 
     # the same prompt again: its leading blocks come from the prefix cache, and the chips say so
     run_prompt(page, "How do GPUs work?", max_tokens=8)
@@ -126,7 +160,7 @@ def engine_steps(url: str) -> Iterator[list[dict]]:
                 event = json.loads(line[6:])
                 if event["type"] == "step":
                     steps.append(event)
-                elif stop.is_set():  # idle after the block: no step of it is still to come
+                elif event["type"] == "stats" and stop.is_set():  # idle after the block: no step of it to come
                     return
 
     listener = threading.Thread(target=listen, daemon=True)
@@ -152,19 +186,27 @@ def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -
     text = "Read these notes and list every colour. " + " ".join(
         f"Note {i}: the {['red', 'green', 'blue', 'amber', 'violet'][i % 5]} lamp {i * 7} is lit." for i in range(88)
     )
+    record_statuses(page)
     with engine_steps(server.url) as steps:
         page.fill("#prompt", text)
         page.fill("#max-tokens", "4")
+        page.fill("#temperature", "0")
         page.click("#submit")
         prefilling_shown = "document.getElementById('status').textContent.includes('prefilling chunk')"
         page.wait_for_function(prefilling_shown, timeout=60_000)
         assert page.locator("#output-tokens .chip").count() == 0  # before the first token
-        status = page.inner_text("#status")
-        prefilling = re.fullmatch(r"prefilling chunk (\d)/(\d): [\d,]+ of 1,3\d\d prompt tokens computed…", status)
-        assert prefilling, status
+        # the chunk under way shows in the timeline while it runs (not only once it is done)
+        assert page.locator("#timeline .seg.prefill.running").count() == 1
+        assert "prefill" in page.inner_text("#timeline-summary") and "(now)" in page.inner_text("#timeline-summary")
         page.screenshot(path=str(ARTIFACTS / "explorer-long-prefilling.png"))
         page.wait_for_function("document.getElementById('status').textContent.startsWith('done')", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "explorer-long-done.png"))
+    # every chunk was shown while it ran, the first one included: "prefilling chunk i/n", i = 1..n
+    shown = [
+        re.fullmatch(r"prefilling chunk (\d)/(\d): prompt tokens [\d,]+–[\d,]+ of 1,3\d\d…", t)
+        for t in page.evaluate("window.statuses")
+    ]
+    chunks_shown = sorted({(int(m[1]), int(m[2])) for m in shown if m})
 
     prompt_tokens = int(page.inner_text("#fig-prompt").replace(",", ""))
     assert prompt_tokens >= 1300
@@ -173,7 +215,7 @@ def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -
     engine_chunks = max(b["prefill_chunk"] or 0 for b in mine)
     computed = prompt_tokens - mine[0]["cached_tokens"]  # the chat template's first block may be cached
     assert engine_chunks == math.ceil(computed / 512) == 3  # prefilled alone, in chunks of 512 tokens
-    assert 2 <= int(prefilling[1]) <= int(prefilling[2]) == engine_chunks
+    assert chunks_shown == [(i, engine_chunks) for i in range(1, engine_chunks + 1)], page.evaluate("window.statuses")
     assert int(page.inner_text("#fig-chunks")) == engine_chunks
     assert page.locator("#timeline .seg.prefill").count() == engine_chunks
     assert re.search(r"\d+(\.\d+)? m?s", page.inner_text("#fig-queue"))
@@ -211,8 +253,13 @@ def test_accepted_proposals_are_marked_on_their_chips(server, browser) -> None:
     chips = page.locator("#output-tokens .chip")
     marked = {i for i in range(chips.count()) if "spec" in (chips.nth(i).get_attribute("class") or "").split()}
     assert marked == accepted
-    labels = page.locator("#timeline .seg.decode").all_inner_texts()
-    assert any(re.search(r"\d+ of \d+ proposed tokens accepted", label) for label in labels)
+    # each decode step tells it (in its label where that fits, else on hover), and the summary adds them up
+    titles = [page.locator("#timeline .seg.decode").nth(i).get_attribute("title") for i in range(4)]
+    assert any(re.search(r"\(\d+ of \d+ proposed tokens accepted\)", title) for title in titles), titles
+    proposed = sum(b["proposed"] for e in steps for b in e["batch"] if b["request_id"] == call)
+    summary = page.inner_text("#timeline-summary")
+    assert summary.endswith(f" · {len(accepted)} of {proposed} proposed tokens accepted"), summary
+    assert no_label_is_cut(page)
     page.screenshot(path=str(ARTIFACTS / "explorer-speculation.png"))
     page.close()
 

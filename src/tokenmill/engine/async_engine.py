@@ -42,8 +42,10 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stats: dict[str, Any] = engine.stats()
         self.error: BaseException | None = None
-        # called on the engine thread after every step with engine.last_step and the stats (must not block)
+        # called on the engine thread (must not block) with {"type": "running", **the step's description} when a
+        # step starts its forward pass, and {"type": "step", **engine.last_step, **stats} when it is done
         self.step_listeners: list[Callable[[dict[str, Any]], None]] = []
+        engine.on_step_start = self._publish_step_start
         self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
         self._thread.start()
 
@@ -75,15 +77,20 @@ class AsyncEngine:
                 # a step that scheduled nothing leaves the previous description: publish each step once
                 if self.step_listeners and step is not None and step["step"] != published:
                     published = step["step"]
-                    event = {**step, **self._stats}
-                    for listener in list(self.step_listeners):
-                        listener(event)
+                    self._publish({"type": "step", **step, **self._stats})
         except BaseException as exc:  # the engine is broken: fail every stream, refuse new work
             logger.exception("engine step loop failed")
             self.error = exc
             for request_id in list(self._streams):
                 self._deliver(request_id, EngineDeadError(f"the engine failed: {exc!r}"))
             self._drain_commands()
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        for listener in list(self.step_listeners):
+            listener(event)
+
+    def _publish_step_start(self, step: dict[str, Any]) -> None:
+        self._publish({"type": "running", **step})
 
     def _maybe_log_stats(self, idle: bool = False) -> None:
         """One line of throughput since the last one, and the engine's state now: every stats_log_interval_s

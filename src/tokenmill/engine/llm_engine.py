@@ -9,6 +9,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_mod
 from tokenmill.spec_decode.ngram import propose_ngram
 from tokenmill.spec_decode.stats import SpecDecodeStats
 from tokenmill.tokenizer import ChatTemplate
-from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES
+from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES, base_model_note
 
 if TYPE_CHECKING:
     from tokenmill.structured.grammars import GrammarCompiler
@@ -80,8 +81,11 @@ class LLMEngine:
         else:
             gguf = open_model_source(path)
             self.tokenizer = load_tokenizer(gguf)
-        template = gguf.get("tokenizer.chat_template") or BUILTIN_TEMPLATES.get(gguf.architecture)
+        own_template = gguf.get("tokenizer.chat_template")
+        template = own_template or BUILTIN_TEMPLATES.get(gguf.architecture)
         self.chat_template = ChatTemplate(template, self.tokenizer.bos_token, self.tokenizer.eos_token)
+        # a file without a chat template is most likely a base model's: said wherever chat is asked of it
+        self.base_model_note = None if own_template else base_model_note(self.model_name, template is not None)
         self.generation_defaults = read_generation_defaults(gguf, self.config.generation_config)
         self.device = select_device(self.config.device)
         if quantization == "auto" and self.device.type != "cpu":
@@ -143,6 +147,8 @@ class LLMEngine:
         self._mask_pool: ThreadPoolExecutor | None = None  # computes constrained rows' masks during the forward
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
         self.last_step: dict[str, Any] | None = None
+        # with record_steps: called with the step's description once it is scheduled, before its forward pass
+        self.on_step_start: Callable[[dict[str, Any]], None] | None = None
         # the last step's size and time, recorded whatever record_steps says (the explorer shows it at page load)
         self.last_step_summary: dict[str, Any] | None = None
         self.num_steps = 0
@@ -438,6 +444,8 @@ class LLMEngine:
                     prompt_len=s.seq.num_prompt_tokens,
                 )
             )
+        if self.record_steps and self.on_step_start is not None:  # the explorer shows a step while it runs
+            self.on_step_start(self._describe_step(sched, self._step_header(sched)))
         masks = self._start_grammar_masks(sched)  # computed while the forward runs
         result = self.runner.execute(chunks)
         self.num_steps += 1
@@ -468,14 +476,21 @@ class LLMEngine:
             outputs.append(request.make_output())
         return outputs
 
-    def _summarize_step(self, sched: SchedulerOutput, start: float) -> dict[str, Any]:
-        """The step's number, time, and size."""
+    def _step_header(self, sched: SchedulerOutput) -> dict[str, Any]:
+        """The number and size of the step being run (num_steps counts those done)."""
         return {
-            "step": self.num_steps,
-            "duration_ms": round((time.monotonic() - start) * 1000, 3),
+            "step": self.num_steps + 1,
             "num_tokens": sched.num_batched_tokens,
             "batch_size": len(sched.scheduled),
-            "ranks": self.config.tensor_parallel_size,  # processes that computed this step
+            "ranks": self.config.tensor_parallel_size,  # processes that compute this step
+        }
+
+    def _summarize_step(self, sched: SchedulerOutput, start: float) -> dict[str, Any]:
+        """The step just done (counted in num_steps): its number, size, and time."""
+        return {
+            **self._step_header(sched),
+            "step": self.num_steps,
+            "duration_ms": round((time.monotonic() - start) * 1000, 3),
             "collective_ms": round(tp.last_step_collective_s * 1000, 3) if (tp := self.tensor_parallel) else 0.0,
         }
 

@@ -191,6 +191,9 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
             "max_num_batched_tokens": engine.config.max_num_batched_tokens,
             "tensor_parallel_size": engine.config.tensor_parallel_size,
             "chat_template": not engine.chat_template.is_fallback,
+            "base_model_note": engine.base_model_note,
+            "sampling_defaults": engine.generation_defaults.sampling_values(),
+            "sampling_defaults_source": engine.generation_defaults.source,
             "engine": engine_snapshot(async_engine),
         }
 

@@ -33,14 +33,15 @@ class EventHub:
             self._engine.engine.record_steps = bool(self._subscribers)
 
     def publish(self, event: dict[str, Any]) -> None:
-        """Called on the engine thread after a step."""
+        """Called on the engine thread when a step starts ("running") and when it is done ("step")."""
         with self._lock:
             targets = list(self._subscribers)
         for loop, queue in targets:
             loop.call_soon_threadsafe(_offer, queue, event)
 
     async def subscribe(self, heartbeat_s: float = 1.0) -> AsyncIterator[dict[str, Any]]:
-        """Step events as they happen; a {"type": "stats"} event every heartbeat while the engine is idle."""
+        """Step events as they happen ("running" when a step starts, "step" when it is done); a {"type": "stats"}
+        event every heartbeat while the engine is idle."""
         queue: asyncio.Queue = asyncio.Queue()
         entry = (asyncio.get_running_loop(), queue)
         with self._lock:
@@ -50,7 +51,7 @@ class EventHub:
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), timeout=heartbeat_s)
-                    yield {"type": "step", **event}
+                    yield event
                 except TimeoutError:
                     if self._engine is not None:
                         yield {"type": "stats", **engine_snapshot(self._engine)}

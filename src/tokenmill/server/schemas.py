@@ -164,6 +164,10 @@ class ExplorerInfo(BaseModel):
     max_num_batched_tokens: int
     tensor_parallel_size: int  # ranks (processes) that compute every step of every request
     chat_template: bool
+    base_model_note: str | None  # the model's file has no chat template: what that means for chat (else null)
+    # what a request leaves unset gets (the model's recommended settings), and where they come from
+    sampling_defaults: dict[str, Any]
+    sampling_defaults_source: str
     engine: dict[str, Any]  # its stats now, and "last_step": the last step's size and time (null before the first)
 
 

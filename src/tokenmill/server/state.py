@@ -90,6 +90,8 @@ class ServerState:
         self.events.attach(self.engine)
         self.ready.set()
         logger.info("ready: serving %r", self.model_name)
+        if engine.base_model_note is not None:
+            logger.warning("%s", engine.base_model_note)
 
     @property
     def healthy(self) -> bool:

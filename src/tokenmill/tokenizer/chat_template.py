@@ -43,6 +43,18 @@ GEMMA_TEMPLATE = (
 BUILTIN_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}
 
 
+def base_model_note(model_name: str, builtin: bool) -> str:
+    """What to tell a user who chats with a model whose file has no chat template (a base model, as a rule: one
+    trained to continue text, such as Gemma 3 270M; instruction-tuned files carry the template they were tuned
+    with). `builtin`: its architecture's turn format is used instead of the plain "Role: text" layout."""
+    layout = "its architecture's turn format" if builtin else 'a plain "Role: text" layout'
+    return (
+        f"{model_name} has no chat template in its file, so it is most likely a base model, trained to continue "
+        f"text rather than to answer: chat replies (which use {layout}) may be nonsense. Give it text to continue "
+        "instead: `tokenmill generate --raw`, or /v1/completions"
+    )
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 

@@ -3,7 +3,8 @@
 // /tokenize (the prompt's tokens), /explorer/info (the cache's geometry, the engine now) and /explorer/events
 // (engine steps). When the server has an API key, every one of them needs it: the page asks for it once and keeps
 // it for the tab. Each run is named by the page (an X-Request-Id header), so its steps are followed from the start:
-// its time in the queue, each prefill chunk, each decode step. Chips are drawn by chips.js.
+// its time in the queue, each prefill chunk and decode step as it runs (the engine announces a step when its
+// forward pass starts, "running", and reports it when done, "step"). Chips are drawn by chips.js.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -71,8 +72,21 @@ async function loadInfo() {
   $("kv-formula").textContent = `one block = 2 (K and V) × ${i.num_layers} layers × ${i.block_size} tokens × ` +
     `${i.num_kv_heads} KV heads × ${i.head_dim} dims × ${i.kv_element_bytes} bytes (${i.kv_dtype}) = ` +
     `${i.kv_bytes_per_block.toLocaleString()} bytes`;
-  if (i.chat_template === false) document.querySelector('input[value="raw"]').checked = true;
+  if (i.chat_template === false || i.base_model_note) document.querySelector('input[value="raw"]').checked = true;
+  if (i.base_model_note) { $("model-note").textContent = i.base_model_note; $("model-note").hidden = false; }
+  showDefaults(i.sampling_defaults, i.sampling_defaults_source);
   showEngine(i.engine, i.engine.last_step);  // the engine as it is now, before any step event comes
+}
+
+// empty sampling fields are left out of the request, so the server gives them the model's recommended settings,
+// as it does for any client: the placeholders and the note say which
+function showDefaults(defaults, source) {
+  const d = defaults || {};
+  $("temperature").placeholder = `${d.temperature != null ? d.temperature : 1}`;
+  $("top-p").placeholder = `${d.top_p != null ? d.top_p : 1}`;
+  const named = Object.entries(d).map(([k, v]) => `${k.replace(/_/g, " ")} ${v}`).join(", ");
+  $("defaults-note").textContent = `Fields left empty take the model's recommended settings, as any client's ` +
+    `request does: ${named || "none"} (from ${source}). Temperature 0 is greedy.`;
 }
 
 // ---- engine events -------------------------------------------------------------------------------------------
@@ -108,6 +122,10 @@ async function listenToEngine() {
 function onEngineEvent(ev) {
   const now = performance.now();
   const eng = state.engine;
+  if (ev.type === "running") {  // a step's forward pass starts (it carries no stats)
+    if (state.run) onStepStartForRun(ev, now);
+    return;
+  }
   if (ev.type === "step") {
     eng.history.push(ev.batch.length);
     if (eng.history.length > 120) eng.history.shift();
@@ -157,39 +175,57 @@ function showBatch(batch) {
 
 function isMine(b) { return state.run != null && b.request_id.startsWith(state.run.callId + "-"); }
 
+// this run's entry in a step's batch (its first sample's: the samples share one prefill), or undefined
+function myEntry(ev) { return ev.batch.find((b) => isMine(b) && b.sample === 0); }
+
+// its first step: the time in the queue ends here
+function noteScheduled(run, b, ev, at) {
+  if (run.firstScheduled != null) return;
+  run.firstScheduled = at;
+  segment("queued", run.t0, at, "queued");
+  $("fig-queue").textContent = fmtMs(at - run.t0);
+  $("fig-ranks").textContent = ev.ranks;
+  markCached(b.cached_tokens);
+}
+
+// a step of this run has started its forward pass: shown (open, growing) until the step is done
+function onStepStartForRun(ev, now) {
+  const run = state.run, b = myEntry(ev);
+  if (!b) return;
+  noteScheduled(run, b, ev, now);
+  run.running = { step: ev.step, kind: b.kind, start: now, label: b.kind === "prefill" ? chunkLabel(b) : "" };
+  if (b.kind === "prefill") showPrefilling(b);
+  drawTimeline();
+}
+
+function chunkLabel(b) { return `chunk ${b.prefill_chunk}: ${b.start + 1}–${b.start + b.tokens}`; }
+
 function onStepForRun(ev, now) {
-  const run = state.run;
-  const mine = ev.batch.filter((b) => isMine(b) && b.sample === 0);
-  if (!mine.length) return;
-  const stepStart = now - ev.duration_ms;  // the event arrives when its step has finished
-  for (const b of mine) {
-    if (run.firstScheduled == null) {
-      run.firstScheduled = stepStart;
-      segment("queued", run.t0, stepStart, "queued");
-      $("fig-queue").textContent = fmtMs(stepStart - run.t0);
-      $("fig-ranks").textContent = ev.ranks;
-      markCached(b.cached_tokens);
-    }
-    if (b.kind === "prefill") {
-      run.chunks += 1;
-      segment("prefill", stepStart, now, `chunk ${b.prefill_chunk}: ${b.start}–${b.start + b.tokens}`);
-      $("fig-chunks").textContent = run.chunks;
-      showPrefillProgress(b);
-    } else {
-      const spec = b.proposed ? ` · ${b.accepted} of ${b.proposed} proposed tokens accepted` : "";
-      segment("decode", stepStart, now, spec);
-      // accepted proposals follow the step's first token: output indices from (start - prompt) + 1
-      for (let k = 1; k <= (b.accepted || 0); k++) markAccepted(b.start - b.prompt_tokens + k);
-    }
-    if (b.allowed_tokens != null) {  // a constrained request: how many tokens its schema allowed at this step
-      run.allowed = (run.allowed || []).concat([b.allowed_tokens]);
-      $("fig-allowed").textContent = `${b.allowed_tokens} / ${Math.min(...run.allowed)} / ${Math.max(...run.allowed)}`;
-    }
-    run.lastEvent = now;
-    run.blocks = b.blocks;
-    run.cachedTokens = b.cached_tokens;
-    showKv(b.blocks, b.cached_tokens);
+  const run = state.run, b = myEntry(ev);
+  if (!b) return;
+  // its start as announced, else (its start event was lost) as the step's own duration tells
+  const open = run.running && run.running.step === ev.step ? run.running : null;
+  const stepStart = open ? open.start : now - ev.duration_ms;
+  run.running = null;
+  noteScheduled(run, b, ev, stepStart);
+  if (b.kind === "prefill") {
+    run.chunks += 1;
+    segment("prefill", stepStart, now, chunkLabel(b));
+    $("fig-chunks").textContent = run.chunks;
+  } else {
+    const spec = b.proposed ? `${b.accepted} of ${b.proposed} proposed tokens accepted` : "";
+    segment("decode", stepStart, now, spec, { proposed: b.proposed || 0, accepted: b.accepted || 0 });
+    // accepted proposals follow the step's first token: output indices from (start - prompt) + 1
+    for (let k = 1; k <= (b.accepted || 0); k++) markAccepted(b.start - b.prompt_tokens + k);
   }
+  if (b.allowed_tokens != null) {  // a constrained request: how many tokens its schema allowed at this step
+    run.allowed = (run.allowed || []).concat([b.allowed_tokens]);
+    $("fig-allowed").textContent = `${b.allowed_tokens} / ${Math.min(...run.allowed)} / ${Math.max(...run.allowed)}`;
+  }
+  run.lastEvent = now;
+  run.blocks = b.blocks;
+  run.cachedTokens = b.cached_tokens;
+  showKv(b.blocks, b.cached_tokens);
 }
 
 // an output token that was a proposal the model confirmed (speculative decoding): marked when its chip exists
@@ -199,40 +235,71 @@ function markAccepted(index) {
   if (el) el.classList.add("spec");
 }
 
-// after prefill chunk i: "prefilling chunk i+1/n" while prompt tokens remain (n assumes the next chunks are as large
-// as a step allows; other requests in the batch can make them smaller, and n grows)
-function showPrefillProgress(b) {
-  const done = b.start + b.tokens;
-  const remaining = b.prompt_tokens - done;
-  if (remaining <= 0 || state.run.tokenTimes.length) return;
+// while chunk i runs: "prefilling chunk i/n" (n assumes the next chunks are as large as a step allows; other
+// requests in the batch can make them smaller, and n grows)
+function showPrefilling(b) {
+  if (state.run.tokenTimes.length) return;
+  const remaining = Math.max(0, b.prompt_tokens - b.start - b.tokens);
   const total = b.prefill_chunk + Math.ceil(remaining / state.info.max_num_batched_tokens);
-  $("status").textContent = `prefilling chunk ${b.prefill_chunk + 1}/${total}: ` +
-    `${done.toLocaleString()} of ${b.prompt_tokens.toLocaleString()} prompt tokens computed…`;
+  $("status").textContent = `prefilling chunk ${b.prefill_chunk}/${total}: prompt tokens ` +
+    `${(b.start + 1).toLocaleString()}–${(b.start + b.tokens).toLocaleString()} of ${b.prompt_tokens.toLocaleString()}…`;
 }
 
 // ---- the request's own view ------------------------------------------------------------------------------------
 
-function segment(kind, start, end, label) {
+function segment(kind, start, end, label, extra = {}) {
   const run = state.run;
-  run.segments.push({ kind, start, end: Math.max(end, start + 1), label });
+  run.segments.push({ kind, start, end: Math.max(end, start + 1), label, ...extra });
   drawTimeline();
+}
+
+// the run's segments, with what is under way drawn up to now: the wait in the queue until its first step, or the
+// step running now
+function timelineSegments(run, now) {
+  const segs = run.segments.slice();
+  if (run.firstScheduled == null && !run.tEnd) {
+    segs.push({ kind: "queued", start: run.t0, end: now, label: "queued", open: true });
+  }
+  if (run.running) segs.push({ ...run.running, end: now, open: true });
+  return segs;
 }
 
 function drawTimeline() {
   const run = state.run, box = $("timeline");
   box.innerHTML = "";
   if (!run) return;
-  const t1 = Math.max(performance.now(), run.tEnd || 0);
+  const now = performance.now();
+  const t1 = run.tEnd || now;
   const span = Math.max(t1 - run.t0, 1);
-  for (const s of run.segments) {
+  const segs = timelineSegments(run, now);
+  for (const s of segs) {
     const el = document.createElement("div");
-    el.className = `seg ${s.kind}`;
+    el.className = `seg ${s.kind}${s.open ? " running" : ""}`;
+    const width = Math.max(0.4, 100 * (s.end - s.start) / span);
     el.style.left = `${(100 * (s.start - run.t0) / span).toFixed(2)}%`;
-    el.style.width = `${Math.max(0.4, 100 * (s.end - s.start) / span).toFixed(2)}%`;
-    el.textContent = s.label;
-    el.title = `${s.kind} ${fmtMs(s.start - run.t0)} → ${fmtMs(s.end - run.t0)}`;
+    el.style.width = `${width.toFixed(2)}%`;
+    // a label only where it fits (a cut one reads as another word); the summary below names every phase
+    if (box.clientWidth * width / 100 >= 7 * s.label.length + 8) el.textContent = s.label;
+    el.title = `${s.kind}${s.label ? ` (${s.label})` : ""}: ${fmtMs(s.start - run.t0)} → ${fmtMs(s.end - run.t0)}`;
     box.append(el);
   }
+  $("timeline-summary").textContent = timelineSummary(segs);
+}
+
+// "queued 12 ms · prefill 420 ms in 3 chunks · decode 1.20 s in 63 steps"
+function timelineSummary(segs) {
+  const parts = [];
+  for (const [kind, unit] of [["queued", ""], ["prefill", "chunk"], ["decode", "step"]]) {
+    const mine = segs.filter((s) => s.kind === kind);
+    if (!mine.length) continue;
+    const ms = mine.reduce((a, s) => a + s.end - s.start, 0);
+    const count = unit ? ` in ${mine.length} ${unit}${mine.length === 1 ? "" : "s"}` : "";
+    const now = mine.some((s) => s.open) ? " (now)" : "";
+    parts.push(`${kind} ${fmtMs(ms)}${count}${now}`);
+  }
+  const proposed = segs.reduce((a, s) => a + (s.proposed || 0), 0);
+  if (proposed) parts.push(`${segs.reduce((a, s) => a + (s.accepted || 0), 0)} of ${proposed} proposed tokens accepted`);
+  return parts.join(" · ");
 }
 
 function markCached(cachedTokens) {
@@ -293,11 +360,10 @@ async function submit(event) {
   event.preventDefault();
   const mode = document.querySelector('input[name="mode"]:checked').value;
   const text = $("prompt").value;
-  const params = {
-    max_tokens: Number($("max-tokens").value) || 64,
-    temperature: Number($("temperature").value),
-    top_p: Number($("top-p").value) || 1,
-  };
+  const params = { max_tokens: Number($("max-tokens").value) || 64 };
+  // empty: not sent, so the server's defaults (the model's recommended settings) apply
+  if ($("temperature").value !== "") params.temperature = Number($("temperature").value);
+  if ($("top-p").value !== "") params.top_p = Number($("top-p").value);
   if ($("seed").value !== "") params.seed = Number($("seed").value);
   const schema = $("json-schema").value.trim();
   if (schema) {
@@ -310,7 +376,7 @@ async function submit(event) {
   }
   $("submit").disabled = true;
   $("status").textContent = "tokenizing…";
-  for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline"]) $(id).innerHTML = "";
+  for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline", "timeline-summary"]) $(id).innerHTML = "";
   for (const id of ["fig-request", "fig-prompt", "fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "fig-allowed", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
   try {
     const messages = [{ role: "user", content: text }];
@@ -325,7 +391,12 @@ async function submit(event) {
                   chunks: 0, tokenTimes: [], blocks: 0, accepted: new Set() };
     $("fig-request").textContent = id;
     $("status").textContent = `${tok.count.toLocaleString()} prompt tokens; waiting in the queue…`;
-    await stream(mode, mode === "chat" ? { messages, ...params } : { prompt: tok.tokens, ...params });
+    const ticking = setInterval(drawTimeline, 200);  // the phase under way grows while no event comes
+    try {
+      await stream(mode, mode === "chat" ? { messages, ...params } : { prompt: tok.tokens, ...params });
+    } finally {
+      clearInterval(ticking);
+    }
   } catch (e) {
     $("status").textContent = `error: ${e.message}`;
   } finally {
