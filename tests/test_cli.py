@@ -29,6 +29,19 @@ def test_generate_streams_and_reports_timings(llm) -> None:
     expected = llm.chat([{"role": "user", "content": "How do GPUs work?"}], _greedy(llm, 12))[0].outputs[0].text
     assert out.stdout == expected + "\n"
     assert "time to first token" in out.stderr and "tokens/s" in out.stderr
+    assert "no chat template" not in out.stderr  # an instruction-tuned model: nothing to warn about
+
+
+@pytest.mark.slow
+def test_chat_with_a_base_model_says_what_it_is(gemma3_path: Path) -> None:
+    """Gemma 3 270M's file has no chat template (a base model): chat mode says so before answering; text to
+    continue (--raw) does not."""
+    chat = run("generate", "Why is the sky blue?", "--model", str(gemma3_path), "--max-tokens", "2")
+    assert chat.returncode == 0, chat.stderr
+    assert "tokenmill: note: gemma-3-270m-q4_k_m has no chat template in its file" in chat.stderr
+    assert "generate --raw" in chat.stderr
+    raw = run("generate", "--raw", "The sky is blue because", "--model", str(gemma3_path), "--max-tokens", "2")
+    assert raw.returncode == 0 and "no chat template" not in raw.stderr
 
 
 @pytest.mark.slow
@@ -56,6 +69,7 @@ def test_bad_model_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.server
 def test_serve_exits_when_the_engine_cannot_be_built() -> None:
     """`tokenmill serve` builds its engine in a thread while the web stack starts: a failure there still ends the
     process with an error, and says why."""
@@ -73,7 +87,7 @@ def _greedy(llm, n: int):
 def test_chat_is_multi_turn() -> None:
     out = subprocess.run(
         [*TOKENMILL, "chat", "--max-tokens", "8", "--temperature", "0"],
-        input="Hello!\nWhat did I say?\n/reset\nHello!\n/exit\n",
+        input="Hello!\nWhat did I say?\n/reset\n/foo\n/systems\nHello!\n/exit\n",
         capture_output=True,
         text=True,
         timeout=120,
@@ -84,8 +98,26 @@ def test_chat_is_multi_turn() -> None:
     prompts = [int(t.split()[0].lstrip("[")) for t in timings]
     assert prompts[1] > prompts[0] + 8  # the second turn carries the first question and answer
     assert prompts[2] == prompts[0]  # /reset forgot them
+    # a word with a slash that is no command is said to be none, not sent to the model (nor taken as /system)
+    assert "[/foo is no command" in out.stderr and "[/systems is no command" in out.stderr
     answers = [a for a in out.stdout.split("\n") if a]
     assert answers[0] == answers[-1]  # same question, fresh conversation, greedy: same answer
+
+
+def test_type_ahead_keeps_lines_and_their_order() -> None:
+    """Keys typed while answers stream: lines ended by Enter are sent in turn, the rest starts the next line;
+    backspace edits within a line; keys typed over two answers join as they were typed."""
+    from tokenmill.entrypoints.terminal import TypeAhead, edited
+
+    assert edited("typed ahead\x7fD") == ([], "typed aheaD")
+    assert edited("one\r\ntwo\rthr\x7f\x7fhree") == (["one", "two"], "three")
+    ahead = TypeAhead()
+    ahead.add(*edited("What is "))
+    ahead.add(*edited("2+2?\r\r  \rand 3+3?\rthen"))
+    assert ahead.lines == ["What is 2+2?", "and 3+3?"]  # blank lines dropped
+    assert ahead.take_partial() == "then" and ahead.take_partial() == ""
+    ahead.add(*edited(" x"))
+    assert ahead.take_partial() == "x"
 
 
 def test_every_command_has_help() -> None:
@@ -113,6 +145,11 @@ def test_models_by_name_and_their_listing(tmp_path, monkeypatch, bundled_path, g
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert (rows["gemma3-270m"]["architecture"], rows["gemma3-270m"]["quantization"]) == ("gemma3", "Q4_K_M")
     assert (rows["smollm2-135m"]["architecture"], rows["smollm2-135m"]["parameters"]) == ("llama", "135M")
+    assert (rows["smollm2-135m"]["chat_template"], rows["gemma3-270m"]["chat_template"]) == (True, False)
+    table = subprocess.run([sys.executable, "-m", "tokenmill", "models"], capture_output=True, text=True).stdout
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert lines["smollm2-135m"].endswith(f"{bundled_path}; bundled, the default")  # no brackets in brackets
+    assert lines["gemma3-270m"].endswith("no chat template: a base model, give it text to continue (generate --raw)")
 
 
 def test_every_option_has_help_and_there_is_a_version() -> None:
@@ -133,6 +170,11 @@ def test_every_option_has_help_and_there_is_a_version() -> None:
 
     walk(build_parser(), "tokenmill")
     assert missing == []
+    from tokenmill.runner.kv_cache import DEFAULT_CPU_CACHE_TOKENS
+
+    serve = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    kv_help = next(a.help for a in serve._actions if "--kv-cache-memory" in a.option_strings)
+    assert f"{DEFAULT_CPU_CACHE_TOKENS:,} tokens on the CPU" in kv_help  # the default it states is the real one
     out = subprocess.run([sys.executable, "-m", "tokenmill", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"tokenmill {__version__}"
 
@@ -149,10 +191,22 @@ def _read_until(fd: int, wanted: bytes, seen: bytearray, timeout: float = 120) -
             seen += os.read(fd, 65536)
 
 
+def _read_bytes(fd: int, count: int, seen: bytearray, timeout: float = 60) -> None:
+    """Read the terminal into `seen` until `count` more bytes came."""
+    import os
+    import select
+
+    wanted, deadline = len(seen) + count, time.monotonic() + timeout
+    while len(seen) < wanted:
+        assert time.monotonic() < deadline, f"only {bytes(seen[wanted - count :])!r}"
+        if select.select([fd], [], [], 0.5)[0]:
+            seen += os.read(fd, 65536)
+
+
 @pytest.mark.slow
 def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
     """In a terminal: a loading line, then keys typed mid-answer appear neither in the answer nor as a message of
-    their own; they wait as the start of the next input line."""
+    their own; they wait as the start of the next input line. Lines ended by Enter mid-answer are sent after it."""
     import os
     import pty
     import signal
@@ -176,6 +230,18 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
         assert b"time to first token" not in seen[:typed_at], "typed after the answer ended: proves nothing"
         assert b"typed" not in answer and b"300 generated" in seen
         assert seen.count(b"time to first token") == 1  # not sent as a message
+        # Enter sends it; lines entered while its answer streams are sent after it, in turn, as a shell's
+        # type-ahead is (an Enter typed mid-answer was lost until 2026-12-01), and the rest starts the next line
+        os.write(fd, b"\r")
+        _read_until(fd, b"\n", seen)
+        streaming_from = len(seen)
+        _read_bytes(fd, 200, seen)  # the second answer is streaming
+        assert b"time to first token" not in seen[streaming_from:]
+        os.write(fd, b"second\rthi")
+        _read_until(fd, b"> second\r\n", seen)  # shown as sent, after the second answer's timings
+        _read_until(fd, b"> thi", seen)
+        timings = seen.count(b"time to first token")
+        assert timings == 3, bytes(seen[-800:])  # the third answer was the entered line's
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

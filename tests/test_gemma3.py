@@ -118,7 +118,9 @@ def test_chat_uses_gemmas_turns_and_stops_at_end_of_turn(gemma: LLM) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.server
 def test_the_server_streams_gemma_chat(gemma3_path: Path) -> None:
+    import httpx
     from openai import OpenAI
 
     from tests.server_utils import start_server
@@ -133,6 +135,10 @@ def test_the_server_streams_gemma_chat(gemma3_path: Path) -> None:
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text.strip() and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        # a base model (no chat template in its file): the log says so, and the explorer starts in raw-text mode
+        assert "no chat template in its file, so it is most likely a base model" in server.output()
+        info = httpx.get(f"{server.url}/explorer/info").json()
+        assert "base model" in info["base_model_note"] and info["sampling_defaults"]["top_k"] == 64
     finally:
         server.stop()
 

@@ -1,6 +1,7 @@
 """`tokenmill serve` split over several ranks on 127.0.0.1 (gloo): launched by torchrun on one "node" and on two,
 and by tokenmill itself; a worker killed mid-generation; start-up failures; no process left behind."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from openai import OpenAI
 
 from tests.server_utils import ServerProcess, free_port, start_command, start_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 PROMPT = "The capital of France is"
 
@@ -118,8 +119,11 @@ def test_torchrun_two_nodes_on_one_host(one_rank_text: str) -> None:
 
 def test_a_killed_worker_fails_requests_and_health_quickly() -> None:
     """tokenmill starts its own workers; SIGKILL one mid-stream: the stream ends with an error event and /health
-    turns 503 within 10 s; SIGTERM then leaves no process behind."""
+    turns 503 within 10 s; SIGTERM then leaves no process behind. (Three ranks on fewer cores: the log says
+    they will be slow.)"""
     server = start_server("--tensor-parallel-size", "3")
+    oversubscribed = "tensor parallelism over 3 ranks on" in server.output()
+    assert oversubscribed == (3 > (os.cpu_count() or 1)), server.output()
     with cleaned_up(server) as processes:
         workers = [p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline())]
         assert len(workers) == 2

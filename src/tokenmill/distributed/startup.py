@@ -48,7 +48,18 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
     device = group.device
     if device.type == "cpu":
         # ranks that share memory share this machine's cores, even when torchrun counts them as separate nodes
-        split_cpu_threads(group.world_size if group.shm is not None else ranks_on_this_host(group.world_size))
+        ranks = group.world_size if group.shm is not None else ranks_on_this_host(group.world_size)
+        split_cpu_threads(ranks)
+        cores = os.cpu_count() or 1
+        if group.rank == 0 and ranks > cores:
+            logger.warning(
+                "tensor parallelism over %d ranks on %d CPU cores: the ranks take turns on the cores, and every "
+                "step waits for the rank that is not running, so expect it slower than one rank (use at most %d "
+                "ranks on this machine)",
+                ranks,
+                cores,
+                cores,
+            )
     gguf = open_model_source(resolve_model_path(spec.model))
     plan = ShardPlan.for_rank(model_config_from_source(gguf), group.rank, group.world_size)
     # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)

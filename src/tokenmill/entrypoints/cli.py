@@ -42,7 +42,10 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
     g.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block (default 16)")
     g.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
     g.add_argument(
-        "--kv-cache-memory", default=None, help="KV-cache size in bytes, e.g. 1GiB (default: from free memory)"
+        "--kv-cache-memory",
+        default=None,
+        help="KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, at most a quarter of available "
+        "memory; 70%% of free GPU memory on CUDA)",
     )
     g.add_argument(
         "--enable-prefix-caching",
@@ -57,7 +60,7 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
         "--generation-config",
         default=None,
         help="sampling defaults for what a request leaves unset: auto (default: the model's recommended settings, "
-        "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's for a GGUF), "
+        "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's), "
         "tokenmill (temperature 1, no top-p/top-k/penalty), or a generation_config.json (or its folder)",
     )
     g.add_argument(
@@ -228,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="talk with the model in the terminal",
         description="An interactive, multi-turn chat: type a message and press Enter; the answer streams, "
         "followed by its time to first token and tokens/s. Commands: /reset forgets the conversation, "
-        "/system TEXT sets the system message, /exit (or Ctrl-D) quits.",
+        "/system TEXT sets the system message, /help lists them, /exit (or Ctrl-D) quits; a message that starts "
+        "with / is sent as //message. Lines typed while an answer streams are sent after it, in turn.",
     )
     chat.add_argument("--system", default=None, help="a system message for the whole conversation")
     add_model_args(chat)
@@ -357,6 +361,12 @@ def format_timings(out, start: float) -> str:
     )
 
 
+def warn_if_base_model(llm) -> None:
+    """Chat asked of a model whose file has no chat template (a base model, as a rule): say so before answering."""
+    if llm.engine.base_model_note is not None:
+        print(f"tokenmill: note: {llm.engine.base_model_note}", file=sys.stderr)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     sampling_params_from(args)  # a bad option fails before the model loads
     llm = load_llm_with_progress(args)
@@ -364,6 +374,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.raw:
         prompt = args.prompt
     else:
+        warn_if_base_model(llm)
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
         ]
@@ -373,49 +384,67 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_COMMANDS = "/reset (forget the conversation), /system TEXT (set the system message), /help, /exit"
+
+
 def run_chat(args: argparse.Namespace) -> int:
-    from tokenmill.entrypoints.terminal import HeldInput, input_with
+    from tokenmill.entrypoints.terminal import HeldInput, TypeAhead, input_with
 
     sampling_params_from(args)  # a bad option fails before the model loads
     llm = load_llm_with_progress(args)
     params = sampling_params_from(args, llm)
-    typed_ahead = ""
+    warn_if_base_model(llm)
+    prompt = "> " if sys.stdin.isatty() else ""
+    ahead = TypeAhead()  # keys typed while answers streamed
     system = args.system
     history: list[dict] = []
-    interactive = sys.stdin.isatty()
-    if interactive:
-        print(f"tokenmill chat with {llm.engine.model_name}. /reset, /system TEXT, /exit.", file=sys.stderr)
+    if prompt:
+        print(f"tokenmill chat with {llm.engine.model_name}. {CHAT_COMMANDS}.", file=sys.stderr)
     while True:
-        try:
-            line = input_with(typed_ahead, "> " if interactive else "")
-            typed_ahead = ""
-        except EOFError:
-            break
+        if ahead.lines:  # entered while an answer streamed: sent in turn, shown as if typed now
+            line = ahead.lines.pop(0)
+            print(f"{prompt}{line}")
+        else:
+            try:
+                line = input_with(ahead.take_partial(), prompt)
+            except EOFError:
+                break
         text = line.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
+        command, _, rest = text.partition(" ")
+        if command in ("/exit", "/quit"):
             break
-        if text == "/reset":
+        if command == "/reset":
             history = []
             print("[conversation cleared]", file=sys.stderr)
             continue
-        if text.startswith("/system"):
-            system = text[len("/system") :].strip() or None
+        if command == "/system":
+            system = rest.strip() or None
             history = []
             print("[system message set; conversation cleared]", file=sys.stderr)
             continue
+        if command in ("/help", "/?"):
+            print(f"[commands: {CHAT_COMMANDS}; a message that starts with / is sent with // instead]", file=sys.stderr)
+            continue
+        if text.startswith("//"):
+            text = text[1:]
+        elif text.startswith("/"):
+            print(f"[{command} is no command; the commands: {CHAT_COMMANDS}. As text: /{text}]", file=sys.stderr)
+            continue
         history.append({"role": "user", "content": text})
         messages = ([{"role": "system", "content": system}] if system else []) + history
+        held = HeldInput()  # keys typed while the answer streams are not printed into it
         try:
             ids = llm.engine.encode_chat(messages)
-            with HeldInput() as held:  # keys typed meanwhile become the start of the next line, not answer text
+            with held:
                 answer, timings = stream_answer(llm, {"prompt_token_ids": ids}, params)
-            typed_ahead = held.text
         except TokenmillError as exc:
             history.pop()
             print(f"[error: {exc}]", file=sys.stderr)
             continue
+        finally:
+            ahead.add(held.lines, held.text)
         history.append({"role": "assistant", "content": answer})
         print(timings, file=sys.stderr)
     return 0
@@ -532,13 +561,15 @@ def run_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'name':<14} {'architecture':<12} {'params':<7} {'quant':<8} {'MiB':>7}  path / note")
+    print(f"{'name':<14} {'architecture':<12} {'params':<7} {'quant':<8} {'MiB':>7}  path; note")
     for r in rows:
-        where = r["path"] or ""
-        note = f" ({r['note']})" if r["note"] else ""
+        notes = [r["note"]] if r["note"] else []
+        if r.get("chat_template") is False:
+            notes.append("no chat template: a base model, give it text to continue (generate --raw)")
+        where = "; ".join(([r["path"]] if r["path"] else []) + notes)
         print(
             f"{r['name'] or '-':<14} {r.get('architecture') or '-':<12} {r.get('parameters') or '-':<7} "
-            f"{r.get('quantization') or '-':<8} {r.get('file_mib') or '-':>7}  {where}{note}"
+            f"{r.get('quantization') or '-':<8} {r.get('file_mib') or '-':>7}  {where}"
         )
     return 0
 

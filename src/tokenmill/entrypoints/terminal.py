@@ -55,11 +55,13 @@ class LoadingLine:
 
 class HeldInput:
     """While an answer streams, the terminal neither echoes keys nor lets them form a line: what is typed is read
-    back when the answer ends (`text`, with backspaces applied and line ends as spaces) instead of being printed
-    inside the answer or sent as the next message unseen. Ctrl-C still interrupts. Does nothing off a terminal."""
+    back when the answer ends instead of being printed inside the answer, as a shell takes type-ahead: `lines`,
+    each ended by Enter (to be sent in turn, shown as they are), and `text`, what followed the last Enter (the
+    start of the next line); backspaces applied. Ctrl-C still interrupts. Does nothing off a terminal."""
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdin
+        self.lines: list[str] = []
         self.text = ""
         self._saved: list | None = None
 
@@ -91,21 +93,47 @@ class HeldInput:
                 break
             typed += chunk
         termios.tcsetattr(fd, termios.TCSANOW, self._saved)
-        self.text = edited(typed.decode("utf-8", "replace"))
+        self.lines, self.text = edited(typed.decode("utf-8", "replace"))
 
 
-def edited(typed: str) -> str:
-    """Keys as a line editor would leave them: backspace deletes, line ends become spaces, control keys go."""
+def edited(typed: str) -> tuple[list[str], str]:
+    """Keys as a line editor would leave them -> (the lines Enter ended, what follows the last Enter): backspace
+    deletes within a line (an entered line is gone, as in a terminal), control keys go; "\r\n" is one Enter."""
+    lines: list[str] = []
     out: list[str] = []
-    for ch in typed:
+    for i, ch in enumerate(typed):
         if ch in "\x7f\b":
             if out:
                 out.pop()
         elif ch in "\r\n":
-            out.append(" ")
+            if not (ch == "\n" and i and typed[i - 1] == "\r"):
+                lines.append("".join(out))
+            out = []
         elif ch == "\t" or ch >= " ":
             out.append(ch)
-    return "".join(out).strip()
+    return lines, "".join(out)
+
+
+class TypeAhead:
+    """What was typed while answers streamed, in the order typed: `lines` ended by Enter (not yet sent; blank ones
+    dropped) and the partial line after them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.partial = ""
+
+    def add(self, lines: list[str], partial: str) -> None:
+        """One answer's held keys (HeldInput's lines and text): its first line continues the partial one."""
+        if lines:
+            entered = [self.partial + lines[0], *lines[1:]]
+            self.lines += [line.strip() for line in entered if line.strip()]
+            self.partial = partial
+        else:
+            self.partial += partial
+
+    def take_partial(self) -> str:
+        partial, self.partial = self.partial, ""
+        return partial.lstrip()
 
 
 def input_with(prefill: str, prompt: str, read: Callable[[str], str] = input) -> str:

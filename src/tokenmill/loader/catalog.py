@@ -37,6 +37,8 @@ def _describe(name: str | None, path: Path | None, note: str = "") -> dict[str, 
         "parameters": gguf.get("general.size_label"),
         "quantization": quantization,
         "file_mib": round(path.stat().st_size / 2**20, 1),
+        # no template in the file: a base model, as a rule (chat replies may be nonsense; see chat_template.py)
+        "chat_template": gguf.get("tokenizer.chat_template") is not None,
     }
 
 
@@ -54,15 +56,17 @@ def _describe_checkpoint(row: dict[str, Any], path: Path) -> dict[str, Any]:
         "parameters": f"{weights / 1e6:.0f}M" if weights < 1e9 else f"{weights / 1e9:.1f}B",
         "quantization": "/".join(sorted({t.ggml_type.name for t in checkpoint.tensors.values()})),
         "file_mib": round(sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**20, 1),
+        "chat_template": checkpoint.get("tokenizer.chat_template") is not None,
     }
 
 
 def list_models() -> list[dict[str, Any]]:
-    """One row per model: name (for `--model NAME`; None for a plain file), path, architecture, parameters,
-    quantization, file size, and a note when it is not ready to load."""
+    """One row per model: name (for `--model NAME`; None for a plain file), path, a note (where it comes from, or
+    why it is not ready to load), and for a readable file its architecture, parameters, quantization, file size and
+    whether it carries a chat template."""
     rows = []
     try:
-        rows.append(_describe("smollm2-135m", bundled_model_path(), "bundled (the default)"))
+        rows.append(_describe("smollm2-135m", bundled_model_path(), "bundled, the default"))
     except ModelFileError as exc:
         rows.append(_describe("smollm2-135m", None, str(exc)))
     assembled: Path | None = None
