@@ -168,8 +168,8 @@ def test_auto_decodes_natively_and_keeps_the_reference_tokens(gemma3_path: Path,
     auto = LLM(str(gemma3_path), quantization="auto")
     assert auto.engine.runner.native_decoder is not None
     layer = auto.engine.runner.model.layers[0]
-    assert isinstance(layer.mlp.gate_up_proj.packed, Q8Linear)  # Q5_0 in the file
-    assert isinstance(layer.self_attn.o_proj.packed, Q4Linear)  # Q4_K in the file
+    assert isinstance(layer.mlp.gate_up_proj, Q8Linear)  # Q5_0 in the file
+    assert isinstance(layer.self_attn.o_proj, Q4Linear)  # Q4_K in the file
     gens = gemma3_reference["generations"]
     outs = auto.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(10), use_tqdm=False)
     for out, g in zip(outs, gens, strict=True):

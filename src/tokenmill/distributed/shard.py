@@ -133,6 +133,10 @@ class ShardedGGUF:
     def require(self, key: str) -> Any:
         return self.gguf.require(key)
 
+    def release(self, tensor: GGUFTensor) -> None:
+        """This rank built a weight from its part of tensor `tensor.name`: the file's pages under it can go."""
+        self.gguf.release(self.gguf.tensor(tensor.name))
+
     def tensor(self, name: str) -> GGUFTensor:
         tensor = self.gguf.tensor(name)
         cut = self.plan.cut(name)

@@ -32,11 +32,23 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class Linear(nn.Module):
     """A dense linear layer without bias over weights already in the compute dtype."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype = torch.float32, device=None):
+        """`device="meta"`: a placeholder of the right shape, with no memory, until the loader builds the layer."""
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=dtype, device=device), requires_grad=False
+        )
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> "Linear":
+        """A layer that adopts `weight` [out, in] (no copy)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.out_features, layer.in_features = weight.shape
+        layer.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense_linear(x, self.weight)

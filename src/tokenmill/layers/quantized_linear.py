@@ -24,6 +24,7 @@ so it is not used.) These are CPU kernels; on CUDA tokenmill runs the dequantize
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
@@ -31,7 +32,7 @@ from torch import nn
 
 from tokenmill import native
 from tokenmill.layers.linear import dense_linear
-from tokenmill.loader.dequantize import k_scales_mins
+from tokenmill.loader.dequantize import dequantize, k_scales_mins
 
 INT4_GROUP_SIZE = 32
 
@@ -162,12 +163,16 @@ class Q8Linear(nn.Module):
     than 4 bits (Q5_0, Q6_K, Q8_0: Gemma 3's). The kernel's layout interleaves 16 output rows (a partial last
     group is padded with zero rows)."""
 
-    def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
+    def __init__(self, weight: torch.Tensor | None, lib, blocks: Q8Blocks | None = None):
+        """`weight` [out, in] (quantized here) or None with the file's `blocks` (taken as they are)."""
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        self.exact_blocks = blocks is not None  # the file's own codes: its rows are the table's exact values
         if blocks is not None:
             codes, scale = blocks
+            self.out_features, self.in_features = codes.shape
         else:
+            assert weight is not None
+            self.out_features, self.in_features = weight.shape
             groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)
             # Q8_0's scales are half floats; rounding them so recovers a Q8_0 embedding's codes exactly
             scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16)  # [out, in/32]
@@ -209,6 +214,29 @@ class Q8Linear(nn.Module):
                 x32.data_ptr(), rows, self.in_features, self.qs.data_ptr(), self.scale.data_ptr(), n, y
             ),
         )
+
+
+class BlockEmbedding(nn.Module):
+    """A token embedding table left in the file's blocks (any GGUF type: a view of its memory map, or of a
+    checkpoint's), only the rows looked up dequantized: the same float32 values as the whole table dequantized,
+    without holding it (Gemma 3's 262,144-row table: 4 bytes a value in float32)."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: GGMLQuantizationType, hidden_size: int):
+        super().__init__()
+        self.raw = raw  # uint8 [vocab, bytes per row], read-only: it stays where the file has it
+        self.ggml_type = ggml_type
+        self.hidden_size = hidden_size
+
+    @classmethod
+    def of(cls, tensor) -> "BlockEmbedding":
+        """From a GGUFTensor of shape [vocab, hidden]."""
+        raw = np.asarray(tensor.data).reshape(tensor.shape[0], -1).view(np.uint8)
+        return cls(raw, tensor.ggml_type, tensor.shape[1])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> float32 [T, hidden]"""
+        rows = torch.from_numpy(self.raw[input_ids.numpy()])  # [T, bytes per row]: a copy of just these rows
+        return dequantize(rows, self.ggml_type, (input_ids.shape[0], self.hidden_size))
 
 
 class Q8Embedding(nn.Module):
@@ -310,27 +338,56 @@ class BFloat16Head(nn.Module):
         return F.linear(xb, self.weight).float()
 
 
-def quantized_head(weight: torch.Tensor, blocks: Q8Blocks | None = None) -> nn.Module:
-    """The LM head of the quantized modes: Q8_0 through the native kernel, else bfloat16."""
+def quantized_head(weight: torch.Tensor | None, blocks: Q8Blocks | None = None) -> nn.Module:
+    """The LM head of the quantized modes: Q8_0 through the native kernel (the file's blocks, or `weight`
+    quantized), else bfloat16 (from `weight`, or the blocks' values)."""
     lib = native.load()
-    return Q8Linear(weight, lib, blocks) if lib is not None else BFloat16Head(weight)
+    if lib is not None:
+        return Q8Linear(weight, lib, blocks)
+    return BFloat16Head(weight if weight is not None else _q8_values(blocks))
 
 
-def four_bit_linear(weight: torch.Tensor, blocks: Q4Blocks | None = None) -> nn.Module:
-    """tokenmill's native 4-bit kernel where it could be built, torch's int4 kernel otherwise."""
+def four_bit_linear(weight: torch.Tensor | None, blocks: Q4Blocks | None = None) -> nn.Module:
+    """tokenmill's native 4-bit kernel where it could be built (from the file's `blocks`, or `weight`), torch's
+    int4 kernel otherwise."""
     lib = native.load()
-    return Q4Linear(weight, lib, blocks) if lib is not None else Int4Linear(weight)
+    if lib is not None:
+        return Q4Linear(weight, lib, blocks)
+    return Int4Linear(weight if weight is not None else _q4_values(blocks))
+
+
+def _q4_values(blocks: Q4Blocks | None) -> torch.Tensor:
+    """4-bit blocks -> float32 [out, in]: code * scale + min (where no native kernel takes the blocks)."""
+    assert blocks is not None
+    packed, scale, low = blocks
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [out, in/32, 32]
+    return (codes * scale.float().unsqueeze(-1) + low.float().unsqueeze(-1)).reshape(packed.shape[0], -1)
+
+
+def _q8_values(blocks: Q8Blocks | None) -> torch.Tensor:
+    assert blocks is not None
+    codes, scale = blocks
+    values = codes.float().reshape(codes.shape[0], -1, INT4_GROUP_SIZE) * scale.float().unsqueeze(-1)
+    return values.reshape(codes.shape[0], -1)
 
 
 def quantized_linear(
-    weight: torch.Tensor, mode: str, blocks: Q4Blocks | None = None, eight_bit: Q8Blocks | bool = False
+    weight: torch.Tensor | None, mode: str, blocks: Q4Blocks | None = None, eight_bit: Q8Blocks | bool = False
 ) -> nn.Module:
-    """`blocks`: the GGUF file's own 4-bit blocks for this weight, when it has them. `eight_bit` (auto only): the
-    file stores this weight finer than 4 bits; its 8-bit blocks when they are Q8_0, else True."""
+    """One projection of a quantized mode, from the GGUF file's own blocks or from `weight` (float [out, in],
+    quantized here; None when blocks are given). `blocks`: the file's 4-bit blocks for this weight, when it has
+    them. `eight_bit` (auto only): the file stores this weight finer than 4 bits; its 8-bit blocks when they are
+    Q8_0, else True (made from `weight`). `auto` keeps every weight in the native kernels' blocks, for prompt and
+    generated tokens alike: no dense copy."""
     if mode == "int8":
+        assert weight is not None
         return Int8Linear(weight)
-    if mode == "int4":
+    if mode == "int4" or (mode == "auto" and eight_bit is False):
         return four_bit_linear(weight, blocks)
     if mode == "auto":
-        return AutoLinear(weight, blocks=blocks, eight_bit=eight_bit)
+        lib = native.load()
+        eight_bit_blocks = None if eight_bit is True else eight_bit
+        if lib is not None:
+            return Q8Linear(weight, lib, eight_bit_blocks)  # type: ignore[arg-type]
+        return Int8Linear(weight if weight is not None else _q8_values(eight_bit_blocks))  # type: ignore[arg-type]
     raise ValueError(f"unknown quantization mode {mode!r}")

@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.loader.pages import release_pages
 
 # Tensor types tokenmill can turn into weights (see dequantize.py).
 SUPPORTED_TENSOR_TYPES = frozenset(
@@ -128,6 +129,10 @@ class GGUFFile:
         if key not in self.metadata:
             raise ModelFileError(f"{self.path}: required metadata key {key!r} is missing")
         return self.metadata[key]
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """A weight was built from `tensor`: its pages of the file's memory map are not needed any more."""
+        release_pages(tensor.data)
 
     def tensor(self, name: str) -> GGUFTensor:
         if name not in self.tensors:

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFTensor
+from tokenmill.loader.pages import release_pages
 
 # config.json "architectures" -> tokenmill's architecture name (GGUF's general.architecture)
 HF_ARCHITECTURES = {
@@ -120,6 +121,10 @@ class HFCheckpoint:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """A weight was built from `tensor`: its pages of the mapped safetensors file are not needed any more."""
+        release_pages(tensor.data)
 
     def tensor(self, name: str) -> GGUFTensor:
         if name not in self.tensors:

@@ -9,35 +9,22 @@ sees a padded batch. Q/K/V and gate/up projections are fused into one matmul eac
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
 from torch import nn
 
 from tokenmill.layers.activation import ACTIVATIONS
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, windowed
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.norm import RMSNorm
-from tokenmill.layers.quantized_linear import (
-    Q8Blocks,
-    Q8Embedding,
-    Q8Linear,
-    q4_blocks_from_gguf,
-    q8_blocks_from_gguf,
-    quantized_head,
-    quantized_linear,
-)
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
-from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.model.config import ModelConfig
+from tokenmill.model.weights import WeightLoader
 
 if TYPE_CHECKING:
     from tokenmill.distributed.group import ParallelGroup
 
-# file types whose weights `auto` keeps in 8 bits for the native decoder (4 bits would lose what they hold)
-FINER_THAN_4_BITS = frozenset(GGMLQuantizationType[name] for name in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"))
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [num_slots, num_kv_heads, head_dim]
 
 
@@ -70,8 +57,9 @@ class LlamaAttention(nn.Module):
         self.kv_size = config.num_kv_heads * config.head_dim
         self.qk_heads = config.num_heads + config.num_kv_heads
         self.scale = config.softmax_scale
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, dtype)
-        self.o_proj = Linear(self.q_size, config.hidden_size, dtype)
+        # placeholders without memory: the loader builds each projection in its kernel (model/weights.py)
+        self.qkv_proj: nn.Module = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, dtype, "meta")
+        self.o_proj: nn.Module = Linear(self.q_size, config.hidden_size, dtype, "meta")
         # Qwen2's Q, K and V biases, in qkv_proj's row order: [(H + 2 KVH) * D]
         self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size, dtype=dtype), False)
         if not config.attention_bias:
@@ -99,8 +87,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, dtype)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, dtype)
+        self.gate_up_proj: nn.Module = Linear(config.hidden_size, 2 * config.intermediate_size, dtype, "meta")
+        self.down_proj: nn.Module = Linear(config.intermediate_size, config.hidden_size, dtype, "meta")
         self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +129,8 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.parallel: ParallelGroup | None = None
         self.vocab_start = 0
-        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), False)
+        # the float table (quantization None), else empty: the quantized modes look rows up through token_rows
+        self.embed_tokens = nn.Parameter(torch.empty(0, config.hidden_size, dtype=dtype), False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
         self.local_rotary = self.rotary
         if config.local_rope_theta is not None and config.local_rope_theta != config.rope_theta:
@@ -152,9 +141,9 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(config, dtype, config.is_local(i)) for i in range(config.num_layers)
         )
         self.norm = rms_norm(config, config.hidden_size)
-        # with tied embeddings the head's weight is the embedding table itself (set in load_gguf)
-        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, dtype)
-        # the quantized modes' embedding lookup, when the file's table is Q8_0: [T] ids -> float32 [T, hidden]
+        # built by load_weights; with tied embeddings and no quantization, its weight is the embedding table itself
+        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size, dtype, "meta")
+        # the quantized modes' embedding lookup, from the file's blocks: [T] ids -> float32 [T, hidden]
         self.token_rows: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(
@@ -207,45 +196,6 @@ class LlamaForCausalLM(nn.Module):
         logits = self.lm_head(hidden).float()
         return logits if self.parallel is None else self.parallel.gather_columns(logits)
 
-    def quantize(self, mode: str, gguf: GGUFFile) -> None:
-        """Replace every projection by a quantized layer and the LM head by an 8-bit (or bfloat16) one; the
-        embedding lookup stays as it is. Where the file stores a weight as Q4_0/Q4_1/Q4_K (Q8_0 for the head), its
-        own blocks are taken (no re-quantization). Under `auto`, a weight the file stores finer than 4 bits
-        (Q5_0, Q5_K, Q6_K, Q8_0) is decoded from 8-bit blocks: re-quantized to 4 bits, Gemma 3's agreed with HF
-        float32 for 1-5 greedy tokens instead of 32 (benchmarks/gemma_quantization.py)."""
-
-        def raw(name: str) -> tuple[torch.Tensor, GGMLQuantizationType]:
-            t = gguf.tensor(name)
-            return torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type
-
-        head_name = "token_embd.weight" if self.config.tie_word_embeddings else "output.weight"
-        head_blocks = q8_blocks_from_gguf(*raw(head_name))
-        self.lm_head = quantized_head(self.lm_head.weight.data, head_blocks)
-        # a Q8_0 table is looked up from its blocks (the same values in a quarter of the memory); a tied one from
-        # the head's own codes, which are the file's
-        if self.config.tie_word_embeddings and head_blocks is not None and isinstance(self.lm_head, Q8Linear):
-            self.token_rows = self.lm_head.rows
-        elif (embedding_blocks := q8_blocks_from_gguf(*raw("token_embd.weight"))) is not None:
-            self.token_rows = Q8Embedding(*embedding_blocks)
-        if self.token_rows is not None:
-            self.embed_tokens = nn.Parameter(torch.empty(0, self.config.hidden_size, dtype=self.dtype), False)
-        for i, layer in enumerate(self.layers):
-            for parent, name, sources in self._projections(i, layer):
-                rows, types = [], set()
-                for tensor_name, heads in sources:
-                    data, ggml_type = raw(tensor_name)
-                    rows.append(unpermute_rope_rows(data, heads) if heads else data)
-                    types.add(ggml_type)
-                one_type = next(iter(types)) if len(types) == 1 else None  # raw rows of mixed types do not stack
-                blocks = q4_blocks_from_gguf(torch.cat(rows), one_type) if one_type is not None else None
-                eight_bit: Q8Blocks | bool = False
-                if mode == "auto" and types & FINER_THAN_4_BITS:
-                    eight_bit = True
-                    if one_type == GGMLQuantizationType.Q8_0:
-                        eight_bit = q8_blocks_from_gguf(torch.cat(rows), one_type) or True
-                weight = getattr(parent, name).weight.data
-                setattr(parent, name, quantized_linear(weight, mode, blocks, eight_bit))
-
     # ---- weights -------------------------------------------------------------------------------------------------
 
     def _projections(
@@ -270,51 +220,37 @@ class LlamaForCausalLM(nn.Module):
             (layer.mlp, "down_proj", [(p + "ffn_down.weight", None)]),
         ]
 
-    def load_gguf(self, gguf: GGUFFile) -> None:
-        """Dequantize the GGUF tensors into this model's (fused) parameters."""
+    def load_weights(self, source: GGUFFile, quantization: str | None = None) -> None:
+        """Build every weight from `source` in the kernels of `quantization` (None: dequantized to the compute
+        dtype; "auto", "int4", "int8": model/weights.py), one tensor at a time. Under the quantized modes no float
+        copy of a projection, the LM head or the embedding table is made: they go from the file's blocks to the
+        native kernels' (a Q4_0/Q4_1/Q4_K weight keeps its codes; under `auto` a weight the file stores finer than
+        4 bits (Q5_0, Q5_K, Q6_K, Q8_0) is decoded from 8-bit blocks: re-quantized to 4 bits, Gemma 3's agreed
+        with HF float32 for 1-5 greedy tokens instead of 32, benchmarks/gemma_quantization.py)."""
         c = self.config
-
-        def load(name: str) -> torch.Tensor:
-            t = gguf.tensor(name)
-            return dequantize(t.data, t.ggml_type, t.shape).to(self.dtype)
-
-        def copy(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
-            if param.shape != value.shape:
-                raise ValueError(f"{gguf.path}: {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
-            param.data = value.contiguous()  # adopt the loaded tensor: no second copy of the weights
-
-        copy(self.embed_tokens, load("token_embd.weight"), "token_embd.weight")
-        copy(self.norm.weight, load("output_norm.weight").float(), "output_norm.weight")
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens
+        weights = WeightLoader(source, quantization, self.dtype)
+        head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
+        self.lm_head = weights.head(head_name)
+        table = weights.embedding("token_embd.weight", self.lm_head)
+        if isinstance(table, torch.Tensor):  # float: the table, which a tied dense head shares
+            self.embed_tokens = nn.Parameter(table, False)
+            if c.tie_word_embeddings:
+                self.lm_head = Linear.of(table)
         else:
-            copy(self.lm_head.weight, load("output.weight"), "output.weight")
+            self.token_rows = table
+        self.norm.weight.data = weights.float_tensor("output_norm.weight", torch.float32)
         for i, layer in enumerate(self.layers):
             p = f"blk.{i}."
             for parent, name, sources in self._projections(i, layer):
-                rows = [unpermute_rope_rows(load(n), heads) if heads else load(n) for n, heads in sources]
-                label = " + ".join(n for n, _ in sources)
-                copy(getattr(parent, name).weight, torch.cat(rows) if len(rows) > 1 else rows[0], label)
+                setattr(parent, name, weights.linear(sources))
             if c.attention_bias:
                 names = [(n.replace(".weight", ".bias"), heads) for n, heads in self._projections(i, layer)[0][2]]
-                rows = [unpermute_rope_rows(load(n), heads) if heads else load(n) for n, heads in names]
-                copy(layer.self_attn.qkv_bias, torch.cat(rows), " + ".join(n for n, _ in names))
+                biases = [weights.float_rows(n, heads) for n, heads in names]
+                layer.self_attn.qkv_bias = nn.Parameter(torch.cat(biases), False)
             norms = [(layer.input_layernorm, "attn_norm"), (layer.post_attention_layernorm, "ffn_norm")]
             if c.qk_norm:
                 norms += [(layer.self_attn.q_norm, "attn_q_norm"), (layer.self_attn.k_norm, "attn_k_norm")]
             if c.sandwich_norms:
                 norms += [(layer.post_attention_norm, "post_attention_norm"), (layer.post_mlp_norm, "post_ffw_norm")]
             for norm, name in norms:
-                copy(norm.weight, load(f"{p}{name}.weight").float(), f"{p}{name}.weight")
-
-
-def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's conversion permutation of Q/K projection rows.
-
-    llama.cpp reorders each head's rows from [first half | second half] (HF, "neox" rope) to interleaved pairs
-    (ggml's rope): GGUF row h*D + 2j + s holds HF row h*D + s*D/2 + j. Works on any [rows, ...] tensor, including
-    raw quantized rows, since it only moves whole rows.
-    """
-    rows = weight.shape[0]
-    head_dim = rows // num_heads
-    return weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+                norm.weight.data = weights.float_tensor(f"{p}{name}.weight", torch.float32)

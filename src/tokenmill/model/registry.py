@@ -42,7 +42,8 @@ def build_model(
     quantization: str | None = None,
     parallel: "tuple[ShardPlan, ParallelGroup] | None" = None,
 ) -> tuple[nn.Module, ModelConfig]:
-    """Instantiate the architecture of `gguf`, load its weights (quantized in `quantization` mode) onto `device`.
+    """Instantiate the architecture of `gguf`, build its weights from the file in `quantization` mode's kernels
+    (model/weights.py) and move them to `device`.
     With `parallel`, only this rank's shard of every weight is read and held. Returns the model and the whole
     model's config."""
     model_class = model_class_for(gguf)
@@ -55,9 +56,10 @@ def build_model(
         gguf = ShardedGGUF(gguf, plan)  # type: ignore[assignment]
         model = model_class(plan.local_config, dtype)
         model.parallel, model.vocab_start = group, plan.vocab[0]
-    model.load_gguf(gguf)
-    if quantization is not None:
-        model.quantize(quantization, gguf)
+    model.load_weights(gguf, quantization)
+    placeholders = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if placeholders:  # a bug: every weight must have been built
+        raise RuntimeError(f"weights left unloaded: {', '.join(placeholders[:4])}")
     return model.to(device).eval(), config
 
 
