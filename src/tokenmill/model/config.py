@@ -139,6 +139,17 @@ def _llama(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     return {}
 
 
+def _qwen2(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Qwen2 (and Qwen 2.5): llama with biases on the Q, K and V projections. llama.cpp's converter stores Q/K rows
+    unpermuted (its qwen2 graph uses neox rope)."""
+    return {"attention_bias": True, "rope_rows_permuted": False}
+
+
+def _qwen3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Qwen3 (dense): llama with an RMSNorm over each query and key head, no biases; Q/K rows unpermuted (neox)."""
+    return {"qk_norm": True, "rope_rows_permuted": False}
+
+
 def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     """Gemma 3 (text): GeGLU, QK-norm, sandwich norms, scaled embeddings; five local layers (sliding window,
     rope base 10,000) to one global one, as llama.cpp and HF transformers define it. GGUF stores the norms'
@@ -157,4 +168,4 @@ def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
 
 
 # the declarative differences of each architecture from llama, read from its GGUF metadata
-ARCHITECTURE_TRAITS = {"llama": _llama, "gemma3": _gemma3}
+ARCHITECTURE_TRAITS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "gemma3": _gemma3}
