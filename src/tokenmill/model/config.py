@@ -81,6 +81,9 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         raise UnsupportedModelError(f"{gguf.path}: different key and value head sizes are not supported")
     if num_heads % num_kv_heads:
         raise ModelFileError(f"{gguf.path}: {num_heads} attention heads is not a multiple of {num_kv_heads} KV heads")
+    for key in (f"{arch}.attn_logit_softcapping", f"{arch}.final_logit_softcapping"):
+        if gguf.get(key):
+            raise UnsupportedModelError(f"{gguf.path}: {key} (logit soft-capping) is not supported")
     rotary_dim = _int(gguf, f"{arch}.rope.dimension_count", head_dim)
     embed = gguf.tensor("token_embd.weight")
     return ModelConfig(
@@ -152,19 +155,30 @@ def _qwen3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
 
 def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     """Gemma 3 (text): GeGLU, QK-norm, sandwich norms, scaled embeddings; five local layers (sliding window,
-    rope base 10,000) to one global one, as llama.cpp and HF transformers define it. GGUF stores the norms'
-    weights with Gemma's +1 already added, and Q/K rows unpermuted (neox rope)."""
+    rope base `rope.freq_base_swa`, 10,000 in every Gemma 3) to one global one, as llama.cpp and HF transformers
+    define it. GGUF stores the norms' weights with Gemma's +1 already added, and Q/K rows unpermuted (neox rope).
+    A linear rope scaling (the 4B and larger: factor 8) applies to the global layers only."""
+    num_layers = _int(gguf, f"{arch}.block_count")
     return {
         "activation": "gelu_tanh",
         "qk_norm": True,
         "sandwich_norms": True,
         "embedding_scale": hidden**0.5,
         "sliding_window": _int(gguf, f"{arch}.attention.sliding_window"),
-        "local_layers": tuple((i + 1) % 6 != 0 for i in range(_int(gguf, f"{arch}.block_count"))),
-        "local_rope_theta": 10000.0,
+        "local_layers": tuple((i + 1) % 6 != 0 for i in range(num_layers)),
+        "local_rope_theta": float(gguf.get(f"{arch}.rope.freq_base_swa", 10000.0)),
         "rope_rows_permuted": False,
+        "attention_scale": _gemma3_attention_scale(gguf, arch, hidden, num_layers),
         "norm_scale_in_float32": True,
     }
+
+
+def _gemma3_attention_scale(gguf: GGUFFile, arch: str, hidden: int, num_layers: int) -> float | None:
+    """GGUF has no key for HF's query_pre_attn_scalar: llama.cpp takes it to be the head size (1/sqrt(head_dim),
+    tokenmill's default: right for 270M to 12B), except for the 27B (62 layers), whose scalar is hidden / heads."""
+    if num_layers != 62:
+        return None
+    return (hidden / _int(gguf, f"{arch}.attention.head_count")) ** -0.5
 
 
 # the declarative differences of each architecture from llama, read from its GGUF metadata
