@@ -1,53 +1,90 @@
-"""Write small GGUF files for tests: a tiny random llama model (with HF-layout weights kept for comparison)."""
+"""Write small GGUF files for tests: tiny random-weight models of llama (Llama 2/3, SmolLM2, Mistral-style), qwen2,
+qwen3 and gemma3, written the way llama.cpp's convert_hf_to_gguf.py writes them: its metadata keys (gguf.Keys,
+through GGUFWriter) and tensor names (gguf.TensorNameMap from the HF names), Q/K rows permuted for ggml's rope in
+llama files only (qwen2, qwen3 and gemma3 use neox rope), Gemma's norm weights stored with their +1, and Llama 3's
+rope scaling as a `rope_freqs` tensor. The weights are kept under their HF names, so a test can load the same ones
+into HF transformers' model of the architecture and compare.
+"""
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
 
+# GGUF architecture name -> gguf's enum (for its tensor-name map)
+_ARCHES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+
 
 @dataclass
-class TinyLlama:
+class TinyModel:
+    arch: str = "llama"  # GGUF's general.architecture; also which HF model the weights are laid out for
     vocab_size: int = 96
     hidden: int = 64
     intermediate: int = 128
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2
+    head_size: int | None = None  # None: hidden // heads, and the file names no key_length (as older converters)
     rope_theta: float = 10000.0
+    # HF's rope parameters besides the base, e.g. {"rope_type": "llama3", "factor": 8.0, ...} or {"rope_type":
+    # "linear", "factor": 8.0}: for Gemma 3, those of the global layers
+    rope_scaling: dict[str, Any] | None = None
     eps: float = 1e-5
     context: int = 256
     tie_embeddings: bool = False
+    sliding_window: int | None = None  # gemma3: the local layers' window (five local layers to one global)
+    local_rope_theta: float = 10000.0  # gemma3: the local layers' rope base
+    final_logit_softcapping: float | None = None  # gemma3: written when set, as the converter does
     seed: int = 0
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # HF names, float32
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def make_weights(self) -> None:
+        """Random weights under HF names: llama's tensors in their order (the draws of older tests stay the same),
+        then what the architecture adds per layer. Norm weights scale by about 1 (Gemma's: 1 + w, so w is small)."""
         rng = np.random.default_rng(self.seed)
 
         def w(*shape: int, scale: float = 0.08) -> np.ndarray:
             return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-        hd = self.head_dim
+        def norm(size: int) -> np.ndarray:
+            return w(size, scale=0.3) if self.arch == "gemma3" else (1 + w(size)).astype(np.float32)
+
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.weights["model.embed_tokens.weight"] = w(self.vocab_size, self.hidden, scale=0.5)
-        self.weights["model.norm.weight"] = (1 + w(self.hidden)).astype(np.float32)
+        self.weights["model.norm.weight"] = norm(self.hidden)
         if not self.tie_embeddings:
             self.weights["lm_head.weight"] = w(self.vocab_size, self.hidden)
         for i in range(self.layers):
             p = f"model.layers.{i}."
-            self.weights[p + "self_attn.q_proj.weight"] = w(self.heads * hd, self.hidden)
-            self.weights[p + "self_attn.k_proj.weight"] = w(self.kv_heads * hd, self.hidden)
-            self.weights[p + "self_attn.v_proj.weight"] = w(self.kv_heads * hd, self.hidden)
-            self.weights[p + "self_attn.o_proj.weight"] = w(self.hidden, self.heads * hd)
+            self.weights[p + "self_attn.q_proj.weight"] = w(q, self.hidden)
+            self.weights[p + "self_attn.k_proj.weight"] = w(kv, self.hidden)
+            self.weights[p + "self_attn.v_proj.weight"] = w(kv, self.hidden)
+            self.weights[p + "self_attn.o_proj.weight"] = w(self.hidden, q)
             self.weights[p + "mlp.gate_proj.weight"] = w(self.intermediate, self.hidden)
             self.weights[p + "mlp.up_proj.weight"] = w(self.intermediate, self.hidden)
             self.weights[p + "mlp.down_proj.weight"] = w(self.hidden, self.intermediate)
-            self.weights[p + "input_layernorm.weight"] = (1 + w(self.hidden)).astype(np.float32)
-            self.weights[p + "post_attention_layernorm.weight"] = (1 + w(self.hidden)).astype(np.float32)
+            self.weights[p + "input_layernorm.weight"] = norm(self.hidden)
+            self.weights[p + "post_attention_layernorm.weight"] = norm(self.hidden)
+            if self.arch == "qwen2":
+                for name, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+                    self.weights[p + f"self_attn.{name}.bias"] = w(size, scale=0.3)
+            if self.arch in ("qwen3", "gemma3"):
+                self.weights[p + "self_attn.q_norm.weight"] = norm(self.head_dim)
+                self.weights[p + "self_attn.k_norm.weight"] = norm(self.head_dim)
+            if self.arch == "gemma3":  # its post_attention_layernorm norms the attention's output
+                self.weights[p + "pre_feedforward_layernorm.weight"] = norm(self.hidden)
+                self.weights[p + "post_feedforward_layernorm.weight"] = norm(self.hidden)
+
+
+TinyLlama = TinyModel  # the llama defaults
 
 
 def permute_for_ggml(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -56,20 +93,76 @@ def permute_for_ggml(weight: np.ndarray, heads: int) -> np.ndarray:
     return halves.swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_tiny_llama(path: Path, model: TinyLlama, matrix_type: str = "F32", arch: str = "llama") -> Path:
-    """A llama GGUF with byte-level tokenizer metadata (one token per byte value, no merges)."""
-    if not model.weights:
-        model.make_weights()
-    writer = gguf.GGUFWriter(str(path), arch)
+def llama3_rope_freqs(model: TinyModel) -> np.ndarray:
+    """float32 [head_dim / 2]: the converter's rope_freqs for HF's llama3 rope parameters (its float32 arithmetic)."""
+    s, dim = model.rope_scaling or {}, model.head_dim
+    freqs = (1.0 / (np.float32(model.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / dim))).astype(np.float32)
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_context = s["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs:
+        wavelen = np.float32(2 * math.pi) / freq
+        if wavelen < old_context / high:
+            factors.append(1.0)
+        elif wavelen > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = np.float32((old_context / wavelen - low) / (high - low))
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def gguf_tensors(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array) of every tensor, as the converter makes them from the HF weights."""
+    names = gguf.get_tensor_name_map(_ARCHES[model.arch], model.layers)
+    for hf_name, value in model.weights.items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"no GGUF name for {hf_name} in {model.arch}")
+        if model.arch == "llama" and ".q_proj." in hf_name:
+            value = permute_for_ggml(value, model.heads)
+        elif model.arch == "llama" and ".k_proj." in hf_name:
+            value = permute_for_ggml(value, model.kv_heads)
+        elif model.arch == "gemma3" and hf_name.endswith("norm.weight"):
+            value = value + np.float32(1.0)  # Gemma3RMSNorm scales by 1 + w
+        yield name, value
+    if (model.rope_scaling or {}).get("rope_type") == "llama3":
+        yield "rope_freqs.weight", llama3_rope_freqs(model)
+
+
+def write_hparams(writer: gguf.GGUFWriter, model: TinyModel) -> None:
+    """The model's shape, as convert_hf_to_gguf.py's TextModel and the architectures' classes write it."""
     writer.add_block_count(model.layers)
     writer.add_context_length(model.context)
     writer.add_embedding_length(model.hidden)
     writer.add_feed_forward_length(model.intermediate)
     writer.add_head_count(model.heads)
     writer.add_head_count_kv(model.kv_heads)
+    scaling = model.rope_scaling or {}
+    if scaling.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(scaling["factor"])
+    elif scaling.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     writer.add_rope_freq_base(model.rope_theta)
     writer.add_layer_norm_rms_eps(model.eps)
-    writer.add_rope_dimension_count(model.head_dim)
+    if model.head_size is not None:
+        writer.add_key_length(model.head_size)
+        writer.add_value_length(model.head_size)
+    if model.arch == "llama":
+        writer.add_vocab_size(model.vocab_size)
+        writer.add_rope_dimension_count(model.head_dim)
+    if model.arch == "gemma3":
+        writer.add_rope_freq_base_swa(model.local_rope_theta)
+        writer.add_sliding_window(model.sliding_window)
+        if model.final_logit_softcapping:
+            writer.add_final_logit_softcapping(model.final_logit_softcapping)
+
+
+def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
+    """Byte-level tokenizer metadata: a few tokens and one merge, the rest placeholders."""
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     tokens = ["a", "b", "ab"] + [f"<t{i}>" for i in range(3, model.vocab_size)]
@@ -78,33 +171,30 @@ def write_tiny_llama(path: Path, model: TinyLlama, matrix_type: str = "F32", arc
     writer.add_token_merges(["a b"])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)
-    qtype = gguf.GGMLQuantizationType[matrix_type]
 
-    def add(name: str, value: np.ndarray, quantize: bool = True) -> None:
-        if quantize and value.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+
+def write_tiny_gguf(path: Path, model: TinyModel, matrix_type: str = "F32", arch: str | None = None) -> Path:
+    """The model as a GGUF file, its matrices stored as `matrix_type` (vectors stay F32, as the converter keeps
+    them). `arch` writes another general.architecture over the same tensors (for tests of unsupported ones)."""
+    if not model.weights:
+        model.make_weights()
+    writer = gguf.GGUFWriter(str(path), arch or model.arch)
+    write_hparams(writer, model)
+    write_tokenizer(writer, model)
+    qtype = gguf.GGMLQuantizationType[matrix_type]
+    for name, value in gguf_tensors(model):
+        if value.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             raw = gguf.quants.quantize(value, qtype)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(name, value)
-
-    w = model.weights
-    add("token_embd.weight", w["model.embed_tokens.weight"])
-    add("output_norm.weight", w["model.norm.weight"], quantize=False)
-    if not model.tie_embeddings:
-        add("output.weight", w["lm_head.weight"])
-    for i in range(model.layers):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        add(b + "attn_q.weight", permute_for_ggml(w[p + "self_attn.q_proj.weight"], model.heads))
-        add(b + "attn_k.weight", permute_for_ggml(w[p + "self_attn.k_proj.weight"], model.kv_heads))
-        add(b + "attn_v.weight", w[p + "self_attn.v_proj.weight"])
-        add(b + "attn_output.weight", w[p + "self_attn.o_proj.weight"])
-        add(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"])
-        add(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"])
-        add(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"])
-        add(b + "attn_norm.weight", w[p + "input_layernorm.weight"], quantize=False)
-        add(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"], quantize=False)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_llama(path: Path, model: TinyModel, matrix_type: str = "F32", arch: str = "llama") -> Path:
+    """A llama GGUF (the older tests' entry point)."""
+    return write_tiny_gguf(path, model, matrix_type, arch)

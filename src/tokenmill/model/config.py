@@ -3,6 +3,9 @@
 import math
 from dataclasses import dataclass
 
+import numpy as np
+from gguf import GGMLQuantizationType
+
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
@@ -31,6 +34,11 @@ class ModelConfig:
     sliding_window: int | None = None  # local layers attend to at most this many latest positions
     local_layers: tuple[bool, ...] = ()  # per layer: attends to its sliding window only (the others: everything)
     local_rope_theta: float | None = None  # the local layers' rope base, when different
+    # rope scaling, of the global layers only (Gemma 3's local layers keep their plain frequencies; llama has no
+    # local layers): every frequency divided by rope_scale (linear: Gemma 3 4B's 8), and each by its own factor
+    # (Llama 3's scaling: [rotary_dim / 2], GGUF's rope_freqs tensor)
+    rope_scale: float = 1.0
+    rope_freq_factors: tuple[float, ...] | None = None
     rope_rows_permuted: bool = True  # Q/K rows stored permuted for ggml's interleaved rope (llama's GGUF files)
     attention_bias: bool = False  # Q, K and V projections have biases (Qwen2)
     attention_scale: float | None = None  # softmax scale of the attention scores (None: 1 / sqrt(head_dim))
@@ -73,9 +81,10 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         raise UnsupportedModelError(f"{gguf.path}: different key and value head sizes are not supported")
     if num_heads % num_kv_heads:
         raise ModelFileError(f"{gguf.path}: {num_heads} attention heads is not a multiple of {num_kv_heads} KV heads")
-    scaling = gguf.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise UnsupportedModelError(f"{gguf.path}: rope scaling {scaling!r} is not supported")
+    for key in (f"{arch}.attn_logit_softcapping", f"{arch}.final_logit_softcapping"):
+        if gguf.get(key):
+            raise UnsupportedModelError(f"{gguf.path}: {key} (logit soft-capping) is not supported")
+    rotary_dim = _int(gguf, f"{arch}.rope.dimension_count", head_dim)
     embed = gguf.tensor("token_embd.weight")
     return ModelConfig(
         architecture=arch,
@@ -86,35 +95,91 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        rotary_dim=_int(gguf, f"{arch}.rope.dimension_count", head_dim),
+        rotary_dim=rotary_dim,
         rope_theta=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position=_int(gguf, f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in gguf.tensors,
+        rope_scale=_rope_linear_scale(gguf, arch),
+        rope_freq_factors=_rope_freq_factors(gguf, rotary_dim),
         **ARCHITECTURE_TRAITS.get(arch, _llama)(gguf, arch, hidden),
     )
+
+
+def _rope_linear_scale(gguf: GGUFFile, arch: str) -> float:
+    """The linear rope scaling factor, read as llama.cpp reads it: `rope.scaling.factor` (or the older
+    `rope.scale_linear`), of type "linear" unless `rope.scaling.type` says otherwise, and none when it says "none".
+    YaRN and LongRoPE (which change attention as well as frequencies) are refused."""
+    kind = gguf.get(f"{arch}.rope.scaling.type", "linear")
+    if kind not in ("linear", "none"):
+        raise UnsupportedModelError(
+            f"{gguf.path}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not supported "
+            "(linear scaling and Llama 3's rope_freqs are)"
+        )
+    factor = gguf.get(f"{arch}.rope.scaling.factor", gguf.get(f"{arch}.rope.scale_linear", 0.0))
+    if not isinstance(factor, int | float) or factor < 0:
+        raise ModelFileError(f"{gguf.path}: {arch}.rope.scaling.factor must be a positive number, not {factor!r}")
+    return float(factor) if kind == "linear" and factor > 0 else 1.0  # llama.cpp: 0 means no scaling
+
+
+def _rope_freq_factors(gguf: GGUFFile, rotary_dim: int) -> tuple[float, ...] | None:
+    """Llama 3's rope scaling as llama.cpp's converter stores it: `rope_freqs.weight`, float32 [rotary_dim / 2],
+    the divisor of each rope frequency (ggml's rope divides the frequencies by it, in every layer)."""
+    t = gguf.tensors.get("rope_freqs.weight")
+    if t is None:
+        return None
+    if t.ggml_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or t.shape != (rotary_dim // 2,):
+        raise ModelFileError(
+            f"{gguf.path}: rope_freqs.weight is {t.ggml_type.name} {t.shape}, expected F32 ({rotary_dim // 2},)"
+        )
+    factors = np.asarray(t.data, dtype=np.float32)
+    if not np.all(np.isfinite(factors) & (factors > 0)):
+        raise ModelFileError(f"{gguf.path}: rope_freqs.weight holds factors that are not positive numbers")
+    return tuple(float(f) for f in factors)
 
 
 def _llama(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     return {}
 
 
+def _qwen2(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Qwen2 (and Qwen 2.5): llama with biases on the Q, K and V projections. llama.cpp's converter stores Q/K rows
+    unpermuted (its qwen2 graph uses neox rope)."""
+    return {"attention_bias": True, "rope_rows_permuted": False}
+
+
+def _qwen3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Qwen3 (dense): llama with an RMSNorm over each query and key head, no biases; Q/K rows unpermuted (neox)."""
+    return {"qk_norm": True, "rope_rows_permuted": False}
+
+
 def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     """Gemma 3 (text): GeGLU, QK-norm, sandwich norms, scaled embeddings; five local layers (sliding window,
-    rope base 10,000) to one global one, as llama.cpp and HF transformers define it. GGUF stores the norms'
-    weights with Gemma's +1 already added, and Q/K rows unpermuted (neox rope)."""
+    rope base `rope.freq_base_swa`, 10,000 in every Gemma 3) to one global one, as llama.cpp and HF transformers
+    define it. GGUF stores the norms' weights with Gemma's +1 already added, and Q/K rows unpermuted (neox rope).
+    A linear rope scaling (the 4B and larger: factor 8) applies to the global layers only."""
+    num_layers = _int(gguf, f"{arch}.block_count")
     return {
         "activation": "gelu_tanh",
         "qk_norm": True,
         "sandwich_norms": True,
         "embedding_scale": hidden**0.5,
         "sliding_window": _int(gguf, f"{arch}.attention.sliding_window"),
-        "local_layers": tuple((i + 1) % 6 != 0 for i in range(_int(gguf, f"{arch}.block_count"))),
-        "local_rope_theta": 10000.0,
+        "local_layers": tuple((i + 1) % 6 != 0 for i in range(num_layers)),
+        "local_rope_theta": float(gguf.get(f"{arch}.rope.freq_base_swa", 10000.0)),
         "rope_rows_permuted": False,
+        "attention_scale": _gemma3_attention_scale(gguf, arch, hidden, num_layers),
         "norm_scale_in_float32": True,
     }
 
 
+def _gemma3_attention_scale(gguf: GGUFFile, arch: str, hidden: int, num_layers: int) -> float | None:
+    """GGUF has no key for HF's query_pre_attn_scalar: llama.cpp takes it to be the head size (1/sqrt(head_dim),
+    tokenmill's default: right for 270M to 12B), except for the 27B (62 layers), whose scalar is hidden / heads."""
+    if num_layers != 62:
+        return None
+    return (hidden / _int(gguf, f"{arch}.attention.head_count")) ** -0.5
+
+
 # the declarative differences of each architecture from llama, read from its GGUF metadata
-ARCHITECTURE_TRAITS = {"llama": _llama, "gemma3": _gemma3}
+ARCHITECTURE_TRAITS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "gemma3": _gemma3}

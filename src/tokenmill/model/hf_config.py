@@ -1,14 +1,16 @@
 """The shape of a model, read from a Hugging Face `config.json` (what model/config.py reads from GGUF metadata).
 
 Reads both the key names of transformers 5 (`rope_parameters`, `layer_types`) and of older checkpoints
-(`rope_theta`, `rope_scaling`, `rope_local_base_freq`, `sliding_window_pattern`). Whatever the shared decoder does
-not implement (rope scaling, logit soft-capping, biases other than Qwen2's Q/K/V ones, Qwen's sliding windows)
-is refused here, by name, before any weight is read.
+(`rope_theta`, `rope_scaling`, `rope_local_base_freq`, `sliding_window_pattern`). Rope scaling of the types
+"linear" and "llama3" becomes ModelConfig's rope_scale and rope_freq_factors (model/config.py). Whatever the shared
+decoder does not implement (other rope scaling such as YaRN, logit soft-capping, biases other than Qwen2's Q/K/V
+ones, Qwen's sliding windows) is refused here, by name, before any weight is read.
 """
 
 from typing import Any
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.layers.rotary import llama3_frequency_factors
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config import ModelConfig
 
@@ -47,7 +49,7 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if cfg.get(key) is not None:
             raise refuse(key)
-    global_theta, local_theta = _rope_thetas(cfg, arch, refuse)
+    rope = _rope_traits(cfg, arch, head_dim, where, refuse)
     traits: dict[str, Any] = {}
     if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         raise refuse("use_sliding_window")
@@ -61,7 +63,6 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
             embedding_scale=hidden**0.5,
             sliding_window=int(number("sliding_window")),
             local_layers=_local_layers(cfg, num_layers, where),
-            local_rope_theta=local_theta,
             attention_scale=float(number("query_pre_attn_scalar", head_dim)) ** -0.5,
             norm_scale_in_float32=True,
         )
@@ -75,36 +76,77 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         rotary_dim=head_dim,
-        rope_theta=global_theta,
         rms_norm_eps=float(number("rms_norm_eps", 1e-6)),
         max_position=int(number("max_position_embeddings", 2048)),
         tie_word_embeddings="output.weight" not in checkpoint.tensors,
         activation=activation,
         rope_rows_permuted=False,  # HF stores Q/K rows as its own (neox-style) rope reads them
+        **rope,
         **traits,
     )
 
 
-def _rope_thetas(cfg: dict[str, Any], arch: str, refuse) -> tuple[float, float | None]:
-    """(the rope base of global layers, that of local ones or None), refusing any rope scaling."""
-    params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and "full_attention" in params:  # per layer type (Gemma 3, transformers 5)
-        per_type = {kind: p for kind, p in params.items() if isinstance(p, dict)}
-    elif isinstance(params, dict):
-        per_type = {"full_attention": params}
-    else:
-        per_type = {"full_attention": {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)}}
-        if cfg.get("rope_scaling"):
-            per_type["full_attention"]["rope_type"] = cfg["rope_scaling"].get("rope_type", "scaled")
-        if arch == "gemma3":
-            per_type["sliding_attention"] = {"rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
-    for kind, p in per_type.items():
-        if p.get("rope_type", "default") != "default":
-            raise refuse(f"rope scaling {p.get('rope_type')!r} ({kind})")
+def _rope_traits(cfg: dict[str, Any], arch: str, head_dim: int, where, refuse) -> dict[str, Any]:
+    """ModelConfig's rope fields (rope_theta, rope_scale, rope_freq_factors, local_rope_theta) from the rope
+    parameters of each layer type; scaling only on the global layers, of the types "linear" and "llama3"."""
+    per_type = _rope_parameters(cfg, arch)
     local = per_type.get("sliding_attention")
-    return float(per_type["full_attention"].get("rope_theta", 10000.0)), (
-        float(local.get("rope_theta", 10000.0)) if local else None
-    )
+    if local is not None and local.get("rope_type", "default") != "default":
+        raise refuse(f"rope scaling {local['rope_type']!r} on the sliding-window layers")
+    full = per_type["full_attention"]
+    theta = float(full.get("rope_theta", cfg.get("rope_theta", _DEFAULT_THETA.get(arch, 10000.0))))
+
+    def parameter(key: str, value: Any) -> float:
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ModelFileError(f"{where}: rope scaling {full['rope_type']!r} needs a positive {key!r}")
+        return float(value)
+
+    traits: dict[str, Any] = {"rope_theta": theta}
+    kind = full["rope_type"]
+    if kind == "linear":
+        traits["rope_scale"] = parameter("factor", full.get("factor"))
+    elif kind == "llama3":
+        # as transformers: the top level's original_max_position_embeddings first, then the rope parameters', then
+        # max_position_embeddings
+        original = cfg.get("original_max_position_embeddings") or full.get("original_max_position_embeddings")
+        traits["rope_freq_factors"] = llama3_frequency_factors(
+            head_dim,
+            theta,
+            *(parameter(key, full.get(key)) for key in ("factor", "low_freq_factor", "high_freq_factor")),
+            int(parameter("original_max_position_embeddings", original or cfg.get("max_position_embeddings"))),
+        )
+    elif kind != "default":
+        raise refuse(f"rope scaling {kind!r}")  # YaRN, dynamic NTK, LongRoPE: they change more than frequencies
+    if local is not None:
+        traits["local_rope_theta"] = float(local.get("rope_theta", _DEFAULT_LOCAL_THETA))
+    return traits
+
+
+_DEFAULT_THETA = {"gemma3": 1_000_000.0}  # transformers' default rope bases where config.json names none
+_DEFAULT_LOCAL_THETA = 10_000.0
+
+
+def _rope_parameters(cfg: dict[str, Any], arch: str) -> dict[str, dict[str, Any]]:
+    """The rope parameters of each layer type ("full_attention", and "sliding_attention" for Gemma 3), from
+    transformers 5's `rope_parameters` (flat, or per layer type) or older configs' `rope_theta` + `rope_scaling`
+    (whose type may be named "type") + `rope_local_base_freq`."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and {"full_attention", "sliding_attention"} & params.keys():  # per layer type
+        per_type = {kind: dict(p) for kind, p in params.items() if isinstance(p, dict)}
+        per_type.setdefault("full_attention", {})
+    elif isinstance(params, dict):
+        per_type = {"full_attention": dict(params)}
+    else:
+        per_type = {"full_attention": dict(cfg.get("rope_scaling") or {})}
+        if "rope_theta" in cfg:
+            per_type["full_attention"]["rope_theta"] = cfg["rope_theta"]
+        if arch == "gemma3":
+            per_type["sliding_attention"] = {"rope_theta": cfg.get("rope_local_base_freq", _DEFAULT_LOCAL_THETA)}
+    for p in per_type.values():
+        p.setdefault("rope_type", p.get("type", "default"))
+    if arch == "gemma3":
+        per_type.setdefault("sliding_attention", {"rope_type": "default"})
+    return per_type
 
 
 def _local_layers(cfg: dict[str, Any], num_layers: int, where) -> tuple[bool, ...]:

@@ -131,12 +131,7 @@ class LlamaForCausalLM(nn.Module):
         self.vocab_start = 0
         # the float table (quantization None), else empty: the quantized modes look rows up through token_rows
         self.embed_tokens = nn.Parameter(torch.empty(0, config.hidden_size, dtype=dtype), False)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rotary_dim, config.max_position, config.rope_theta)
-        self.local_rotary = self.rotary
-        if config.local_rope_theta is not None and config.local_rope_theta != config.rope_theta:
-            self.local_rotary = RotaryEmbedding(
-                config.head_dim, config.rotary_dim, config.max_position, config.local_rope_theta
-            )
+        self.rotary, self.local_rotary = rotary_embeddings(config)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, dtype, config.is_local(i)) for i in range(config.num_layers)
         )
@@ -254,3 +249,16 @@ class LlamaForCausalLM(nn.Module):
                 norms += [(layer.post_attention_norm, "post_attention_norm"), (layer.post_mlp_norm, "post_ffw_norm")]
             for norm, name in norms:
                 norm.weight.data = weights.float_tensor(f"{p}{name}.weight", torch.float32)
+
+
+def rotary_embeddings(config: ModelConfig) -> tuple[RotaryEmbedding, RotaryEmbedding]:
+    """(the global layers' rotary embedding, the local layers'): one object when they are the same frequencies (the
+    native decoder reads the local tables only when they are another object). Rope scaling is the global layers'
+    only: Gemma 3's local layers keep their own base, unscaled, as in HF transformers and llama.cpp."""
+    c = config
+    rotary = RotaryEmbedding(c.head_dim, c.rotary_dim, c.max_position, c.rope_theta, c.rope_scale, c.rope_freq_factors)
+    local_theta = c.local_rope_theta if c.local_rope_theta is not None else c.rope_theta
+    scaled = c.rope_scale != 1.0 or c.rope_freq_factors is not None
+    if c.sliding_window is None or (local_theta == c.rope_theta and not scaled):
+        return rotary, rotary
+    return rotary, RotaryEmbedding(c.head_dim, c.rotary_dim, c.max_position, local_theta)

@@ -99,10 +99,17 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# tensors a file may hold that no layer reads: model/config.py reads them into the config (Llama 3's rope scaling)
+_READ_INTO_CONFIG = frozenset({"rope_freqs.weight"})
+
+
 def check_tensor_shapes(source: ModelSource, config: ModelConfig) -> None:
-    """Raise ModelFileError naming every missing tensor and every one of the wrong shape (at most a few of each)."""
+    """Raise ModelFileError naming every missing tensor and every one of the wrong shape (at most a few of each),
+    and UnsupportedModelError naming the tensors no layer would read: a variant of the architecture (biases on
+    other projections, say) that the shared decoder does not implement, whose weights it must not drop silently."""
+    expected = expected_tensor_shapes(config)
     missing, wrong = [], []
-    for name, shape in expected_tensor_shapes(config).items():
+    for name, shape in expected.items():
         tensor = source.tensors.get(name)
         if tensor is None:
             missing.append(name)
@@ -121,4 +128,10 @@ def check_tensor_shapes(source: ModelSource, config: ModelConfig) -> None:
             f"(hidden {config.hidden_size}, {config.num_layers} layers, {config.num_heads} heads of {config.head_dim}, "
             f"{config.num_kv_heads} KV heads, MLP {config.intermediate_size}, vocabulary {config.vocab_size}): "
             + "; ".join(parts)
+        )
+    unread = sorted(set(source.tensors) - expected.keys() - _READ_INTO_CONFIG)
+    if unread:
+        raise UnsupportedModelError(
+            f"{source.path}: holds {len(unread)} tensors that tokenmill's {config.architecture} decoder does not "
+            f"implement ({', '.join(unread[:4])}{', ...' if len(unread) > 4 else ''})"
         )
