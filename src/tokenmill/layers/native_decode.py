@@ -1,4 +1,4 @@
-"""Generated tokens of the shared decoder's models through the native decoder (tokenmill/native/q4_kernels.c):
+"""Generated tokens of the shared decoder's models through the native decoder (tokenmill/native/decoder.c):
 llama's layers and what other architectures declare (QK-norm, sandwich norms, GeGLU, sliding-window layers
 with their own rope base); Q/K/V biases take the torch path.
 
@@ -50,7 +50,7 @@ class LlamaLayer(ctypes.Structure):
     ]
 
 
-ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # q4_kernels.c's TM_SILU, TM_GELU_TANH
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
 
 
 def _pointer(norm: torch.nn.Module | None) -> int | None:

@@ -1,6 +1,6 @@
 """Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
 
-- Q4Linear / Q8Linear: tokenmill's native kernels (tokenmill/native/q4_kernels.c): GGUF's Q4_1 and Q8_0 blocks
+- Q4Linear / Q8Linear: tokenmill's native kernels (tokenmill/native/products.c): GGUF's Q4_1 and Q8_0 blocks
   as the file has them (Q4_0 and Q4_K converted exactly, up to half-float rounding of Q4_K's sub-block scales),
   multiplied with integer dot products; activations are quantized per block of 32 in two
   int8 passes (error below 1/64,516 of the block's largest value): on the references, all 32 greedy tokens
@@ -112,7 +112,7 @@ def _native_product(rows: int, out_features: int, product: Callable[[int, int], 
 class Q4Linear(nn.Module):
     """4-bit weights in GGUF's Q4_1 scheme (half-float block scales and minimums) through tokenmill's native kernel,
     which quantizes activations per block of 32 in two int8 passes (error below 1/64,516 of the block's largest
-    value; see q4_kernels.c). Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
+    value; see products.c). Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
     float weight (min/max per block, which recovers Q4 blocks exactly). The kernel's layout interleaves 16 output
     rows; a last partial group is padded with zero rows."""
 

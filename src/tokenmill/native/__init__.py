@@ -1,9 +1,10 @@
 """tokenmill's hand-written CPU kernels (C, compiled for this machine on first use, loaded with ctypes).
 
-q4_kernels.c has 4-bit and 8-bit matrix products for decode-sized batches (integer dot products on weights
-kept in groups of 16 interleaved rows), the decoder layers of a llama model for the tokens of a decode step
+products.c has 4-bit and 8-bit matrix products for decode-sized batches (integer dot products on weights kept
+in groups of 16 interleaved rows), decoder.c the decoder layers of a llama model for the tokens of a decode step
 (norms, projections, rope, the KV-cache write, attention over the paged cache, SwiGLU) in one call per step
-instead of ~40 torch operations per layer, and the Q4_1/Q8_0 dequantization used at load. The library is built
+instead of ~40 torch operations per layer, dequantize.c the Q4_1/Q8_0 dequantization used at load, and
+shm_reduce.c the tensor-parallel sums over shared memory; kernels.h is what they share. The library is built
 with the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without
 a compiler tokenmill falls back to torch's kernels and says so once in the log.
 """
@@ -22,7 +23,10 @@ from tokenmill.cache import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("q4_kernels.c", "shm_reduce.c")]
+# every file the library is built from (all of them key the cache; the .c files are compiled)
+_SOURCES = [
+    Path(__file__).with_name(name) for name in ("kernels.h", "products.c", "dequantize.c", "decoder.c", "shm_reduce.c")
+]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared", "-std=c11"]
@@ -50,11 +54,12 @@ def _build(force: bool = False) -> Path:
     command = [compiler, *flags, "SOURCES", "-o", "TARGET", *_LIBS]
     sources = b"".join(source.read_bytes() for source in _SOURCES)
     key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
-    target = cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
+    target = cache_dir() / f"kernels-{key.hexdigest()[:16]}.so"
     if force or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        command = [compiler, *flags, *map(str, _SOURCES), "-o", str(tmp), *_LIBS]
+        compiled = [str(source) for source in _SOURCES if source.suffix == ".c"]
+        command = [compiler, *flags, *compiled, "-o", str(tmp), *_LIBS]
         subprocess.run(command, check=True, capture_output=True)
         tmp.replace(target)  # atomic: concurrent processes never load a half-written file
     return target
