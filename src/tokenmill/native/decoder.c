@@ -1,7 +1,7 @@
-/* The decoder layers of a llama model for the tokens of a decode step: norms, projections (products.c), rope,
- * the KV-cache write, attention over the paged cache and the MLP, one OpenMP parallel region per layer. */
+/* The decoder layers of a llama model for the tokens of a decode step: norms, projections (products.c, any of
+ * its weight types and parts), Q/K/V biases, rope, the KV-cache write, attention over the paged cache and the MLP,
+ * one OpenMP parallel region per layer. */
 #include "kernels.h"
-
 
 static void rms_norm(const float *x, const float *w, float eps, int64_t h, float *out) {
     float ss = 0.0f;
@@ -25,13 +25,14 @@ static void rope_head(float *x, const float *cos_full, const float *sin_signed, 
 
 typedef struct {
     const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
-    tm_packed_weight qkv, o, gate_up, down;          /* projections (gate_up: gate rows, then up rows) */
+    tm_weight qkv, o, gate_up, down;             /* projections (gate_up: gate rows, then up rows) */
     float *k_cache, *v_cache;                    /* [slots, kv_heads, dim] */
     /* what other architectures add (NULL / 0: llama's) */
     const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
     int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
     int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
+    const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
 } tm_llama_layer;
 
 enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation */
@@ -42,13 +43,14 @@ typedef int (*tm_reduce_fn)(void *ctx, float *x, int64_t n);
 
 typedef struct {
     float *x, *qkv_out, *attn, *gu, *delta, *scores;
-    tm_qx qx; /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
+    tm_qx qx;       /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
+    int64_t passes; /* of the activations' quantization */
 } tm_scratch;
 
 /* y = x @ w.T through the scratch's quantized activations; called by every thread of decode_layer's region */
-static void project(const float *x, int64_t m, const tm_packed_weight *w, const tm_scratch *s, float *y) {
-    tm_quantize_rows(x, m, w->k, &s->qx);
-    tm_grouped_matmul(&s->qx, m, w->k, (int)w->bits, w->qs, w->d, w->m, w->n, y);
+static void project(const float *x, int64_t m, const tm_weight *w, const tm_scratch *s, float *y) {
+    tm_quantize_rows(x, m, w->parts[0].k, s->passes, &s->qx);
+    tm_weight_matmul(&s->qx, m, s->passes, w, y);
 }
 
 #if defined(__AVX512F__)
@@ -168,10 +170,11 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
                         const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
                         int64_t kv_heads, int64_t dim, float scale, int64_t activation, tm_reduce_fn reduce,
                         void *reduce_ctx, const tm_scratch *s) {
-    const tm_packed_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
+    const tm_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
     const float *norm1 = layer->norm1, *norm2 = layer->norm2;
     float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
-    const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = gate_up->n / 2;
+    const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = tm_weight_n(gate_up) / 2;
+    const int64_t qkv_n = tm_weight_n(qkv);
     float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
     const int64_t group = heads / kv_heads;
     int rc = 0; /* shared; read only after a barrier */
@@ -183,7 +186,11 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
         project(x, m, qkv, s, qkv_out);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < m; ++t) {
-            float *row = qkv_out + t * qkv->n;
+            float *row = qkv_out + t * qkv_n;
+            if (layer->qkv_bias) {
+#pragma omp simd
+                for (int64_t i = 0; i < qkv_n; ++i) row[i] += layer->qkv_bias[i];
+            }
             if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
                 for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
                 for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
@@ -200,7 +207,7 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
             /* a local layer's query sees the last `window` slots of its context (its own position last) */
             const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
             const int64_t n_ctx = ctx_lens[t] - skip;
-            const float *q = qkv_out + t * qkv->n + hd * dim;
+            const float *q = qkv_out + t * qkv_n + hd * dim;
             float *sc = scores + th * max_ctx;
             const int64_t *slots = ctx_slots + t * max_ctx + skip;
             qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
@@ -217,7 +224,7 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
             project(x, m, gate_up, s, gu);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < m; ++t) {
-                const float *g = gu + t * gate_up->n, *u = g + inter;
+                const float *g = gu + t * 2 * inter, *u = g + inter;
                 float *a = x + t * inter;
                 if (activation == TM_GELU_TANH) {
 #pragma omp simd
@@ -246,33 +253,41 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
  * place, with `reduce_ctx`. cos_full/sin_signed: [m, dim] rope tables of the rows' positions; local_cos_full and
  * local_sin_signed those of the layers with local_rope set (may be the same). The layers with a window read
  * local_slot_mapping and local_ctx_slots (their own pool's slots; may be the same as the others').
- * activation: TM_SILU or TM_GELU_TANH.
- * Returns 0, or a negative code on bad sizes or exhausted memory (-2) or a failed reduce (-3). */
+ * activation: TM_SILU or TM_GELU_TANH; passes: the projections' activation quantization (1 or 2 int8 passes,
+ * products.c; 2 for generated tokens). Each layer's weights may be of any of the products' types, in parts
+ * (kernels.h's tm_weight): qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h],
+ * down [h, inter], every part's rows a multiple of 16; qkv_bias, where not NULL, is added to qkv's outputs.
+ * Returns 0, or a negative code on bad sizes (-1) or exhausted memory (-2) or a failed reduce (-3). */
 int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
                     const float *cos_full, const float *sin_signed, const float *local_cos_full,
                     const float *local_sin_signed, const int64_t *slot_mapping, const int64_t *ctx_slots,
                     const int64_t *local_slot_mapping, const int64_t *local_ctx_slots, const int64_t *ctx_lens,
-                    int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim,
-                    float scale, int64_t activation, tm_reduce_fn reduce, void *reduce_ctx) {
+                    int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int64_t activation,
+                    int64_t passes, tm_reduce_fn reduce, void *reduce_ctx) {
     if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads || (activation != TM_SILU && activation != TM_GELU_TANH))
         return -1;
+    if (passes != 1 && passes != 2) return -1;
+    const int64_t inter = tm_weight_n(&layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
     for (int64_t l = 0; l < n_layers; ++l) {
-        const tm_packed_weight *w[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
-        for (int i = 0; i < 4; ++i)
-            if (w[i]->n % GROUP || w[i]->k % QK || (w[i]->bits != 4 && w[i]->bits != 8) || (w[i]->bits == 4 && !w[i]->m))
-                return -1;
+        const tm_llama_layer *y = &layers[l];
+        if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up) || tm_weight_check(&y->down))
+            return -1;
+        if (y->qkv.parts[0].k != h || tm_weight_n(&y->qkv) != qkv_n || y->o.parts[0].k != heads * dim ||
+            tm_weight_n(&y->o) != h || y->gate_up.parts[0].k != h || tm_weight_n(&y->gate_up) != 2 * inter ||
+            y->down.parts[0].k != inter || tm_weight_n(&y->down) != h)
+            return -1;
     }
-    const int64_t inter = layers[0].gate_up.n / 2;
     int64_t widest = h > inter ? h : inter;
     widest = widest > heads * dim ? widest : heads * dim;
     tm_scratch s;
     s.x = malloc(sizeof(float) * m * (h > inter ? h : inter));
-    s.qkv_out = malloc(sizeof(float) * m * layers[0].qkv.n);
+    s.qkv_out = malloc(sizeof(float) * m * qkv_n);
     s.attn = malloc(sizeof(float) * m * heads * dim);
-    s.gu = malloc(sizeof(float) * m * layers[0].gate_up.n);
+    s.gu = malloc(sizeof(float) * m * 2 * inter);
     s.delta = malloc(sizeof(float) * m * h);
     s.scores = malloc(sizeof(float) * m * heads * (max_ctx > 0 ? max_ctx : 1));
-    int rc = tm_qx_alloc(&s.qx, m, widest);
+    s.passes = passes;
+    int rc = tm_qx_alloc(&s.qx, m, widest, passes);
     if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
     for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
         rc = decode_layer(hidden, m, h, &layers[l], eps, layers[l].local_rope ? local_cos_full : cos_full,

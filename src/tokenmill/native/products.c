@@ -1,41 +1,56 @@
-/* Matrix products with 4-bit and 8-bit weights for decode-sized batches (a few rows of activations), and the
- * decoder layers of a llama model for the tokens of a decode step.
+/* Matrix products y = x @ W.T with W in GGUF's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as
+ * repack.c lays them out: integer dot products of the weights' codes with int8 activation codes, then per block
+ * of 32 inputs one float step with the block's scales. W's values are the reference dequantization's exactly, so
+ * the only error is the activations' quantization.
  *
- * 4-bit weights: GGUF's Q4_1 scheme, w = d * q + m per block of 32 inputs (q in 0..15; d and m half floats, as
- * GGUF stores them), interleaved for the integer dot-product instructions: 16 output rows form a group, and per group and block the
- * 256 bytes hold, for u = 0..3, row j = 0..15 and i = 0..3, the byte q[8u + i] | q[8u + 4 + i] << 4 of row j
- * (tm_q4_interleave builds it from GGUF's packing). So one 64-byte load gives, per 32-bit lane, four codes of
- * one row: a u8 x s8 dot instruction (vpdpbusd) against four activation codes broadcast to every lane adds 4
- * products to each of 16 rows at once, and a block ends with 16 per-row sums in one vector, no reductions.
+ * Activations are quantized per row and block of 32: s = max|x| / 127, hi = round(x / s) in one pass (as
+ * llama.cpp's Q8 activations: error up to s / 2 per value), and with a second pass lo = round((x / s - hi) * 254),
+ * x ~ s * (hi + lo / 254), error below max|x| / 64,516 per value (on the references greedy decoding keeps all 32
+ * tokens of float32 with two passes, where one pass drifts away after 3 to 32 tokens). Per block:
+ *     dot(w, x) ~ s * dws * (dot(q, hi) [+ dot(q, lo) / 254])  - wm * sum(x)
+ * with dws the block's weight scale (d, or d * sc for K-quants), wm its minimum (Q4_1, Q5_1, K-quants' dmin * mn),
+ * and sum(x) the sum of the quantized values (so that each weight multiplies the same activation). Codes with an
+ * offset (Q4_0: q - 8, Q5_0: q - 16, Q8_0's codes moved to unsigned q + 128, Q6_K: q - 32 per 16 values) take
+ * offset * (the activation codes' sum) off the integer dot, exactly.
  *
- * Activations are quantized per row and block of 32 in two int8 passes: x ~ s * (hi + lo / 254), s = max|x| / 127,
- * hi = round(x / s), lo = round((x / s - hi) * 254). The second pass carries the residual that one pass (as
- * llama.cpp's Q8 activations) loses: the error is below max|x| / 64,516 per value; on the references greedy
- * decoding keeps all 32 tokens of float32, where a single int8 pass drifts away after 3 to 32 tokens.
- * Per block: dot(q, x) ~ s * (dot(q, hi) + dot(q, lo) / 254), and the minimum term m * sum(x) uses the sum of the
- * quantized values, so that each weight multiplies the same activation (the errors meet weights centred on 0).
+ * The vector paths multiply 16 rows at once: a 64-byte load of a plane gives 4 codes of each of the 16 rows of a
+ * group per 32-bit lane, and one unsigned x signed byte dot instruction (AVX-512 VNNI vpdpbusd, with the 4 codes
+ * of the activation row broadcast to every lane) adds 4 products to each row's sum: a block ends with the 16 rows'
+ * sums in one vector, no reductions. AVX2 does two halves of 8 rows with vpmaddubsw (16-bit pair sums, widened
+ * with vpmaddwd before they could overflow) and the portable C path the same sums one by one.
  *
- * Vector paths: AVX-512 VNNI (16 rows per instruction), AVX2 with FMA and F16C (two halves of 8 rows; vpmaddubsw
- * + vpmaddwd), and portable C; the compiler picks with -march=native. Threads: OpenMP over row groups (and in the
- * decoder one parallel region per layer, which also shares out the rows' norms and activation blocks); tokenmill
- * loads this library after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool.
+ * Tiling: a tile is R activation rows (R <= 8 on AVX-512, 4 elsewhere) times one group, over all of k: the
+ * group's codes are loaded once per tile and serve its R rows. Up to that many rows (decode), each weight byte is
+ * read once per call; prompt chunks are cut into blocks of rows whose quantized activations fit in L2, and each
+ * block runs over all of the thread's groups (the weights stream from memory once per block of rows).
+ *
+ * Batch invariance: integer sums are exact, and each row's float accumulator takes its blocks in the same order
+ * with the same operations whatever the tile's R, so a row's output is the same bits in any call.
  */
 #include "kernels.h"
 
-/* activation rows whose accumulators stay in registers: each pass reads a group's weights once for all its rows
- * (AVX-512 has 32 vector registers, AVX2 16) */
+#define ALWAYS static inline __attribute__((always_inline))
+/* -ffast-math lets the compiler reassociate products (say d * sc * xs as (d * xs) * sc, the factor d * xs shared
+ * by a block's two halves) and decide so differently in each tile's copy: a weight scale made opaque once computed
+ * is multiplied the same way in every copy, so a row's bits do not depend on the tile it is in */
+#define OPAQUE_VECTOR(v) __asm__("" : "+v"(v))
+#define OPAQUE_SCALAR(f) __asm__("" : "+g"(f))
+
+/* Rows of a tile: its rows' integer and float accumulators stay in registers (AVX-512 has 32 vector registers,
+ * AVX2 16). Tiles of 12 rows with one pass measured no faster than 8 (the weights' unpacking is not what limits). */
 #if defined(TM_AVX512_VNNI)
-#define ROWS_PER_PASS 8
+#define MAX_ROWS 8
 #else
-#define ROWS_PER_PASS 4
+#define MAX_ROWS 4
 #endif
-/* up to this many rows, two integer chains per pass and row (the dot-product instruction's latency); above it, one
- * (registers). The chains sum exact integers, so a row's result is the same bits either way. */
+/* up to this many rows, two integer chains per pass and row (the dot instruction's latency); above, one */
 #define SPLIT_ROWS 2
+/* a block of prompt rows keeps its quantized activations within this many bytes (L2 is 1 MiB per core here) */
+#define ROW_BLOCK_BYTES (384 * 1024)
 
 void tm_set_threads(int n) { omp_set_num_threads(n); }
 
-/* which vector path of the 4-bit product this build runs */
+/* which vector path this build runs */
 const char *tm_vector_path(void) {
 #if defined(TM_AVX512_VNNI)
     return "avx512-vnni";
@@ -46,387 +61,594 @@ const char *tm_vector_path(void) {
 #endif
 }
 
-/* GGUF-packed Q4 blocks (codes [n, nb, 16], byte i = q[i] | q[i + 16] << 4; d, m [n, nb] half floats) -> the
- * interleaved layout: codes [ceil(n/16), nb, 256], d and m [ceil(n/16), nb, 16]; rows past n are zero. */
-void tm_q4_interleave(const uint8_t *qs, const uint16_t *d, const uint16_t *mn, int64_t n, int64_t nb,
-                      uint8_t *out_qs, uint16_t *out_d, uint16_t *out_m) {
-    const int64_t groups = (n + GROUP - 1) / GROUP;
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-        for (int64_t b = 0; b < nb; ++b) {
-            uint8_t *dst = out_qs + (g * nb + b) * GROUP_BYTES;
-            for (int j = 0; j < GROUP; ++j) {
-                const int64_t row = g * GROUP + j, at = (g * nb + b) * GROUP + j;
-                uint8_t q[QK] = {0};
-                if (row < n) {
-                    const uint8_t *src = qs + (row * nb + b) * (QK / 2);
-                    for (int i = 0; i < QK / 2; ++i) {
-                        q[i] = src[i] & 0x0F;
-                        q[i + QK / 2] = src[i] >> 4;
-                    }
-                }
-                for (int u = 0; u < 4; ++u)
-                    for (int i = 0; i < 4; ++i)
-                        dst[u * 64 + j * 4 + i] = (uint8_t)(q[8 * u + i] | q[8 * u + 4 + i] << 4);
-                out_d[at] = row < n ? d[row * nb + b] : 0;
-                out_m[at] = row < n ? mn[row * nb + b] : 0;
-            }
-        }
+/* ---- activations ---------------------------------------------------------------------------------------------- */
+
+static void *alloc_or_dummy(size_t bytes) { return malloc(bytes ? bytes : 1); }
+
+int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
+    const size_t values = (size_t)(m * k), blocks = (size_t)(m * (k / QK));
+    memset(a, 0, sizeof *a);
+    a->hi = alloc_or_dummy(values);
+    a->scale = alloc_or_dummy(sizeof(float) * blocks);
+    a->sum = alloc_or_dummy(sizeof(float) * blocks);
+    a->sum_hi = alloc_or_dummy(sizeof(int32_t) * blocks);
+    a->sum16_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->sum16_hi;
+    if (passes == 2) {
+        a->lo = alloc_or_dummy(values);
+        a->sum_lo = alloc_or_dummy(sizeof(int32_t) * blocks);
+        a->sum16_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+        ok = ok && a->lo && a->sum_lo && a->sum16_lo;
     }
+    return ok ? 0 : -2;
 }
 
-/* Called by every thread of a parallel region (the blocks are shared out), or outside one (one thread does all). */
-void tm_quantize_rows(const float *x, int64_t m, int64_t k, const tm_qx *a) {
+void tm_qx_free(tm_qx *a) {
+    free(a->hi); free(a->lo); free(a->scale); free(a->sum);
+    free(a->sum_hi); free(a->sum_lo); free(a->sum16_hi); free(a->sum16_lo);
+    memset(a, 0, sizeof *a);
+}
+
+/* x [m, k] -> a (rows of stride k). Called by every thread of a parallel region (the blocks are shared out; the
+ * loop's end waits for all), or outside one (one thread does all). The first pass's codes are the same with one
+ * pass or two. */
+void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
     const int64_t nb = k / QK;
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
-        int8_t *hi = a->hi + tb * QK, *lo = a->lo + tb * QK;
+        int8_t *hi = a->hi + tb * QK;
         float amax = 0.0f;
         for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum_hi = 0, sum_lo = 0;
-        for (int i = 0; i < QK; ++i) {
-            const float v = xb[i] * inv;
-            const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
-            const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
-            hi[i] = (int8_t)h;
-            lo[i] = (int8_t)l;
-            sum_hi += (int32_t)h;
-            sum_lo += (int32_t)l;
+        int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
+        if (passes == 2) {
+            int8_t *lo = a->lo + tb * QK;
+            for (int i = 0; i < QK; ++i) {
+                const float v = xb[i] * inv;
+                const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
+                const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
+                hi[i] = (int8_t)h;
+                lo[i] = (int8_t)l;
+                sum_hi[i / 16] += (int32_t)h;
+                sum_lo[i / 16] += (int32_t)l;
+            }
+            a->sum_lo[tb] = sum_lo[0] + sum_lo[1];
+            a->sum16_lo[2 * tb] = sum_lo[0];
+            a->sum16_lo[2 * tb + 1] = sum_lo[1];
+        } else {
+            for (int i = 0; i < QK; ++i) {
+                const float h = fminf(fmaxf(nearbyintf(xb[i] * inv), -127.0f), 127.0f);
+                hi[i] = (int8_t)h;
+                sum_hi[i / 16] += (int32_t)h;
+            }
         }
+        const int32_t total_hi = sum_hi[0] + sum_hi[1], total_lo = sum_lo[0] + sum_lo[1];
         a->scale[tb] = amax / 127.0f;
-        a->sum[tb] = amax / 127.0f * ((float)(sum_hi * (int32_t)LO_STEPS + sum_lo) / LO_STEPS);
-        a->sum_hi[tb] = sum_hi;
-        a->sum_lo[tb] = sum_lo;
+        a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
+        a->sum_hi[tb] = total_hi;
+        a->sum16_hi[2 * tb] = sum_hi[0];
+        a->sum16_hi[2 * tb + 1] = sum_hi[1];
     }
 }
+
+/* ---- per type: what the kernels ask of it -------------------------------------------------------------------- */
+
 static inline int32_t four_codes(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-/* out[t * 16 + j] = output of row j of one group for activation rows t0 + t, t < mt <= ROWS_PER_PASS. Always
- * inlined with a constant mt (see group_pass), so the loops over t unroll into registers. */
-static inline __attribute__((always_inline)) void q4_group(const tm_qx *a, int64_t t0, const int mt, int64_t k,
-                                                           const uint8_t *qg, const uint16_t *dg, const uint16_t *mg,
-                                                           float *out) {
-    const int64_t nb = k / QK;
-#if defined(TM_AVX512_VNNI)
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
-    const int split = mt <= SPLIT_ROWS; /* a constant in each inlined copy */
-    __m512 acc[ROWS_PER_PASS];
-#pragma GCC unroll 8
-    for (int t = 0; t < mt; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        /* per activation row, integer chains for the first and second pass; with few rows, two each (low and high
-         * nibbles), which add up to the same sums */
-        __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
-#pragma GCC unroll 8
-        for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) {
-            const __m512i w = _mm512_loadu_si512((const void *)(qg + b * GROUP_BYTES + u * 64));
-            const __m512i w_low = _mm512_and_si512(w, low4);                       /* codes 8u .. 8u + 3 */
-            const __m512i w_high = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4); /* codes 8u + 4 .. 8u + 7 */
-#pragma GCC unroll 8
-            for (int t = 0; t < mt; ++t) {
-                const int8_t *h = a->hi + (t0 + t) * k + b * QK + 8 * u, *l = a->lo + (t0 + t) * k + b * QK + 8 * u;
-                hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_low, _mm512_set1_epi32(four_codes(h)));
-                lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_low, _mm512_set1_epi32(four_codes(l)));
-                if (split) {
-                    hi1[t] = _mm512_dpbusd_epi32(hi1[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
-                    lo1[t] = _mm512_dpbusd_epi32(lo1[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
-                } else {
-                    hi0[t] = _mm512_dpbusd_epi32(hi0[t], w_high, _mm512_set1_epi32(four_codes(h + 4)));
-                    lo0[t] = _mm512_dpbusd_epi32(lo0[t], w_high, _mm512_set1_epi32(four_codes(l + 4)));
-                }
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(mg + b * GROUP)));
-#pragma GCC unroll 8
-        for (int t = 0; t < mt; ++t) {
-            const int64_t tb = (t0 + t) * nb + b;
-            const __m512i hi_dot = split ? _mm512_add_epi32(hi0[t], hi1[t]) : hi0[t];
-            const __m512i lo_dot = split ? _mm512_add_epi32(lo0[t], lo1[t]) : lo0[t];
-            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
-            acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
-            acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sum[tb]), acc[t]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
-#elif defined(TM_AVX2)
-    /* two halves of 8 rows. vpmaddubsw multiplies u8 codes by s8 activations into pairwise 16-bit sums (at most
-     * 2 * 15 * 127); the 8 sums of a pass add up to at most 30,480 in 16 bits, then vpmaddwd widens them. */
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const __m256 inv_steps = _mm256_set1_ps(1.0f / LO_STEPS);
-    for (int half = 0; half < 2; ++half) {
-        __m256 acc[ROWS_PER_PASS];
-        for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            __m256i hi[ROWS_PER_PASS], lo[ROWS_PER_PASS];
-            for (int t = 0; t < mt; ++t) hi[t] = lo[t] = _mm256_setzero_si256();
-            for (int u = 0; u < 4; ++u) {
-                const __m256i w = _mm256_loadu_si256((const void *)(qg + b * GROUP_BYTES + u * 64 + half * 32));
-                const __m256i w_low = _mm256_and_si256(w, low4);
-                const __m256i w_high = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                for (int t = 0; t < mt; ++t) {
-                    const int8_t *h = a->hi + (t0 + t) * k + b * QK + 8 * u, *l = a->lo + (t0 + t) * k + b * QK + 8 * u;
-                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(w_low, _mm256_set1_epi32(four_codes(h))));
-                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(w_high, _mm256_set1_epi32(four_codes(h + 4))));
-                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(w_low, _mm256_set1_epi32(four_codes(l))));
-                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(w_high, _mm256_set1_epi32(four_codes(l + 4))));
-                }
-            }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dg + b * GROUP + half * 8)));
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(mg + b * GROUP + half * 8)));
-            for (int t = 0; t < mt; ++t) {
-                const int64_t tb = (t0 + t) * nb + b;
-                const __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo[t], ones)), inv_steps,
-                                                   _mm256_cvtepi32_ps(_mm256_madd_epi16(hi[t], ones)));
-                acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a->scale[tb])), acc[t]);
-                acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a->sum[tb]), acc[t]);
-            }
-        }
-        for (int t = 0; t < mt; ++t) _mm256_storeu_ps(out + t * GROUP + half * 8, acc[t]);
-    }
-#else
-    for (int t = 0; t < mt; ++t)
-        for (int j = 0; j < GROUP; ++j) out[t * GROUP + j] = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *wb = qg + b * GROUP_BYTES;
-        for (int t = 0; t < mt; ++t) {
-            const int8_t *h = a->hi + (t0 + t) * k + b * QK, *l = a->lo + (t0 + t) * k + b * QK;
-            const int64_t tb = (t0 + t) * nb + b;
-            for (int j = 0; j < GROUP; ++j) {
-                int32_t dot_hi = 0, dot_lo = 0;
-                for (int u = 0; u < 4; ++u)
-                    for (int i = 0; i < 4; ++i) {
-                        const int32_t c = wb[u * 64 + j * 4 + i], q_low = c & 0x0F, q_high = c >> 4;
-                        dot_hi += q_low * h[8 * u + i] + q_high * h[8 * u + 4 + i];
-                        dot_lo += q_low * l[8 * u + i] + q_high * l[8 * u + 4 + i];
-                    }
-                const float dot = (float)dot_hi + (float)dot_lo / LO_STEPS;
-                const float d = half_to_float(dg[b * GROUP + j]), m = half_to_float(mg[b * GROUP + j]);
-                out[t * GROUP + j] += dot * (d * a->scale[tb]) + m * a->sum[tb];
-            }
-        }
-    }
-#endif
+/* the offset of the unsigned codes the dot instructions see (subtracted via the activation codes' sums) */
+ALWAYS int code_offset(const int T) {
+    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : T == TM_Q6_K ? 32 : 0;
+}
+/* blocks of 32 per chunk: the blocks that share loads of the codes (Q4_K/Q5_K: a pair's low and high nibbles;
+ * Q6_K: the quarters q and q + 2 of a half super-block, low and high nibbles of the same bytes) */
+ALWAYS int chunk_blocks(const int T) { return (T == TM_Q4_K || T == TM_Q5_K || T == TM_Q6_K) ? 2 : 1; }
+/* the unit's block that is block b of chunk c (Q6_K's chunks take quarters 0 and 2, then 1 and 3, of each half: a
+ * fixed order, the same in every tile) */
+ALWAYS int block_of(const int T, const int c, const int b) {
+    return T == TM_Q6_K ? 4 * (c >> 1) + (c & 1) + 2 * b : c * chunk_blocks(T) + b;
 }
 
-/* ---- 8-bit weights (GGUF's Q8_0: w = d * q, q in -127..127, one half-float scale d per block of 32) ---------
- * Interleaved like the 4-bit ones: per group of 16 rows and block, 512 bytes: for u = 0..7, row j and i = 0..3,
- * the code q[4u + i] of row j. vpdpbusd multiplies unsigned by signed bytes, so the AVX-512 path flips each
- * code's sign bit (q + 128, unsigned) and takes 128 * (the activations' code sum) off again in integers, exactly;
- * the AVX2 path multiplies |q| by the activation carrying q's sign (vpsignb), whose pairwise sums fit 16 bits. */
+/* Where step t (inputs 4t .. 4t + 3) of block b of chunk c finds its codes: the word of the codes plane, whether
+ * in the high nibbles, the word of the highs plane and the bit of each byte that holds the 5th bit (Q5_x; Q6_K:
+ * the first of its 2 high bits). */
+typedef struct {
+    int word, high_nibble, high_word, high_bit;
+} code_site;
 
-/* codes [n, nb * 32] and scales [n, nb] (half floats) -> codes [ceil(n/16), nb, 512], scales [ceil(n/16), nb, 16];
- * rows past n are zero */
-void tm_q8_interleave(const int8_t *qs, const uint16_t *d, int64_t n, int64_t nb, int8_t *out_qs, uint16_t *out_d) {
-    const int64_t groups = (n + GROUP - 1) / GROUP;
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-        for (int64_t b = 0; b < nb; ++b) {
-            int8_t *dst = out_qs + (g * nb + b) * GROUP * QK;
-            for (int j = 0; j < GROUP; ++j) {
-                const int64_t row = g * GROUP + j;
-                const int8_t *src = qs + (row * nb + b) * QK;
-                for (int u = 0; u < QK / 4; ++u)
-                    for (int i = 0; i < 4; ++i) dst[u * 64 + j * 4 + i] = row < n ? src[4 * u + i] : 0;
-                out_d[(g * nb + b) * GROUP + j] = row < n ? d[row * nb + b] : 0;
-            }
-        }
-    }
-}
-
-/* out[t * 16 + j] = output of row j of one group for activation rows t0 + t (as q4_group) */
-static inline __attribute__((always_inline)) void q8_group(const tm_qx *a, int64_t t0, const int mt, int64_t k,
-                                                           const int8_t *qg, const uint16_t *dg, float *out) {
-    const int64_t nb = k / QK;
-#if defined(TM_AVX512_VNNI)
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512 inv_steps = _mm512_set1_ps(1.0f / LO_STEPS);
-    const int split = mt <= SPLIT_ROWS; /* as in q4_group: with few rows, two chains per pass (even and odd u) */
-    __m512 acc[ROWS_PER_PASS];
-#pragma GCC unroll 8
-    for (int t = 0; t < mt; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        __m512i hi0[ROWS_PER_PASS], hi1[ROWS_PER_PASS], lo0[ROWS_PER_PASS], lo1[ROWS_PER_PASS];
-#pragma GCC unroll 8
-        for (int t = 0; t < mt; ++t) hi0[t] = hi1[t] = lo0[t] = lo1[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int u = 0; u < QK / 4; u += 2) {
-            const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64)), flip);
-            const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qg + b * GROUP * QK + u * 64 + 64)), flip);
-#pragma GCC unroll 8
-            for (int t = 0; t < mt; ++t) {
-                const int8_t *h = a->hi + (t0 + t) * k + b * QK + 4 * u, *l = a->lo + (t0 + t) * k + b * QK + 4 * u;
-                hi0[t] = _mm512_dpbusd_epi32(hi0[t], w0, _mm512_set1_epi32(four_codes(h)));
-                lo0[t] = _mm512_dpbusd_epi32(lo0[t], w0, _mm512_set1_epi32(four_codes(l)));
-                if (split) {
-                    hi1[t] = _mm512_dpbusd_epi32(hi1[t], w1, _mm512_set1_epi32(four_codes(h + 4)));
-                    lo1[t] = _mm512_dpbusd_epi32(lo1[t], w1, _mm512_set1_epi32(four_codes(l + 4)));
-                } else {
-                    hi0[t] = _mm512_dpbusd_epi32(hi0[t], w1, _mm512_set1_epi32(four_codes(h + 4)));
-                    lo0[t] = _mm512_dpbusd_epi32(lo0[t], w1, _mm512_set1_epi32(four_codes(l + 4)));
-                }
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(dg + b * GROUP)));
-#pragma GCC unroll 8
-        for (int t = 0; t < mt; ++t) {
-            const int64_t tb = (t0 + t) * nb + b;
-            const __m512i hi_sum = split ? _mm512_add_epi32(hi0[t], hi1[t]) : hi0[t];
-            const __m512i lo_sum = split ? _mm512_add_epi32(lo0[t], lo1[t]) : lo0[t];
-            const __m512i hi_dot = _mm512_sub_epi32(hi_sum, _mm512_set1_epi32(128 * a->sum_hi[tb]));
-            const __m512i lo_dot = _mm512_sub_epi32(lo_sum, _mm512_set1_epi32(128 * a->sum_lo[tb]));
-            const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_dot), inv_steps, _mm512_cvtepi32_ps(hi_dot));
-            acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(a->scale[tb])), acc[t]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < mt; ++t) _mm512_storeu_ps(out + t * GROUP, acc[t]);
-#elif defined(TM_AVX2)
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256 inv_steps = _mm256_set1_ps(1.0f / LO_STEPS);
-    for (int half = 0; half < 2; ++half) {
-        __m256 acc[ROWS_PER_PASS];
-        for (int t = 0; t < ROWS_PER_PASS; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            __m256i hi[ROWS_PER_PASS], lo[ROWS_PER_PASS];
-            for (int t = 0; t < mt; ++t) hi[t] = lo[t] = _mm256_setzero_si256();
-            for (int u = 0; u < QK / 4; ++u) {
-                const __m256i w = _mm256_loadu_si256((const void *)(qg + b * GROUP * QK + u * 64 + half * 32));
-                const __m256i w_abs = _mm256_abs_epi8(w);
-                for (int t = 0; t < mt; ++t) {
-                    const int8_t *h = a->hi + (t0 + t) * k + b * QK + 4 * u, *l = a->lo + (t0 + t) * k + b * QK + 4 * u;
-                    const __m256i h_signed = _mm256_sign_epi8(_mm256_set1_epi32(four_codes(h)), w);
-                    const __m256i l_signed = _mm256_sign_epi8(_mm256_set1_epi32(four_codes(l)), w);
-                    hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, h_signed), ones));
-                    lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, l_signed), ones));
-                }
-            }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dg + b * GROUP + half * 8)));
-            for (int t = 0; t < mt; ++t) {
-                const int64_t tb = (t0 + t) * nb + b;
-                const __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo[t]), inv_steps, _mm256_cvtepi32_ps(hi[t]));
-                acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, _mm256_set1_ps(a->scale[tb])), acc[t]);
-            }
-        }
-        for (int t = 0; t < mt; ++t) _mm256_storeu_ps(out + t * GROUP + half * 8, acc[t]);
-    }
-#else
-    for (int t = 0; t < mt; ++t)
-        for (int j = 0; j < GROUP; ++j) out[t * GROUP + j] = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-        const int8_t *wb = qg + b * GROUP * QK;
-        for (int t = 0; t < mt; ++t) {
-            const int8_t *h = a->hi + (t0 + t) * k + b * QK, *l = a->lo + (t0 + t) * k + b * QK;
-            const int64_t tb = (t0 + t) * nb + b;
-            for (int j = 0; j < GROUP; ++j) {
-                int32_t dot_hi = 0, dot_lo = 0;
-                for (int u = 0; u < QK / 4; ++u)
-                    for (int i = 0; i < 4; ++i) {
-                        dot_hi += wb[u * 64 + j * 4 + i] * h[4 * u + i];
-                        dot_lo += wb[u * 64 + j * 4 + i] * l[4 * u + i];
-                    }
-                const float dot = (float)dot_hi + (float)dot_lo / LO_STEPS;
-                out[t * GROUP + j] += dot * (half_to_float(dg[b * GROUP + j]) * a->scale[tb]);
-            }
-        }
-    }
-#endif
-}
-
-/* ---- the products: row groups over the threads, up to ROWS_PER_PASS activation rows per pass ------------- */
-
-/* one pass over one group for `bits`-bit weights (4: Q4_1 with minimums mg, 8: Q8_0), with a constant row count
- * in each call so that q4_group and q8_group unroll */
-static inline void group_pass(const tm_qx *a, int64_t t0, int64_t mt, int64_t k, int bits, const uint8_t *qg,
-                              const uint16_t *dg, const uint16_t *mg, float *part) {
-    const int8_t *q8 = (const int8_t *)qg;
-#define TM_PASS(rows)                                                                                              \
-    case rows:                                                                                                     \
-        bits == 4 ? q4_group(a, t0, rows, k, qg, dg, mg, part) : q8_group(a, t0, rows, k, q8, dg, part);          \
+ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
+    code_site s = {t, 0, 0, 0};
+    switch (T) {
+    case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: /* codes 0..15 low nibbles, 16..31 high; 5th bit t */
+        s.word = t & 3;
+        s.high_nibble = t >> 2;
+        s.high_bit = t;
         break;
-    switch (mt) {
-        TM_PASS(1)
-        TM_PASS(2)
-        TM_PASS(3)
-#if ROWS_PER_PASS == 8
-        TM_PASS(4)
-        TM_PASS(5)
-        TM_PASS(6)
-        TM_PASS(7)
-    default: bits == 4 ? q4_group(a, t0, 8, k, qg, dg, mg, part) : q8_group(a, t0, 8, k, q8, dg, part); break;
-#else
-    default: bits == 4 ? q4_group(a, t0, 4, k, qg, dg, mg, part) : q8_group(a, t0, 4, k, q8, dg, part); break;
-#endif
+    case TM_Q4_K: case TM_Q5_K: /* chunk c = pair of sub-blocks 2c (low nibbles), 2c + 1 (high); 5th bit 2c + b */
+        s.word = 8 * c + t;
+        s.high_nibble = b;
+        s.high_word = t;
+        s.high_bit = 2 * c + b; /* not a constant: the kernels shift by 2c first, then by b */
+        break;
+    case TM_Q6_K: /* quarter q of half h (block 4h + q): low nibbles of the half's words 0..7 (q = 0) or 8..15 (q = 1),
+                   * high nibbles of the same (q = 2, 3); high bits 2q, 2q + 1 of the half's qh words 0..7. Chunk c:
+                   * half c >> 1, quarters (c & 1) + 2b */
+        s.word = 16 * (c >> 1) + 8 * (c & 1) + t;
+        s.high_nibble = b;
+        s.high_word = 8 * (c >> 1) + t;
+        s.high_bit = 2 * (c & 1) + 4 * b; /* the kernels shift by 2 (c & 1) first, then by 4b */
+        break;
     }
-#undef TM_PASS
+    return s;
 }
 
-/* y [m, n] = x [m, k] @ w.T, x already quantized into a; n a multiple of 16. Called by every thread of a parallel
- * region (the groups are shared out). */
-void tm_grouped_matmul(const tm_qx *a, int64_t m, int64_t k, int bits, const uint8_t *qs, const uint16_t *d,
-                       const uint16_t *mn, int64_t n, float *y) {
-    const int64_t nb = k / QK, group_bytes = GROUP * QK * bits / 8;
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < n / GROUP; ++g) {
-        const uint16_t *mg = mn ? mn + g * nb * GROUP : NULL;
-        for (int64_t t0 = 0; t0 < m; t0 += ROWS_PER_PASS) {
-            float part[ROWS_PER_PASS * GROUP];
-            const int64_t mt = m - t0 < ROWS_PER_PASS ? m - t0 : ROWS_PER_PASS;
-            group_pass(a, t0, mt, k, bits, qs + g * nb * group_bytes, d + g * nb * GROUP, mg, part);
-            for (int64_t t = 0; t < mt; ++t)
-                memcpy(y + (t0 + t) * n + g * GROUP, part + t * GROUP, sizeof(float) * GROUP);
+/* ---- AVX-512 VNNI ----------------------------------------------------------------------------------------------- */
+#if defined(TM_AVX512_VNNI)
+
+/* step t of block b of chunk c: 4 unsigned codes for each of 16 rows */
+ALWAYS __m512i codes16(const int T, const uint8_t *qs, const uint8_t *qh, const int c, const int b, const int t) {
+    if (T == TM_Q8_0) /* the sign bit flipped: q + 128, unsigned */
+        return _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + t * 64)), _mm512_set1_epi8((char)0x80));
+    const code_site s = site_of(T, c, b, t);
+    __m512i w = _mm512_loadu_si512((const void *)(qs + s.word * 64));
+    if (s.high_nibble) w = _mm512_srli_epi16(w, 4);
+    w = _mm512_and_si512(w, _mm512_set1_epi8(0x0F));
+    if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
+        __m512i h = _mm512_loadu_si512((const void *)(qh + s.high_word * 64));
+        int bit = s.high_bit;
+        if (T == TM_Q5_K) { /* bit 2c + b: the chunk's part of the shift first (a variable count) */
+            h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * c));
+            bit = b;
+        }
+        if (T == TM_Q6_K) {
+            h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * (c & 1)));
+            bit = 4 * b;
+        }
+        /* the bit (bits) to bit 4 of each byte; what crosses from the next byte lands outside the mask */
+        h = bit <= 4 ? _mm512_slli_epi16(h, 4 - bit) : _mm512_srli_epi16(h, bit - 4);
+        const __m512i mask = _mm512_set1_epi8(T == TM_Q6_K ? 0x30 : 0x10);
+        w = _mm512_ternarylogic_epi32(w, h, mask, 0xF8); /* w | (h & mask) */
+    }
+    return w;
+}
+
+/* block b of chunk c (of the unit whose scales are at sc): s0 = the 16 rows' weight scales (Q6_K: of the block's
+ * first 16 inputs), s1 = their minimums (Q4_1, Q5_1, K-quants) or, for Q6_K, the scales of its last 16 inputs */
+ALWAYS void scales16(const int T, const uint8_t *sc, const int c, const int b, __m512 *s0, __m512 *s1) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)sc));
+    const int block = block_of(T, c, b);
+    *s0 = d;
+    *s1 = _mm512_setzero_ps();
+    if (T == TM_Q4_1 || T == TM_Q5_1) *s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32)));
+    if (T == TM_Q4_K || T == TM_Q5_K) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32)));
+        const __m128i s = _mm_loadu_si128((const void *)(sc + 64 + 16 * block));
+        const __m128i mn = _mm_loadu_si128((const void *)(sc + 192 + 16 * block));
+        *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s)));
+        *s1 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+    }
+    if (T == TM_Q6_K) {
+        const __m128i s_a = _mm_loadu_si128((const void *)(sc + 32 + 16 * (2 * block)));
+        const __m128i s_b = _mm_loadu_si128((const void *)(sc + 32 + 16 * (2 * block + 1)));
+        *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s_a)));
+        *s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s_b)));
+    }
+    OPAQUE_VECTOR(*s0);
+    OPAQUE_VECTOR(*s1);
+}
+
+/* the block's dot of one row as a float: the integer sums of the passes, their code offsets taken off */
+ALWAYS __m512 block_dot16(const int P, __m512i hi, __m512i lo, int32_t off_hi, int32_t off_lo) {
+    if (off_hi | off_lo) {
+        hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(off_hi));
+        if (P == 2) lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(off_lo));
+    }
+    const __m512 h = _mm512_cvtepi32_ps(hi);
+    return P == 2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(1.0f / LO_STEPS), h) : h;
+}
+
+/* y[(r0 + r) * ldy + j] = row j of the group (planes qs, qh, sc) . activation row r0 + r, r < R */
+ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                 const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
+    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
+    /* chains per row and pass: Q6_K's two halves of a block have their own scales; else two with few rows */
+    const int halves = T == TM_Q6_K, split = !halves && R <= SPLIT_ROWS;
+    const int64_t off = code_offset(T);
+    __m512 acc[MAX_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < units; ++u) {
+        const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+#pragma GCC unroll 1
+        for (int c = 0; c < chunks; ++c) {
+#pragma GCC unroll 4
+            for (int b = 0; b < CB; ++b) {
+                const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
+                __m512 s0, s1;
+                scales16(T, scu, c, b, &s0, &s1);
+                __m512i hi[MAX_ROWS][2], lo[MAX_ROWS][2];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; ++t) {
+                    const __m512i w = codes16(T, qsu, qhu, c, b, t);
+                    const int chain = halves ? t >> 2 : (split ? t & 1 : 0);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) {
+                        const int64_t at = (r0 + r) * k + block * QK + 4 * t;
+                        hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
+                        if (P == 2)
+                            lo[r][chain] = _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
+                    }
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    const int64_t tb = (r0 + r) * nb + block;
+                    const __m512 xs = _mm512_set1_ps(a->scale[tb]);
+                    if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
+                        __m512 dot[2];
+                        for (int h = 0; h < 2; ++h) {
+                            const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
+                            const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
+                            dot[h] = block_dot16(P, hi[r][h], lo[r][h], oh, ol);
+                        }
+                        const __m512 both = _mm512_fmadd_ps(dot[1], s1, _mm512_mul_ps(dot[0], s0));
+                        acc[r] = _mm512_fmadd_ps(both, xs, acc[r]);
+                        continue;
+                    }
+                    const __m512i hs = split ? _mm512_add_epi32(hi[r][0], hi[r][1]) : hi[r][0];
+                    const __m512i ls = split ? _mm512_add_epi32(lo[r][0], lo[r][1]) : lo[r][0];
+                    const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
+                    const __m512 dot = block_dot16(P, hs, ls, oh, ol);
+                    acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s0, xs), acc[r]);
+                    if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm512_fmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
+                    if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
+                }
+            }
         }
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy, acc[r]);
 }
 
-int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k) {
-    a->hi = malloc((size_t)(m * k));
-    a->lo = malloc((size_t)(m * k));
-    a->scale = malloc(sizeof(float) * m * (k / QK));
-    a->sum = malloc(sizeof(float) * m * (k / QK));
-    a->sum_hi = malloc(sizeof(int32_t) * m * (k / QK));
-    a->sum_lo = malloc(sizeof(int32_t) * m * (k / QK));
-    return a->hi && a->lo && a->scale && a->sum && a->sum_hi && a->sum_lo ? 0 : -2;
+/* ---- AVX2 (+FMA, F16C) ---------------------------------------------------------------------------------------- */
+#elif defined(TM_AVX2)
+
+/* step t of block b of chunk c for the 8 rows of one half of the group */
+ALWAYS __m256i codes8(const int T, const uint8_t *qs, const uint8_t *qh, const int c, const int b, const int t,
+                      const int half) {
+    if (T == TM_Q8_0) return _mm256_loadu_si256((const void *)(qs + t * 64 + half * 32)); /* signed: see below */
+    const code_site s = site_of(T, c, b, t);
+    __m256i w = _mm256_loadu_si256((const void *)(qs + s.word * 64 + half * 32));
+    if (s.high_nibble) w = _mm256_srli_epi16(w, 4);
+    w = _mm256_and_si256(w, _mm256_set1_epi8(0x0F));
+    if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
+        __m256i h = _mm256_loadu_si256((const void *)(qh + s.high_word * 64 + half * 32));
+        int bit = s.high_bit;
+        if (T == TM_Q5_K) {
+            h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c));
+            bit = b;
+        }
+        if (T == TM_Q6_K) {
+            h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * (c & 1)));
+            bit = 4 * b;
+        }
+        h = bit <= 4 ? _mm256_slli_epi16(h, 4 - bit) : _mm256_srli_epi16(h, bit - 4);
+        w = _mm256_or_si256(w, _mm256_and_si256(h, _mm256_set1_epi8(T == TM_Q6_K ? 0x30 : 0x10)));
+    }
+    return w;
 }
 
-void tm_qx_free(tm_qx *a) {
-    free(a->hi); free(a->lo); free(a->scale); free(a->sum); free(a->sum_hi); free(a->sum_lo);
+ALWAYS void scales8(const int T, const uint8_t *sc, const int c, const int b, const int half, __m256 *s0,
+                    __m256 *s1) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + half * 16)));
+    const int block = block_of(T, c, b);
+    *s0 = d;
+    *s1 = _mm256_setzero_ps();
+    if (T == TM_Q4_1 || T == TM_Q5_1) *s1 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + 32 + half * 16)));
+    if (T == TM_Q4_K || T == TM_Q5_K) {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + 32 + half * 16)));
+        const __m128i s = _mm_loadl_epi64((const void *)(sc + 64 + 16 * block + half * 8));
+        const __m128i mn = _mm_loadl_epi64((const void *)(sc + 192 + 16 * block + half * 8));
+        *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s)));
+        *s1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+    }
+    if (T == TM_Q6_K) {
+        const __m128i s_a = _mm_loadl_epi64((const void *)(sc + 32 + 16 * (2 * block) + half * 8));
+        const __m128i s_b = _mm_loadl_epi64((const void *)(sc + 32 + 16 * (2 * block + 1) + half * 8));
+        *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s_a)));
+        *s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s_b)));
+    }
+    OPAQUE_VECTOR(*s0);
+    OPAQUE_VECTOR(*s1);
 }
 
-static int product(const float *x, int64_t m, int64_t k, int bits, const uint8_t *qs, const uint16_t *d,
-                   const uint16_t *mn, int64_t n, float *y) {
+ALWAYS __m256 block_dot8(const int P, __m256i hi, __m256i lo, int32_t off_hi, int32_t off_lo) {
+    if (off_hi | off_lo) {
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(off_hi));
+        if (P == 2) lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(off_lo));
+    }
+    const __m256 h = _mm256_cvtepi32_ps(hi);
+    return P == 2 ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(1.0f / LO_STEPS), h) : h;
+}
+
+/* vpmaddubsw's pair sums stay in 16 bits for this many steps before vpmaddwd widens them: 2 * 15 * 127 * 8,
+ * 2 * 31 * 127 * 4 and 2 * 63 * 127 * 2 are below 32,768 (Q8_0 widens every step: |q| * 127 * 2 fills 16 bits) */
+ALWAYS int steps_per_widening(const int T) {
+    return T == TM_Q8_0 ? 1 : T == TM_Q6_K ? 2 : (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K) ? 4 : 8;
+}
+
+ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                 const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
+    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB, W = steps_per_widening(T);
+    const int halves = T == TM_Q6_K;
+    const int64_t off = T == TM_Q8_0 ? 0 : code_offset(T); /* Q8_0 multiplies |q| by the activation with q's sign */
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; ++half) {
+        __m256 acc[MAX_ROWS];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t u = 0; u < units; ++u) {
+            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+            for (int c = 0; c < chunks; ++c) {
+                for (int b = 0; b < CB; ++b) {
+                    const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
+                    __m256 s0, s1;
+                    scales8(T, scu, c, b, half, &s0, &s1);
+                    __m256i hi[MAX_ROWS][2], lo[MAX_ROWS][2], hi16[MAX_ROWS], lo16[MAX_ROWS];
+                    for (int r = 0; r < R; ++r) {
+                        hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
+                        hi16[r] = lo16[r] = _mm256_setzero_si256();
+                    }
+                    for (int t = 0; t < 8; ++t) {
+                        const __m256i w = codes8(T, qsu, qhu, c, b, t, half);
+                        const __m256i w_abs = T == TM_Q8_0 ? _mm256_abs_epi8(w) : w;
+                        const int chain = halves ? t >> 2 : 0;
+                        for (int r = 0; r < R; ++r) {
+                            const int64_t at = (r0 + r) * k + block * QK + 4 * t;
+                            __m256i xh = _mm256_set1_epi32(four_codes(a->hi + at)), xl = _mm256_setzero_si256();
+                            if (P == 2) xl = _mm256_set1_epi32(four_codes(a->lo + at));
+                            if (T == TM_Q8_0) {
+                                xh = _mm256_sign_epi8(xh, w);
+                                xl = _mm256_sign_epi8(xl, w);
+                            }
+                            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(w_abs, xh));
+                            if (P == 2) lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(w_abs, xl));
+                            if ((t + 1) % W == 0) {
+                                hi[r][chain] = _mm256_add_epi32(hi[r][chain], _mm256_madd_epi16(hi16[r], ones));
+                                hi16[r] = _mm256_setzero_si256();
+                                if (P == 2) {
+                                    lo[r][chain] = _mm256_add_epi32(lo[r][chain], _mm256_madd_epi16(lo16[r], ones));
+                                    lo16[r] = _mm256_setzero_si256();
+                                }
+                            }
+                        }
+                    }
+                    for (int r = 0; r < R; ++r) {
+                        const int64_t tb = (r0 + r) * nb + block;
+                        const __m256 xs = _mm256_set1_ps(a->scale[tb]);
+                        if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
+                            __m256 dot[2];
+                            for (int h = 0; h < 2; ++h) {
+                                const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
+                                const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
+                                dot[h] = block_dot8(P, hi[r][h], lo[r][h], oh, ol);
+                            }
+                            const __m256 both = _mm256_fmadd_ps(dot[1], s1, _mm256_mul_ps(dot[0], s0));
+                            acc[r] = _mm256_fmadd_ps(both, xs, acc[r]);
+                            continue;
+                        }
+                        const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
+                        const __m256 dot = block_dot8(P, hi[r][0], lo[r][0], oh, ol);
+                        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s0, xs), acc[r]);
+                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm256_fmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
+                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + half * 8, acc[r]);
+    }
+}
+
+/* ---- portable C --------------------------------------------------------------------------------------------------- */
+#else
+
+/* the unsigned code the vector paths see at step t, byte i of lane j (Q8_0: the signed code itself) */
+ALWAYS int code_at(const int T, const uint8_t *qs, const uint8_t *qh, int c, int b, int t, int j, int i) {
+    if (T == TM_Q8_0) return (int8_t)qs[t * 64 + j * 4 + i];
+    const code_site s = site_of(T, c, b, t);
+    int q = (qs[s.word * 64 + j * 4 + i] >> (4 * s.high_nibble)) & 0x0F;
+    if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K) q |= ((qh[s.high_word * 64 + j * 4 + i] >> s.high_bit) & 1) << 4;
+    if (T == TM_Q6_K) q |= ((qh[s.high_word * 64 + j * 4 + i] >> s.high_bit) & 3) << 4;
+    return q;
+}
+
+/* lane j's weight scale (Q6_K: of block half h) and minimum for block b of chunk c */
+ALWAYS void scales1(const int T, const uint8_t *sc, int c, int b, int j, int h, float *s0, float *s1) {
+    const uint16_t *half = (const uint16_t *)sc;
+    const int block = block_of(T, c, b);
+    const float d = half_to_float(half[j]);
+    *s0 = d;
+    *s1 = (T == TM_Q4_1 || T == TM_Q5_1) ? half_to_float(half[GROUP + j]) : 0.0f;
+    if (T == TM_Q4_K || T == TM_Q5_K) {
+        *s0 = d * (float)sc[64 + 16 * block + j];
+        *s1 = half_to_float(half[GROUP + j]) * (float)sc[192 + 16 * block + j];
+    }
+    if (T == TM_Q6_K) *s0 = d * (float)(int8_t)sc[32 + 16 * (2 * block + h) + j];
+    OPAQUE_SCALAR(*s0);
+    OPAQUE_SCALAR(*s1);
+}
+
+ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                 const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
+    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
+    const int halves = T == TM_Q6_K;
+    const int32_t off = T == TM_Q8_0 ? 0 : code_offset(T);
+    float acc[MAX_ROWS][GROUP] = {{0}};
+    for (int64_t u = 0; u < units; ++u) {
+        const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+        for (int c = 0; c < chunks; ++c)
+            for (int b = 0; b < CB; ++b) {
+                const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
+                int8_t codes[GROUP][QK]; /* [lane][input]: as the vector paths see them */
+                for (int j = 0; j < GROUP; ++j)
+                    for (int t = 0; t < 8; ++t)
+                        for (int i = 0; i < 4; ++i) codes[j][4 * t + i] = (int8_t)code_at(T, qsu, qhu, c, b, t, j, i);
+                for (int r = 0; r < R; ++r) {
+                    const int64_t tb = (r0 + r) * nb + block;
+                    const int8_t *xh = a->hi + (r0 + r) * k + block * QK, *xl = P == 2 ? a->lo + (r0 + r) * k + block * QK : NULL;
+                    const float xs = a->scale[tb];
+                    for (int j = 0; j < GROUP; ++j) {
+                        int32_t dh[2] = {0, 0}, dl[2] = {0, 0}; /* Q6_K: per half of the block */
+                        for (int i = 0; i < QK; ++i) {
+                            const int32_t q = T == TM_Q8_0 ? codes[j][i] : (uint8_t)codes[j][i];
+                            dh[i / 16] += q * xh[i];
+                            if (P == 2) dl[i / 16] += q * xl[i];
+                        }
+                        float s0, s1;
+                        if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
+                            float both = 0.0f;
+                            for (int h = 0; h < 2; ++h) {
+                                const int32_t ih = dh[h] - off * a->sum16_hi[2 * tb + h];
+                                const int32_t il = P == 2 ? dl[h] - off * a->sum16_lo[2 * tb + h] : 0;
+                                const float dot = P == 2 ? (float)il * (1.0f / LO_STEPS) + (float)ih : (float)ih;
+                                scales1(T, scu, c, b, j, h, &s0, &s1);
+                                both += dot * s0;
+                            }
+                            acc[r][j] += both * xs;
+                            continue;
+                        }
+                        const int32_t ih = dh[0] + dh[1] - off * a->sum_hi[tb];
+                        const int32_t il = P == 2 ? dl[0] + dl[1] - off * a->sum_lo[tb] : 0;
+                        const float dot = P == 2 ? (float)il * (1.0f / LO_STEPS) + (float)ih : (float)ih;
+                        scales1(T, scu, c, b, j, 0, &s0, &s1);
+                        acc[r][j] += dot * (s0 * xs);
+                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r][j] += s1 * a->sum[tb];
+                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r][j] -= s1 * a->sum[tb];
+                    }
+                }
+            }
+    }
+    for (int r = 0; r < R; ++r) memcpy(y + (r0 + r) * ldy, acc[r], sizeof(float) * GROUP);
+}
+#endif
+
+/* ---- dispatch and the loops over groups and rows ------------------------------------------------------------ */
+
+/* One function per type, tile rows and passes (each with its arguments constant, so its loops unroll into
+ * registers), found through a table. */
+typedef void (*tile_fn)(const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs, const uint8_t *qh,
+                        const uint8_t *sc, float *y, int64_t ldy);
+#define TM_TILE_FN(T, R, P)                                                                                        \
+    static __attribute__((noinline)) void tile_##T##_##R##_##P(const tm_qx *a, int64_t r0, int64_t k,              \
+                                                               const uint8_t *qs, const uint8_t *qh,               \
+                                                               const uint8_t *sc, float *y, int64_t ldy) {         \
+        tile(T, R, P, a, r0, k, qs, qh, sc, y, ldy);                                                               \
+    }
+/* X(T, R, P) for R = 1 .. MAX_ROWS */
+#define TM_ROWS4(X, T, P) X(T, 1, P) X(T, 2, P) X(T, 3, P) X(T, 4, P)
+#if MAX_ROWS == 8
+#define TM_ROWS(X, T, P) TM_ROWS4(X, T, P) X(T, 5, P) X(T, 6, P) X(T, 7, P) X(T, 8, P)
+#else
+#define TM_ROWS(X, T, P) TM_ROWS4(X, T, P)
+#endif
+#define TM_ENTRY(T, R, P) tile_##T##_##R##_##P,
+#define TM_TYPE(T) TM_ROWS(TM_TILE_FN, T, 1) TM_ROWS(TM_TILE_FN, T, 2)
+TM_TYPE(TM_Q4_0)
+TM_TYPE(TM_Q4_1)
+TM_TYPE(TM_Q5_0)
+TM_TYPE(TM_Q5_1)
+TM_TYPE(TM_Q8_0)
+TM_TYPE(TM_Q4_K)
+TM_TYPE(TM_Q5_K)
+TM_TYPE(TM_Q6_K)
+#define TM_TABLE(T) {{TM_ROWS(TM_ENTRY, T, 1)}, {TM_ROWS(TM_ENTRY, T, 2)}}
+
+/* [type][passes - 1][rows - 1], types in the order of type_index */
+static const tile_fn TILES[8][2][MAX_ROWS] = {
+    TM_TABLE(TM_Q4_0), TM_TABLE(TM_Q4_1), TM_TABLE(TM_Q5_0), TM_TABLE(TM_Q5_1),
+    TM_TABLE(TM_Q8_0), TM_TABLE(TM_Q4_K), TM_TABLE(TM_Q5_K), TM_TABLE(TM_Q6_K),
+};
+
+static int type_index(int64_t type) {
+    switch (type) {
+    case TM_Q4_0: return 0;
+    case TM_Q4_1: return 1;
+    case TM_Q5_0: return 2;
+    case TM_Q5_1: return 3;
+    case TM_Q8_0: return 4;
+    case TM_Q4_K: return 5;
+    case TM_Q5_K: return 6;
+    default: return 7; /* TM_Q6_K (tm_weight_check has refused the rest) */
+    }
+}
+
+/* one tile of `rows` (<= MAX_ROWS) activation rows from r0 against group g of part p */
+static void run_tile(const tm_part *p, int64_t g, const tm_qx *a, int64_t r0, int rows, int64_t passes, float *y,
+                     int64_t ldy) {
+    const int64_t units = p->k / tm_unit_values(p->type);
+    const uint8_t *qs = tm_group_base(p, g), *qh = qs + units * tm_qs_bytes(p->type);
+    const uint8_t *sc = qh + units * tm_qh_bytes(p->type);
+    TILES[type_index(p->type)][passes - 1][rows - 1](a, r0, p->k, qs, qh, sc, y, ldy);
+}
+
+/* rows per block of prompt rows: a multiple of MAX_ROWS whose quantized activations fit in ROW_BLOCK_BYTES */
+static int64_t row_block(int64_t m, int64_t k, int64_t passes) {
+    int64_t rows = ROW_BLOCK_BYTES / (k * passes) / MAX_ROWS * MAX_ROWS;
+    rows = rows < MAX_ROWS ? MAX_ROWS : rows;
+    return rows < m ? rows : m;
+}
+
+/* The groups of all parts, in order, are shared out to the threads as contiguous runs of about equal bytes; each
+ * thread takes its groups for every block of rows (a row's output does not depend on which thread computes it). */
+void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y) {
+    const int64_t ldy = tm_weight_n(w), k = w->parts[0].k;
+    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t total = 0;
+    for (int64_t p = 0; p < w->n_parts; ++p) total += w->parts[p].n / GROUP * tm_group_bytes(&w->parts[p]);
+    const int64_t rb = row_block(m, k, passes);
+    for (int64_t rb0 = 0; rb0 < m; rb0 += rb) {
+        const int64_t rb1 = rb0 + rb < m ? rb0 + rb : m;
+        int64_t before = 0, col = 0; /* bytes of the groups before this one; its first output */
+        for (int64_t pi = 0; pi < w->n_parts; ++pi) {
+            const tm_part *p = &w->parts[pi];
+            const int64_t group_bytes = tm_group_bytes(p);
+            for (int64_t g = 0; g < p->n / GROUP; ++g, before += group_bytes, col += GROUP) {
+                /* the thread whose share holds the group's middle byte */
+                if ((before + group_bytes / 2) * threads / total != thread) continue;
+                for (int64_t r0 = rb0; r0 < rb1; r0 += MAX_ROWS) {
+                    const int rows = (int)(rb1 - r0 < MAX_ROWS ? rb1 - r0 : MAX_ROWS);
+                    run_tile(p, g, a, r0, rows, passes, y + col, ldy);
+                }
+            }
+        }
+    }
+#pragma omp barrier
+}
+
+/* y [m, tm_weight_n(w)] = x [m, k] @ w.T, x float32 row-major, activations quantized in `passes` (1 or 2) int8
+ * passes. Each part's outputs are its n columns (its padding rows' outputs 0). Returns 0, -1 for a malformed
+ * weight or passes, -2 when out of memory. */
+int tm_qmatmul(const tm_weight *w, const float *x, int64_t m, int64_t passes, float *y) {
+    if (tm_weight_check(w) || (passes != 1 && passes != 2) || m < 0) return -1;
+    if (m == 0) return 0;
+    const int64_t k = w->parts[0].k;
     tm_qx a;
-    int rc = tm_qx_alloc(&a, m, k);
+    int rc = tm_qx_alloc(&a, m, k, passes);
     if (rc == 0) {
 #pragma omp parallel
         {
-            tm_quantize_rows(x, m, k, &a); /* the end of its loop waits for every thread */
-            tm_grouped_matmul(&a, m, k, bits, qs, d, mn, n, y);
+            tm_quantize_rows(x, m, k, passes, &a);
+            tm_weight_matmul(&a, m, passes, w, y);
         }
     }
     tm_qx_free(&a);
     return rc;
-}
-
-/* x: [m, k] float32, row-major; qs, d, mn: interleaved (tm_q4_interleave) for n rows, n a multiple of 16;
- * y: [m, n] float32. Returns 0, or -2 when out of memory. */
-int tm_q4_matmul(const float *x, int64_t m, int64_t k, const uint8_t *qs, const uint16_t *d, const uint16_t *mn,
-                 int64_t n, float *y) {
-    return product(x, m, k, 4, qs, d, mn, n, y);
-}
-
-/* x: [m, k] float32; qs, d: interleaved (tm_q8_interleave) for n rows, n a multiple of 16; y: [m, n] float32.
- * Returns 0, or -2 when out of memory. */
-int tm_q8_matmul(const float *x, int64_t m, int64_t k, const int8_t *qs, const uint16_t *d, int64_t n, float *y) {
-    return product(x, m, k, 8, (const uint8_t *)qs, d, NULL, n, y);
 }
