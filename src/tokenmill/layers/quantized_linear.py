@@ -1,11 +1,15 @@
 """Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
 
-- Q4Linear / Q8Linear: tokenmill's native kernels (tokenmill/native/products.c): GGUF's Q4_1 and Q8_0 blocks
-  as the file has them (Q4_0 and Q4_K converted exactly, up to half-float rounding of Q4_K's sub-block scales),
-  multiplied with integer dot products; activations are quantized per block of 32 in two
-  int8 passes (error below 1/64,516 of the block's largest value): on the references, all 32 greedy tokens
-  of HF float32 and top-10 log-probabilities within 0.0033, where one int8 pass, as llama.cpp's, kept 3 to 32
-  tokens and moved the log-probabilities by 0.1-0.24 (benchmarks/activation_quantization.py).
+- NativeLinear: tokenmill's native kernels (tokenmill/native/repack.c, products.c) over GGUF blocks as the file
+  has them: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, in parts of different types (a fused QKV), multiplied
+  with integer dot products against activations quantized per block of 32 in one int8 pass (llama.cpp's
+  scheme) or two (error below 1/64,516 of the block's largest value): on the references, two passes kept all 32
+  greedy tokens of HF float32 and top-10 log-probabilities within 0.0033, where one pass kept 3 to 32 tokens and
+  moved the log-probabilities by 0.1-0.24 (benchmarks/activation_quantization.py). gguf_rows_from_float makes
+  Q8_0 or Q4_1 rows of a float checkpoint's weight for it. Speeds: benchmarks/quant_products.py.
+- Q4Linear / Q8Linear: NativeLinear over Q4_1 and Q8_0 blocks with two passes (Q4_0 and Q4_K converted to Q4_1
+  by q4_blocks_from_gguf, up to half-float rounding of Q4_K's sub-block scales; float weights quantized), as the
+  loader builds them until it hands the file's blocks to NativeLinear.
 - Int4Linear: 4-bit weights in groups of 32 along the input (the layout of GGUF's Q4_0/Q4_1 blocks, so those
   convert without further loss, up to bfloat16 scales) through `_weight_int4pack_mm_for_cpu`, which computes in
   bfloat16: the 4-bit kernel where the native ones cannot be built. Fastest at a few rows.

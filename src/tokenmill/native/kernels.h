@@ -111,9 +111,14 @@ int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or
 
 /* ---- activations ---------------------------------------------------------------------------------------------
  * Quantized per row and block of 32, in one or two int8 passes: x ~ s * hi (one), x ~ s * (hi + lo / 254) (two),
- * s = max|x| / 127 (products.c's header says why). Row stride: the k of the quantization. */
+ * s = max|x| / 127 (products.c's header says why). The rows of codes are tm_qx_stride(k) bytes apart: one cache
+ * line more than k, so that the 8 rows of a tile do not all fall in one L1 set when k is a multiple of 4096 (with
+ * k = 8192 and two passes that thrashed L1: 2.5x slower). */
+static inline int64_t tm_qx_stride(int64_t k) { return k + 64; }
+#define LO_SHIFT 2048
 typedef struct {
-    int8_t *hi, *lo;              /* [m, k] codes of the passes (lo only with two) */
+    int8_t *hi, *lo;              /* [m, stride] codes of the passes (lo only with two) */
+    int8_t *lo_buffer;            /* lo's allocation (lo = lo_buffer + LO_SHIFT) */
     float *scale;                 /* [m, k/32] s */
     float *sum;                   /* [m, k/32] the sum of the block's quantized values (minimum terms) */
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
