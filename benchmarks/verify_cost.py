@@ -49,7 +49,9 @@ def baseline_library(ref: str, current: ctypes.CDLL) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(native._build()))
     finally:
         native._SOURCES = saved
-    for name in ("tm_llama_decode", "tm_q4_matmul", "tm_q8_matmul", "tm_set_threads", "tm_vector_path"):
+    for name in ("tm_llama_decode", "tm_qmatmul", "tm_set_threads", "tm_vector_path"):
+        if not hasattr(current, name) or not hasattr(lib, name):  # a library from before or after a rename
+            continue
         getattr(lib, name).argtypes = getattr(current, name).argtypes
         getattr(lib, name).restype = getattr(current, name).restype
     lib.tm_set_threads(torch.get_num_threads())

@@ -198,3 +198,30 @@ def write_tiny_gguf(path: Path, model: TinyModel, matrix_type: str = "F32", arch
 def write_tiny_llama(path: Path, model: TinyModel, matrix_type: str = "F32", arch: str = "llama") -> Path:
     """A llama GGUF (the older tests' entry point)."""
     return write_tiny_gguf(path, model, matrix_type, arch)
+
+
+# byte offsets of the half floats in each block type (the rest of a block is codes, bits and integer scales, all
+# of whose byte values are valid)
+BLOCK_HALVES = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+
+
+def random_blocks(type_name: str, rows: int, k: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Raw GGUF rows (uint8 [rows, bytes per row]) of random blocks of a type: random bytes, with every half float
+    a random value of either sign between 0.002 and 0.05, times `scale`."""
+    qtype = gguf.GGMLQuantizationType[type_name]
+    values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(rows, k // values, block_bytes), dtype=np.uint8)
+    for offset in BLOCK_HALVES[type_name]:
+        size = (rows, k // values)
+        half = (rng.uniform(0.002, 0.05, size=size) * scale * rng.choice([-1.0, 1.0], size=size)).astype(np.float16)
+        blocks[..., offset : offset + 2] = half.view(np.uint8).reshape(rows, k // values, 2)
+    return blocks.reshape(rows, -1)

@@ -9,12 +9,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 
-from tests.gguf_builder import TinyLlama, write_tiny_llama
+from tests.gguf_builder import TinyLlama, random_blocks, write_tiny_llama
+from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 (tokenizer_files: a fixture)
 from tests.test_quantized import q4_1_grid_weight
 from tokenmill import native
-from tokenmill.layers.quantized_linear import Q4Linear, Q8Linear
+from tokenmill.layers.native_decode import NativeLlamaDecoder
+from tokenmill.layers.quantized_linear import NativeLinear, Q4Linear, Q8Linear
 from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 
 lib = native.load()  # built by `make install` (a C compiler with OpenMP is a test requirement)
@@ -33,11 +37,11 @@ def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> 
     """This machine builds the AVX-512 path; older CPUs get the AVX2 or the plain C one: build those and run the
     kernel tests of this file against them."""
     env = {**os.environ, "TOKENMILL_NATIVE_MARCH": march, "TOKENMILL_TEST_VECTOR_PATH": path}
-    kernel_tests = "built or q4_ or q8_ or decode_step"
+    kernel_tests = "built or q4_ or q8_ or decode_step or native_decoder"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", kernel_tests]
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
-    assert "15 passed" in out.stdout, out.stdout[-500:]
+    assert "17 passed" in out.stdout, out.stdout[-500:]
 
 
 def two_pass_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,10 +123,19 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
     runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4")
     runner.allocate_kv_cache(64)
     assert runner.native_decoder is not None
+    assert_decode_steps_match_the_torch_path(runner, model.vocab_size)
+
+
+def assert_decode_steps_match_the_torch_path(
+    runner: ModelRunner, vocab_size: int
+) -> tuple[torch.Tensor, list[StepChunk]]:
+    """Three prompts prefilled, then one decode step through the native decoder and again through the torch path:
+    close logits, and each sequence's the same bits alone as beside the others. Returns the native logits and the
+    step."""
     rng = np.random.default_rng(0)
     # contexts of 10, 38 and 6 tokens: the native attention takes keys 16 at a time, and a partial group
     tables = [[3, 9, 12, 20, 30, 31], list(range(40, 52)), [56, 57, 58, 59, 60, 61]]
-    prompts = [rng.integers(0, model.vocab_size, size=n).tolist() for n in (9, 37, 5)]
+    prompts = [rng.integers(0, vocab_size, size=n).tolist() for n in (9, 37, 5)]
     runner.execute([StepChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
     step = [StepChunk([int(rng.integers(0, 96))], len(p), t) for p, t in zip(prompts, tables, strict=True)]
     native_logits = runner.execute(step).last_logits
@@ -136,6 +149,42 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
     for i, chunk in enumerate(step):
         assert torch.equal(runner.execute([chunk]).last_logits[0], native_logits[i])
     assert torch.equal(runner.execute(step[::-1]).last_logits, native_logits.flip(0))
+    return native_logits, step
+
+
+def test_the_native_decoder_adds_qwen2s_qkv_biases(tmp_path: Path, tokenizer_files: Path) -> None:  # noqa: F811
+    """Qwen2 (Q/K/V biases) decodes natively, as its torch path computes; without the biases it would not."""
+    folder = write_tiny("qwen2", tmp_path, tokenizer_files)
+    runner = ModelRunner(HFCheckpoint(folder), torch.float32, torch.device("cpu"), 4, quantization="int4")
+    assert runner.model.layers[0].self_attn.qkv_bias is not None
+    runner.allocate_kv_cache(64)
+    assert runner.native_decoder is not None
+    with_biases, step = assert_decode_steps_match_the_torch_path(runner, runner.config.vocab_size)
+    for layer in runner.native_decoder.table:
+        layer.qkv_bias = None
+    assert not torch.allclose(runner.execute(step).last_logits, with_biases, rtol=1e-3, atol=1e-3)
+
+
+def test_the_native_decoder_takes_weights_of_several_types_and_parts(tmp_path: Path) -> None:
+    """Projections made of GGUF blocks of mixed types (a fused QKV with Q/K in Q4_K and V in Q6_K, gate + up in
+    Q4_0 and Q5_1, O in Q5_K, down in Q8_0): the native decoder computes what the torch path does with them."""
+    model = TinyLlama(seed=3, hidden=256, intermediate=512, heads=4, kv_heads=2, tie_embeddings=True)
+    path = write_tiny_llama(tmp_path / "tiny.gguf", model)
+    runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4")
+    rng = np.random.default_rng(4)
+
+    def native_weight(parts: list[tuple[str, int]], k: int) -> NativeLinear:
+        raw = [(random_blocks(t, n, k, rng, scale=0.02), GGMLQuantizationType[t]) for t, n in parts]
+        return NativeLinear.from_gguf(raw, k, passes=2)
+
+    for layer in runner.model.layers:
+        layer.self_attn.qkv_proj = native_weight([("Q4_K", 256), ("Q4_K", 128), ("Q6_K", 128)], 256)
+        layer.self_attn.o_proj = native_weight([("Q5_K", 256)], 256)
+        layer.mlp.gate_up_proj = native_weight([("Q4_0", 512), ("Q5_1", 512)], 256)
+        layer.mlp.down_proj = native_weight([("Q8_0", 256)], 512)
+    runner.native_decoder = NativeLlamaDecoder(runner.model, lib)
+    runner.allocate_kv_cache(64)
+    assert_decode_steps_match_the_torch_path(runner, model.vocab_size)
 
 
 @pytest.mark.parametrize("quantization", ["int4", "auto"])

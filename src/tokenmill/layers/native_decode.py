@@ -1,11 +1,12 @@
-"""Generated tokens of the shared decoder's models through the native decoder (tokenmill/native/q4_kernels.c):
+"""Generated tokens of the shared decoder's models through the native decoder (tokenmill/native/decoder.c):
 llama's layers and what other architectures declare (QK-norm, sandwich norms, GeGLU, sliding-window layers
-with their own rope base); Q/K/V biases take the torch path.
+with their own rope base, Qwen2's Q/K/V biases).
 
 In a float32 model with 4-bit projections (`int4` and `auto`), the runner sends every generated token of a step
 here, one row each (a row attends to its own context, so several rows of one sequence, as after a preemption,
 are fine); prompt tokens take the torch path of the model. The native decoder computes what the torch path
-computes, with the same 4-bit kernel for the projections, in one call per step: a table of every layer's
+computes, with the same native products for the projections (NativeLinear's weights, any of its GGUF types
+and parts; activations in two int8 passes), in one call per step: a table of every layer's
 weights and KV-cache pointers is built once, here. Each row's result is the same bits whatever other rows the
 step has.
 """
@@ -16,29 +17,18 @@ import torch
 
 from tokenmill.distributed.shm import CollectiveError
 from tokenmill.layers.attention import AttentionMetadata
-from tokenmill.layers.quantized_linear import NATIVE_GROUP, Q4Linear, Q8Linear
-from tokenmill.native import REDUCE_FN
-
-
-class PackedWeight(ctypes.Structure):
-    _fields_ = [
-        ("qs", ctypes.c_void_p),
-        ("d", ctypes.c_void_p),
-        ("m", ctypes.c_void_p),
-        ("n", ctypes.c_int64),
-        ("k", ctypes.c_int64),
-        ("bits", ctypes.c_int64),
-    ]
+from tokenmill.layers.quantized_linear import NATIVE_GROUP, NativeLinear
+from tokenmill.native import REDUCE_FN, Weight
 
 
 class LlamaLayer(ctypes.Structure):
     _fields_ = [
         ("norm1", ctypes.c_void_p),
         ("norm2", ctypes.c_void_p),
-        ("qkv", PackedWeight),
-        ("o", PackedWeight),
-        ("gate_up", PackedWeight),
-        ("down", PackedWeight),
+        ("qkv", Weight),
+        ("o", Weight),
+        ("gate_up", Weight),
+        ("down", Weight),
         ("k_cache", ctypes.c_void_p),
         ("v_cache", ctypes.c_void_p),
         ("q_norm", ctypes.c_void_p),
@@ -47,25 +37,35 @@ class LlamaLayer(ctypes.Structure):
         ("post_mlp_norm", ctypes.c_void_p),
         ("window", ctypes.c_int64),
         ("local_rope", ctypes.c_int64),
+        ("qkv_bias", ctypes.c_void_p),
     ]
 
 
-ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # q4_kernels.c's TM_SILU, TM_GELU_TANH
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
+GENERATED_TOKEN_PASSES = 2  # int8 passes of the projections' activations (products.c: one drifts from float32)
 
 
 def _pointer(norm: torch.nn.Module | None) -> int | None:
     return None if norm is None else norm.weight.data_ptr()
 
 
-def _packed(layer: torch.nn.Module) -> PackedWeight:
+def _bias_pointer(bias: torch.Tensor | None) -> int | None:
+    """Qwen2's Q/K/V biases [qkv outputs], float32 contiguous as the model keeps them (a float32 model)."""
+    if bias is None:
+        return None
+    if bias.dtype != torch.float32 or not bias.is_contiguous():
+        raise ValueError("the native decoder needs float32 contiguous Q/K/V biases")
+    return bias.data_ptr()
+
+
+def _packed(layer: torch.nn.Module) -> Weight:
+    """The native weight of a projection (a NativeLinear, or a module holding one as `packed`)."""
     q = getattr(layer, "packed", layer)
-    if q.__class__ not in (Q4Linear, Q8Linear):
-        raise ValueError("the native decoder needs 4-bit or 8-bit (Q4Linear, Q8Linear) projections")
-    if q.out_features % NATIVE_GROUP:
-        raise ValueError(f"the native decoder needs output sizes in multiples of {NATIVE_GROUP}")
-    if isinstance(q, Q8Linear):
-        return PackedWeight(q.qs.data_ptr(), q.scale.data_ptr(), None, q.out_features, q.in_features, 8)
-    return PackedWeight(q.qs.data_ptr(), q.scale.data_ptr(), q.low.data_ptr(), q.out_features, q.in_features, 4)
+    if not isinstance(q, NativeLinear):
+        raise ValueError("the native decoder needs projections with native weights (NativeLinear)")
+    if any(rows % NATIVE_GROUP for rows in q.part_rows):
+        raise ValueError(f"the native decoder needs every weight part's rows in multiples of {NATIVE_GROUP}")
+    return q.c_weight
 
 
 class NativeLlamaDecoder:
@@ -84,10 +84,8 @@ class NativeLlamaDecoder:
         self.eps = c.rms_norm_eps
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.scale = c.softmax_scale
-        # every architecture of the shared decoder but one with Q/K/V biases (Qwen2: the torch path)
         self.ok = (
-            not c.attention_bias
-            and c.activation in ACTIVATION_CODES
+            c.activation in ACTIVATION_CODES
             and c.rotary_dim == c.head_dim
             and c.head_dim <= 512
             and model.dtype == torch.float32
@@ -136,6 +134,7 @@ class NativeLlamaDecoder:
                     _pointer(layer.post_mlp_norm),
                     c.sliding_window if attn.local else 0,
                     int(attn.local and self.model.local_rotary is not self.model.rotary),
+                    _bias_pointer(attn.qkv_bias),
                 )
             )
         self.table = (LlamaLayer * len(rows))(*rows)
@@ -189,6 +188,7 @@ class NativeLlamaDecoder:
             ctypes.c_int64(self.dim),
             ctypes.c_float(self.scale),
             ctypes.c_int64(self.activation),
+            ctypes.c_int64(GENERATED_TOKEN_PASSES),
             self._reduce,
             ctypes.c_void_p(self._reduce_ctx),
         )

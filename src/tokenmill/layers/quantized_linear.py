@@ -1,11 +1,15 @@
 """Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
 
-- Q4Linear / Q8Linear: tokenmill's native kernels (tokenmill/native/q4_kernels.c): GGUF's Q4_1 and Q8_0 blocks
-  as the file has them (Q4_0 and Q4_K converted exactly, up to half-float rounding of Q4_K's sub-block scales),
-  multiplied with integer dot products; activations are quantized per block of 32 in two
-  int8 passes (error below 1/64,516 of the block's largest value): on the references, all 32 greedy tokens
-  of HF float32 and top-10 log-probabilities within 0.0033, where one int8 pass, as llama.cpp's, kept 3 to 32
-  tokens and moved the log-probabilities by 0.1-0.24 (benchmarks/activation_quantization.py).
+- NativeLinear: tokenmill's native kernels (tokenmill/native/repack.c, products.c) over GGUF blocks as the file
+  has them: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, in parts of different types (a fused QKV), multiplied
+  with integer dot products against activations quantized per block of 32 in one int8 pass (llama.cpp's
+  scheme) or two (error below 1/64,516 of the block's largest value): on the references, two passes kept all 32
+  greedy tokens of HF float32 and top-10 log-probabilities within 0.0033, where one pass kept 3 to 32 tokens and
+  moved the log-probabilities by 0.1-0.24 (benchmarks/activation_quantization.py). gguf_rows_from_float makes
+  Q8_0 or Q4_1 rows of a float checkpoint's weight for it. Speeds: benchmarks/quant_products.py.
+- Q4Linear / Q8Linear: NativeLinear over Q4_1 and Q8_0 blocks with two passes (Q4_0 and Q4_K converted to Q4_1
+  by q4_blocks_from_gguf, up to half-float rounding of Q4_K's sub-block scales; float weights quantized), as the
+  loader builds them until it hands the file's blocks to NativeLinear.
 - Int4Linear: 4-bit weights in groups of 32 along the input (the layout of GGUF's Q4_0/Q4_1 blocks, so those
   convert without further loss, up to bfloat16 scales) through `_weight_int4pack_mm_for_cpu`, which computes in
   bfloat16: the 4-bit kernel where the native ones cannot be built. Fastest at a few rows.
@@ -22,12 +26,13 @@ on SmolLM2 that moved the top log-probabilities by up to 2.8 and broke greedy ag
 so it is not used.) These are CPU kernels; on CUDA tokenmill runs the dequantized weights.
 """
 
-from collections.abc import Callable
+import ctypes
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from tokenmill import native
@@ -98,122 +103,201 @@ def _half(pairs: torch.Tensor) -> torch.Tensor:
 
 
 NATIVE_GROUP = 16  # output rows per group in the native kernels' interleaved weight layouts
+# GGUF types the native products take as they are (tokenmill/native/repack.c)
+NATIVE_TYPES = frozenset(
+    GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+)
+RawRows = torch.Tensor | np.ndarray  # uint8 [rows, bytes per row]: a GGUF tensor's rows as stored
 
 
-def _native_product(rows: int, out_features: int, product: Callable[[int, int], int]) -> torch.Tensor:
-    """Run `product(padded_out_features, out_pointer)`, a native product that writes [rows, padded] float32 (the
-    output size rounded up to whole groups), and keep the first `out_features` columns."""
-    padded = -(-out_features // NATIVE_GROUP) * NATIVE_GROUP
-    out = torch.empty(rows, padded, dtype=torch.float32)
-    if product(padded, out.data_ptr()) != 0:
-        raise MemoryError("native quantized product: out of memory")
-    return out if padded == out_features else out[:, :out_features].contiguous()
+def _padded(rows: int) -> int:
+    return -(-rows // NATIVE_GROUP) * NATIVE_GROUP
 
 
-class Q4Linear(nn.Module):
-    """4-bit weights in GGUF's Q4_1 scheme (half-float block scales and minimums) through tokenmill's native kernel,
-    which quantizes activations per block of 32 in two int8 passes (error below 1/64,516 of the block's largest
-    value; see q4_kernels.c). Built from GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a
-    float weight (min/max per block, which recovers Q4 blocks exactly). The kernel's layout interleaves 16 output
-    rows; a last partial group is padded with zero rows."""
+class NativeLinear(nn.Module):
+    """A linear layer over GGUF blocks as the file has them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: no
+    re-coding; memory the file's bytes, +2.8% for Q4_K and +2.3% for Q5_K), through tokenmill's native integer
+    products (tokenmill/native/products.c). The weight may be several parts of different types stacked along the
+    outputs (a fused QKV whose V is Q6_K and Q/K Q4_K; gate + up): `parts` lists each part's raw rows and type, in
+    output order.
+
+    forward(x [m, in_features] float) -> float32 [m, out_features]: x @ W.T with W the reference dequantization of
+    the blocks (gguf.quants'), the activations quantized per row and block of 32 in `passes` int8 passes (1: as
+    llama.cpp's Q8 activations; 2: error below 1/64,516 of the block's largest value). A row's result is the same
+    bits whatever the other rows of the call. rows(ids) gives W's rows (the reference's float32 values exactly:
+    a tied embedding's lookup from the head's blocks). Each part is padded to whole groups of 16 rows inside its
+    buffer; forward and rows hide that padding (`c_weight`, for the native decoder, has it: there every part's
+    rows must be a multiple of 16)."""
+
+    def __init__(
+        self, parts: Sequence[tuple[RawRows, GGMLQuantizationType]], in_features: int, passes: int = 1, lib=None
+    ):
+        super().__init__()
+        self._lib = lib if lib is not None else native.load()
+        if self._lib is None:
+            raise RuntimeError("the native kernels are not built here (see the log of `python -m tokenmill.native`)")
+        if passes not in (1, 2):
+            raise ValueError(f"passes must be 1 or 2, got {passes}")
+        if not 1 <= len(parts) <= native.MAX_PARTS:
+            raise ValueError(f"a native weight has 1 to {native.MAX_PARTS} parts, got {len(parts)}")
+        self.in_features, self.passes = in_features, passes
+        self.part_types = [GGMLQuantizationType(t) for _, t in parts]
+        self.part_rows = [int(raw.shape[0]) for raw, _ in parts]
+        self.out_features = sum(self.part_rows)
+        c_parts = []
+        for i, ((raw, _), ggml_type, rows) in enumerate(zip(parts, self.part_types, self.part_rows, strict=True)):
+            buffer = self._repack(raw, ggml_type, rows)  # uint8 [repacked bytes]
+            self.register_buffer(f"part{i}", buffer, persistent=False)
+            c_parts.append(native.Part(int(ggml_type), _padded(rows), in_features, buffer.data_ptr()))
+        self.c_weight = native.Weight(len(c_parts), (native.Part * native.MAX_PARTS)(*c_parts))
+        # where each real row sits among the padded outputs: [out_features]
+        starts = np.cumsum([0] + [_padded(r) for r in self.part_rows])[:-1]
+        self._padded_ids = torch.from_numpy(
+            np.concatenate([s + np.arange(r) for s, r in zip(starts, self.part_rows, strict=True)])
+        )
+        self._padded_out = sum(_padded(r) for r in self.part_rows)
+        self._plain = self._padded_out == self.out_features or all(r % NATIVE_GROUP == 0 for r in self.part_rows[:-1])
+
+    @classmethod
+    def from_gguf(
+        cls, parts: Sequence[tuple[RawRows, GGMLQuantizationType]], in_features: int, passes: int = 1
+    ) -> "NativeLinear":
+        """parts: (raw rows uint8 [rows, bytes per row] as the GGUF file stores them, their type) in output order."""
+        return cls(parts, in_features, passes)
+
+    def _repack(self, raw: RawRows, ggml_type: GGMLQuantizationType, rows: int) -> torch.Tensor:
+        if ggml_type not in NATIVE_TYPES:
+            raise ValueError(f"the native products do not take {ggml_type.name} weights")
+        values, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        row_bytes = self.in_features // values * block_bytes
+        if self.in_features % values or raw.ndim != 2 or raw.shape[1] != row_bytes:
+            raise ValueError(
+                f"{ggml_type.name} rows of {self.in_features} inputs are {row_bytes} bytes: {tuple(raw.shape)}"
+            )
+        if isinstance(raw, np.ndarray):  # straight from the file's pages: no copy unless not contiguous
+            raw = np.ascontiguousarray(raw).view(np.uint8)
+            pointer, keep = raw.ctypes.data, raw
+        else:
+            keep = raw.contiguous().view(torch.uint8)
+            pointer = keep.data_ptr()
+        size = self._lib.tm_repack_bytes(int(ggml_type), rows, self.in_features)
+        buffer = torch.empty(size, dtype=torch.uint8)
+        if self._lib.tm_repack(int(ggml_type), pointer, rows, self.in_features, buffer.data_ptr()) != 0:
+            raise ValueError(f"cannot repack {ggml_type.name} rows of {self.in_features} inputs")
+        del keep
+        return buffer
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the repacked weight."""
+        return sum(getattr(self, f"part{i}").nbytes for i in range(len(self.part_rows)))
+
+    def _real_columns(self, out: torch.Tensor) -> torch.Tensor:
+        """[m, padded outputs] -> [m, out_features]"""
+        if self._padded_out == self.out_features:
+            return out
+        if self._plain:  # only the last part has padding: it is at the end
+            return out[:, : self.out_features].contiguous()
+        return out.index_select(1, self._padded_ids)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"a native product takes [rows, {self.in_features}] inputs, got {tuple(x.shape)}")
+        x32 = x.float().contiguous()  # [m, in_features]
+        out = torch.empty(x32.shape[0], self._padded_out, dtype=torch.float32)  # [m, padded outputs]
+        rc = self._lib.tm_qmatmul(
+            ctypes.byref(self.c_weight), x32.data_ptr(), x32.shape[0], self.passes, out.data_ptr()
+        )
+        if rc == -2:
+            raise MemoryError("native quantized product: out of memory")
+        if rc != 0:
+            raise ValueError(f"native quantized product failed ({rc}): x is {tuple(x.shape)}")
+        return self._real_columns(out)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[T] row indices -> float32 [T, in_features]: W's rows, dequantized exactly as the reference does."""
+        padded = self._padded_ids[ids.reshape(-1)].contiguous()  # [T] int64
+        out = torch.empty(padded.shape[0], self.in_features, dtype=torch.float32)
+        if self._lib.tm_weight_rows(ctypes.byref(self.c_weight), padded.data_ptr(), padded.shape[0], out.data_ptr()):
+            raise IndexError("row index out of range")
+        return out
+
+
+def gguf_rows_from_float(weight: torch.Tensor, ggml_type: GGMLQuantizationType) -> torch.Tensor:
+    """A float weight [out, in] as GGUF raw rows (uint8 [out, bytes per row]), for a float checkpoint's weights to
+    go through NativeLinear: Q8_0 (per 32 inputs, d = max|w| / 127 rounded to a half float, codes round(w / d), so
+    Q8_0 weights come back exactly) or Q4_1 (per 32 inputs, d and m from min/max rounded to half floats, the codes
+    fitted to the rounded ones: q4_blocks)."""
+    out_features, in_features = weight.shape
+    if in_features % INT4_GROUP_SIZE:
+        raise ValueError(f"GGUF blocks need in_features divisible by {INT4_GROUP_SIZE}, got {in_features}")
+    blocks = in_features // INT4_GROUP_SIZE
+    if ggml_type == GGMLQuantizationType.Q8_0:
+        codes, scale = _q8_blocks(weight)
+        d = scale.reshape(out_features, blocks, 1).view(torch.uint8)  # [out, blocks, 2]
+        q = codes.reshape(out_features, blocks, INT4_GROUP_SIZE).view(torch.uint8)
+        return torch.cat([d, q], dim=-1).reshape(out_features, -1)
+    if ggml_type == GGMLQuantizationType.Q4_1:
+        codes, scale, low = q4_blocks(weight)
+        packed = (codes[..., :16] | (codes[..., 16:] << 4)).contiguous()  # byte i: code i, code i + 16
+        return _q4_1_rows(packed, scale, low)
+    raise ValueError(f"float weights become Q8_0 or Q4_1 rows, not {ggml_type.name}")
+
+
+def _q8_blocks(weight: torch.Tensor) -> Q8Blocks:
+    """[out, in] -> (codes int8 [out, in], scales float16 [out, in/32]): Q8_0 blocks whose half-float scales the
+    codes are fitted to (so a Q8_0 embedding's codes come back exactly)."""
+    out_features = weight.shape[0]
+    groups = weight.float().reshape(out_features, -1, INT4_GROUP_SIZE)
+    scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16)  # [out, in/32]
+    safe = scale.float().clamp(min=1e-30).unsqueeze(-1)
+    codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(out_features, -1)
+    return codes, scale
+
+
+def _q4_1_rows(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks (packed codes uint8 [out, blocks, 16], scale and min [out, blocks]) -> raw rows [out, blocks * 20]"""
+    d = scale.half().contiguous().unsqueeze(-1).view(torch.uint8)  # [out, blocks, 2]
+    m = low.half().contiguous().unsqueeze(-1).view(torch.uint8)
+    return torch.cat([d, m, packed.to(torch.uint8)], dim=-1).reshape(packed.shape[0], -1)
+
+
+def _q8_0_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks (codes int8 [out, in], scales [out, in/32]) -> raw rows [out, in/32 * 34]"""
+    out_features = codes.shape[0]
+    d = scale.half().contiguous().unsqueeze(-1).view(torch.uint8)  # [out, blocks, 2]
+    q = codes.contiguous().view(torch.uint8).reshape(out_features, -1, INT4_GROUP_SIZE)
+    return torch.cat([d, q], dim=-1).reshape(out_features, -1)
+
+
+class Q4Linear(NativeLinear):
+    """4-bit weights in GGUF's Q4_1 scheme (half-float block scales and minimums) through the native products with
+    two int8 passes of activations (error below 1/64,516 of the block's largest value; see products.c). Built from
+    GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a float weight (min/max per block, which
+    recovers Q4 blocks exactly). Returns x's dtype."""
 
     def __init__(self, weight: torch.Tensor | None, lib, blocks: Q4Blocks | None = None):
-        super().__init__()
         if blocks is None:
             assert weight is not None
             codes, scale, low = q4_blocks(weight)
             # two codes per byte, as GGUF packs Q4 blocks: byte i holds code i (low nibble) and code i + 16 (high)
             blocks = ((codes[..., :16] | (codes[..., 16:] << 4)).contiguous(), scale, low)
-        qs, scale, low = blocks[0].contiguous(), blocks[1].half().contiguous(), blocks[2].half().contiguous()
-        self.out_features, num_blocks = qs.shape[0], qs.shape[1]
-        self.in_features = num_blocks * INT4_GROUP_SIZE
-        groups = -(-self.out_features // NATIVE_GROUP)
-        # [groups, blocks, 256] codes and [groups, blocks, 16] half-float scales and minimums
-        self.register_buffer("qs", torch.empty(groups, num_blocks, 256, dtype=torch.uint8), persistent=False)
-        self.register_buffer("scale", torch.empty(groups, num_blocks, NATIVE_GROUP, dtype=torch.half), persistent=False)
-        self.register_buffer("low", torch.empty(groups, num_blocks, NATIVE_GROUP, dtype=torch.half), persistent=False)
-        lib.tm_q4_interleave(
-            qs.data_ptr(),
-            scale.data_ptr(),
-            low.data_ptr(),
-            self.out_features,
-            num_blocks,
-            self.qs.data_ptr(),
-            self.scale.data_ptr(),
-            self.low.data_ptr(),
-        )
-        self._lib = lib
+        raw = _q4_1_rows(*blocks)
+        super().__init__([(raw, GGMLQuantizationType.Q4_1)], blocks[0].shape[1] * INT4_GROUP_SIZE, passes=2, lib=lib)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float().contiguous()
-        rows = x32.shape[0]
-        weights = (self.qs.data_ptr(), self.scale.data_ptr(), self.low.data_ptr())
-        out = _native_product(
-            rows,
-            self.out_features,
-            lambda n, y: self._lib.tm_q4_matmul(x32.data_ptr(), rows, self.in_features, *weights, n, y),
-        )
-        return out.to(x.dtype)
+        return super().forward(x).to(x.dtype)
 
 
-class Q8Linear(nn.Module):
-    """8-bit weights as GGUF's Q8_0 (int8 codes, one half-float scale per 32 inputs) through the native kernel,
+class Q8Linear(NativeLinear):
+    """8-bit weights as GGUF's Q8_0 (int8 codes, one half-float scale per 32 inputs) through the native products,
     activations quantized as Q4Linear's. The quantized modes' LM head (exact for a Q8_0 embedding, as the bundled
     model's is: 30 MB read per decoded token instead of 113), and `auto`'s projections whose file type is finer
-    than 4 bits (Q5_0, Q6_K, Q8_0: Gemma 3's). The kernel's layout interleaves 16 output rows (a partial last
-    group is padded with zero rows)."""
+    than 4 bits (Q5_0, Q6_K, Q8_0: Gemma 3's). float32 outputs."""
 
-    def __init__(self, weight: torch.Tensor | None, lib, blocks: Q8Blocks | None = None):
-        """`weight` [out, in] (quantized here) or None with the file's `blocks` (taken as they are)."""
-        super().__init__()
-        self.exact_blocks = blocks is not None  # the file's own codes: its rows are the table's exact values
-        if blocks is not None:
-            codes, scale = blocks
-            self.out_features, self.in_features = codes.shape
-        else:
-            assert weight is not None
-            self.out_features, self.in_features = weight.shape
-            groups = weight.float().reshape(self.out_features, -1, INT4_GROUP_SIZE)
-            # Q8_0's scales are half floats; rounding them so recovers a Q8_0 embedding's codes exactly
-            scale = (groups.abs().amax(dim=-1) / 127.0).to(torch.float16)  # [out, in/32]
-            safe = scale.float().clamp(min=1e-30).unsqueeze(-1)
-            codes = (groups / safe).round().clamp(-127, 127).to(torch.int8).reshape(self.out_features, -1)
-        codes, scale = codes.contiguous(), scale.half().contiguous()
-        num_blocks, groups = self.in_features // INT4_GROUP_SIZE, -(-self.out_features // NATIVE_GROUP)
-        # [groups, blocks, 512] codes and [groups, blocks, 16] half-float scales
-        self.register_buffer("qs", torch.empty(groups, num_blocks, 512, dtype=torch.int8), persistent=False)
-        self.register_buffer("scale", torch.empty(groups, num_blocks, NATIVE_GROUP, dtype=torch.half), persistent=False)
-        lib.tm_q8_interleave(
-            codes.data_ptr(),
-            scale.data_ptr(),
-            self.out_features,
-            num_blocks,
-            self.qs.data_ptr(),
-            self.scale.data_ptr(),
-        )
-        self._lib = lib
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """[T] row indices -> float32 [T, in_features]: the weight's rows, code * scale (a tied embedding's lookup
-        straight from the head's codes: no second copy of the table)."""
-        groups, num_blocks = self.qs.shape[0], self.qs.shape[1]
-        group, j = ids // NATIVE_GROUP, ids % NATIVE_GROUP
-        # the interleaved layout: byte u * 64 + j * 4 + i of a block holds code 4u + i of the group's row j
-        codes = self.qs.view(groups, num_blocks, INT4_GROUP_SIZE // 4, NATIVE_GROUP, 4)[group, :, :, j, :]
-        scale = self.scale[group, :, j]  # [T, blocks]
-        values = codes.reshape(ids.shape[0], num_blocks, INT4_GROUP_SIZE).float() * scale.float().unsqueeze(-1)
-        return values.view(ids.shape[0], -1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float().contiguous()
-        rows = x32.shape[0]
-        return _native_product(
-            rows,
-            self.out_features,
-            lambda n, y: self._lib.tm_q8_matmul(
-                x32.data_ptr(), rows, self.in_features, self.qs.data_ptr(), self.scale.data_ptr(), n, y
-            ),
-        )
+    def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
+        codes, scale = blocks if blocks is not None else _q8_blocks(weight)
+        super().__init__([(_q8_0_rows(codes, scale), GGMLQuantizationType.Q8_0)], codes.shape[1], passes=2, lib=lib)
 
 
 class BlockEmbedding(nn.Module):

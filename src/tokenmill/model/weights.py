@@ -2,13 +2,13 @@
 kernel of every linear is decided, then its bytes are read once, one tensor at a time).
 
 - `quantization=None` (`none`): every weight dequantized to the compute dtype (exact float32 results).
-- the quantized modes: each projection and the LM head go straight from the file's blocks to the native kernels'
-  layout (tokenmill/native), with no float copy of them at any point: `auto` keeps every tensor in its own type
-  where a native kernel reads it (4-bit blocks as 4-bit, Q8_0 as 8-bit; the other types of finer precision as 8-bit
-  blocks for now), `int4` makes every projection 4-bit, `int8` uses torch's int8 kernel (from a float copy of one
-  tensor at a time). A float tensor (a Hugging Face checkpoint, an F16 GGUF) is quantized as it is read, one at a
-  time. The embedding table is looked up from its blocks (only the rows asked for are dequantized), from the
-  tied head's own codes where it can be.
+- the quantized modes: each projection and the LM head go straight from the file's blocks to the native products'
+  layout (layers/quantized_linear.py's NativeLinear, tokenmill/native), with no float copy of them at any point:
+  `auto` keeps every tensor in its own type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: no re-coding), `int4`
+  makes the finer ones 4-bit (Q4_1), `int8` uses torch's int8 kernel (from a float copy of one tensor at a time).
+  A float tensor (a Hugging Face checkpoint, an F16 GGUF) becomes Q4_1 blocks as it is read (the LM head Q8_0),
+  one tensor at a time. The embedding table is looked up from its blocks (only the rows asked for are
+  dequantized), from the tied head's own blocks where they are the file's.
 
 Once a tensor is built, its pages of the memory-mapped file are handed back (`release`), so the process holds the
 model once: resident memory while loading stays near the size of the weights as built."""
@@ -20,22 +20,26 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from tokenmill import native
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.quantized_linear import (
+    NATIVE_TYPES,
+    BFloat16Head,
     BlockEmbedding,
-    Q8Linear,
-    q4_blocks_from_gguf,
-    q8_blocks_from_gguf,
-    quantized_head,
-    quantized_linear,
+    Int4Linear,
+    Int8Linear,
+    NativeLinear,
+    gguf_rows_from_float,
 )
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFTensor
 
-# file types whose weights `auto` keeps in 8 bits for the native decoder (4 bits would lose what they hold)
-FINER_THAN_4_BITS = frozenset(GGMLQuantizationType[name] for name in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"))
-FLOAT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16"))
+FOUR_BIT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q4_K"))  # int4 keeps these
 QUANTIZED_MODES = ("auto", "int4", "int8")
+# int8 activation passes of the projections' products outside the native decoder (prompt tokens, when it runs);
+# the decoder's generated tokens and the LM head take 2 (see layers/quantized_linear.py)
+PROMPT_PASSES = 2
+NativePart = tuple[np.ndarray, GGMLQuantizationType]  # raw rows uint8 [rows, bytes per row] and their type
 
 # (tensor name, its number of rope heads when its rows are stored permuted for ggml's rope, else None)
 TensorSource = tuple[str, int | None]
@@ -51,6 +55,17 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     rows = weight.shape[0]
     head_dim = rows // num_heads
     return weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _joined(parts: list[NativePart]) -> list[NativePart]:
+    """Neighbouring parts of one type as one (the native products take a few parts; fewer run faster)."""
+    joined: list[NativePart] = []
+    for rows, ggml_type in parts:
+        if joined and joined[-1][1] == ggml_type:
+            joined[-1] = (np.concatenate([joined[-1][0], rows]), ggml_type)
+        else:
+            joined.append((rows, ggml_type))
+    return joined
 
 
 class WeightLoader:
@@ -82,12 +97,14 @@ class WeightLoader:
         self._release(t)
         return value
 
-    def _raw(self, name: str, heads: int | None) -> tuple[torch.Tensor, GGUFTensor]:
-        """A tensor's raw rows as stored (uint8 [rows, bytes per row], a copy), rope rows put back in HF's order."""
+    def _raw(self, name: str, heads: int | None) -> tuple[np.ndarray, GGUFTensor]:
+        """A tensor's raw rows as stored (uint8 [rows, bytes per row]: a view of the file, or with rope rows put back
+        in HF's order a copy)."""
         t = self._tensor(name)
-        data = np.asarray(t.data).reshape(t.shape[0], -1).view(np.uint8)
-        rows = torch.from_numpy(np.array(data, copy=True))
-        return (unpermute_rope_rows(rows, heads) if heads else rows), t
+        rows = np.asarray(t.data).reshape(t.shape[0], -1).view(np.uint8)
+        if heads:
+            rows = unpermute_rope_rows(torch.from_numpy(np.array(rows, copy=True)), heads).numpy()
+        return rows, t
 
     def float_rows(self, name: str, heads: int | None) -> torch.Tensor:
         """A tensor dequantized, rope rows put back in HF's order."""
@@ -99,47 +116,58 @@ class WeightLoader:
     def linear(self, sources: list[TensorSource]) -> nn.Module:
         """One projection made of `sources` stacked by rows (a fused Q/K/V or gate/up), in the kernel its mode and
         the file's types call for."""
-        types = {self._tensor(name).ggml_type for name, _ in sources}
         float_weight = lambda: self._stacked(self.float_rows, sources)  # noqa: E731 - read only where needed
         if self.mode is None:
             return Linear.of(float_weight())
-        if self.mode == "int8" or types <= FLOAT_TYPES:  # from float, one projection at a time
-            return quantized_linear(float_weight(), self.mode)
-        eight_bit = self.mode == "auto" and bool(types & FINER_THAN_4_BITS)
-        if len(types) > 1:  # raw rows of mixed types do not stack: made from their float values
-            return quantized_linear(float_weight(), self.mode, None, eight_bit)
-        (ggml_type,) = types
-        raws = [self._raw(name, heads) for name, heads in sources]
-        stacked = torch.cat([rows for rows, _ in raws]) if len(raws) > 1 else raws[0][0]
-        for _, tensor in raws:
-            self._release(tensor)
-        if eight_bit:
-            blocks8 = q8_blocks_from_gguf(stacked, ggml_type)
-            return quantized_linear(None if blocks8 else float_weight(), self.mode, None, blocks8 or True)
-        blocks4 = q4_blocks_from_gguf(stacked, ggml_type)
-        return quantized_linear(None if blocks4 else float_weight(), self.mode, blocks4)
+        lib = native.load()
+        if self.mode == "int8" or lib is None:  # torch's kernels, from float: one projection at a time
+            return Int8Linear(float_weight()) if self.mode == "int8" else Int4Linear(float_weight())
+        parts = [self._native_part(name, heads, self.mode) for name, heads in sources]
+        layer = NativeLinear(_joined(parts), self._tensor(sources[0][0]).shape[-1], PROMPT_PASSES, lib)
+        for name, _ in sources:  # repacked: the file's copy is not needed any more
+            self._release(self._tensor(name))
+        return layer
+
+    def _native_part(self, name: str, heads: int | None, mode: str) -> NativePart:
+        """One source tensor as raw rows of a type the native products read: the file's own blocks where the mode
+        keeps them (auto: every native type; int4: the 4-bit ones), else the float values made into Q4_1 rows
+        (auto: float tensors; int4: anything finer)."""
+        ggml_type = self._tensor(name).ggml_type
+        keep = NATIVE_TYPES if mode == "auto" else FOUR_BIT_TYPES
+        if ggml_type in keep:
+            return self._raw(name, heads)[0], ggml_type
+        rows = gguf_rows_from_float(self.float_rows(name, heads), GGMLQuantizationType.Q4_1)
+        return rows.numpy(), GGMLQuantizationType.Q4_1
 
     def _stacked(self, read: Callable[[str, int | None], torch.Tensor], sources: list[TensorSource]) -> torch.Tensor:
         parts = [read(name, heads) for name, heads in sources]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def head(self, name: str) -> nn.Module:
-        """The LM head: dense in float mode, else from the file's Q8_0 blocks (or 8 bits made from it)."""
+        """The LM head: dense in float mode, else the file's blocks through the native products (a float or
+        unsupported head made into Q8_0), with two activation passes: its logits decide every sampled token."""
         if self.mode is None:
             return Linear.of(self.float_tensor(name))
-        rows, tensor = self._raw(name, None)
-        blocks = q8_blocks_from_gguf(rows, tensor.ggml_type)
-        weight = None if blocks is not None else self.float_tensor(name)
+        lib = native.load()
+        tensor = self._tensor(name)
+        if lib is None:
+            return BFloat16Head(self.float_tensor(name))
+        if tensor.ggml_type in NATIVE_TYPES:
+            part = self._native_part(name, None, "auto")
+        else:
+            rows = gguf_rows_from_float(self.float_tensor(name), GGMLQuantizationType.Q8_0)
+            part = (rows.numpy(), GGMLQuantizationType.Q8_0)
+        head = NativeLinear([part], tensor.shape[-1], 2, lib)
         self._release(tensor)
-        return quantized_head(weight, blocks)
+        return head
 
     def embedding(self, name: str, head: nn.Module | None) -> Callable[[torch.Tensor], torch.Tensor] | torch.Tensor:
         """The token embedding: in float mode the whole table (a tensor, which a tied dense head shares); in the
         quantized modes a lookup [T] ids -> float32 [T, hidden] that dequantizes only the rows asked for: from a
-        tied 8-bit head's own codes when the table is the head's Q8_0 blocks, else from the file's blocks."""
+        tied head's own blocks when they are the table's as the file has them, else from the file's blocks."""
         if self.mode is None:
             return self.float_tensor(name)
         tensor = self._tensor(name)
-        if isinstance(head, Q8Linear) and head.exact_blocks and tensor.ggml_type == GGMLQuantizationType.Q8_0:
+        if isinstance(head, NativeLinear) and head.part_types == [tensor.ggml_type]:  # the file's own blocks
             return head.rows
         return BlockEmbedding.of(tensor)

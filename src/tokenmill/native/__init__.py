@@ -1,9 +1,12 @@
 """tokenmill's hand-written CPU kernels (C, compiled for this machine on first use, loaded with ctypes).
 
-q4_kernels.c has 4-bit and 8-bit matrix products for decode-sized batches (integer dot products on weights
-kept in groups of 16 interleaved rows), the decoder layers of a llama model for the tokens of a decode step
-(norms, projections, rope, the KV-cache write, attention over the paged cache, SwiGLU) in one call per step
-instead of ~40 torch operations per layer, and the Q4_1/Q8_0 dequantization used at load. The library is built
+repack.c lays GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) out for the products in groups of
+16 interleaved rows, as the file has them (no re-coding), and dequantizes rows back; products.c has the matrix
+products over them (integer dot products against int8 activations, one or two passes); decoder.c the decoder
+layers of a llama model for the tokens of a decode step (norms, projections, rope, the KV-cache write, attention
+over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; dequantize.c the
+Q4_1/Q8_0 dequantization used at load; shm_reduce.c the tensor-parallel sums over shared memory; kernels.h is
+what they share. The library is built
 with the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without
 a compiler tokenmill falls back to torch's kernels and says so once in the log.
 """
@@ -22,7 +25,11 @@ from tokenmill.cache import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("q4_kernels.c", "shm_reduce.c")]
+# every file the library is built from (all of them key the cache; the .c files are compiled)
+_SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("kernels.h", "repack.c", "products.c", "dequantize.c", "decoder.c", "shm_reduce.c")
+]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared", "-std=c11"]
@@ -30,6 +37,21 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared",
 _LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries that earlier objects need
 # tm_reduce_fn(ctx, x, n): sums the n floats at x over the tensor-parallel ranks in place; 0 on success
 REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+MAX_PARTS = 4  # kernels.h's TM_MAX_PARTS
+
+
+class Part(ctypes.Structure):
+    """kernels.h's tm_part: `n` rows (a multiple of 16) of `k` inputs of GGML type `type`, repacked at `data`."""
+
+    _fields_ = [("type", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("data", ctypes.c_void_p)]
+
+
+class Weight(ctypes.Structure):
+    """kernels.h's tm_weight: parts stacked along the outputs, in order."""
+
+    _fields_ = [("n_parts", ctypes.c_int64), ("parts", Part * MAX_PARTS)]
+
+
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -50,11 +72,12 @@ def _build(force: bool = False) -> Path:
     command = [compiler, *flags, "SOURCES", "-o", "TARGET", *_LIBS]
     sources = b"".join(source.read_bytes() for source in _SOURCES)
     key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
-    target = cache_dir() / f"q4_kernels-{key.hexdigest()[:16]}.so"
+    target = cache_dir() / f"kernels-{key.hexdigest()[:16]}.so"
     if force or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        command = [compiler, *flags, *map(str, _SOURCES), "-o", str(tmp), *_LIBS]
+        compiled = [str(source) for source in _SOURCES if source.suffix == ".c"]
+        command = [compiler, *flags, *compiled, "-o", str(tmp), *_LIBS]
         subprocess.run(command, check=True, capture_output=True)
         tmp.replace(target)  # atomic: concurrent processes never load a half-written file
     return target
@@ -77,33 +100,40 @@ def load() -> ctypes.CDLL | None:
         detail = exc.stderr.decode(errors="replace")[-500:] if isinstance(exc, subprocess.CalledProcessError) else exc
         logger.warning("native kernels unavailable (%s); using torch's int4 kernel", detail)
         return None
-    lib.tm_q4_matmul.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
-    lib.tm_q4_matmul.restype = ctypes.c_int
-    lib.tm_q4_interleave.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
-    lib.tm_q4_interleave.restype = None
-    lib.tm_q8_matmul.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
-    lib.tm_q8_matmul.restype = ctypes.c_int
-    lib.tm_q8_interleave.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2
-    lib.tm_q8_interleave.restype = None
     p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.tm_llama_decode.argtypes = [p, i64, i64, p, i64, f32, p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, f32, i64]
+    weight = ctypes.POINTER(Weight)
+    lib.tm_repack_bytes.argtypes = [i64, i64, i64]
+    lib.tm_repack_bytes.restype = i64
+    lib.tm_repack.argtypes = [i64, p, i64, i64, p]
+    lib.tm_repack.restype = ctypes.c_int
+    lib.tm_qmatmul.argtypes = [weight, p, i64, i64, p]
+    lib.tm_qmatmul.restype = ctypes.c_int
+    lib.tm_weight_rows.argtypes = [weight, p, i64, p]
+    lib.tm_weight_rows.restype = ctypes.c_int
+    lib.tm_llama_decode.argtypes = [
+        p,
+        i64,
+        i64,
+        p,
+        i64,
+        f32,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        p,
+        i64,
+        i64,
+        i64,
+        i64,
+        f32,
+        i64,
+        i64,
+    ]
     lib.tm_llama_decode.argtypes += [REDUCE_FN, p]
     lib.tm_llama_decode.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):

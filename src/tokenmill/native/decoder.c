@@ -1,0 +1,301 @@
+/* The decoder layers of a llama model for the tokens of a decode step: norms, projections (products.c, any of
+ * its weight types and parts), Q/K/V biases, rope, the KV-cache write, attention over the paged cache and the MLP,
+ * one OpenMP parallel region per layer. */
+#include "kernels.h"
+
+static void rms_norm(const float *x, const float *w, float eps, int64_t h, float *out) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < h; ++i) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)h + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < h; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+/* rotate one head in place: x * cos_full + roll(x, half) * sin_signed ("neox" layout) */
+static void rope_head(float *x, const float *cos_full, const float *sin_signed, int64_t dim) {
+    float tmp[512];
+    const int64_t half = dim / 2;
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) tmp[i] = x[i] * cos_full[i] + x[i + half] * sin_signed[i];
+#pragma omp simd
+    for (int64_t i = half; i < dim; ++i) tmp[i] = x[i] * cos_full[i] + x[i - half] * sin_signed[i];
+    memcpy(x, tmp, sizeof(float) * dim);
+}
+
+typedef struct {
+    const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
+    tm_weight qkv, o, gate_up, down;             /* projections (gate_up: gate rows, then up rows) */
+    float *k_cache, *v_cache;                    /* [slots, kv_heads, dim] */
+    /* what other architectures add (NULL / 0: llama's) */
+    const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
+    int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
+    int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
+    const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
+} tm_llama_layer;
+
+enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation */
+
+/* sums the n floats at x over the tensor-parallel ranks in place (ctx: the caller's state, say a shared-memory
+ * group); returns 0, or not 0 when the collective failed */
+typedef int (*tm_reduce_fn)(void *ctx, float *x, int64_t n);
+
+typedef struct {
+    float *x, *qkv_out, *attn, *gu, *delta, *scores;
+    tm_qx qx;       /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
+    int64_t passes; /* of the activations' quantization */
+} tm_scratch;
+
+/* y = x @ w.T through the scratch's quantized activations; called by every thread of decode_layer's region */
+static void project(const float *x, int64_t m, const tm_weight *w, const tm_scratch *s, float *y) {
+    tm_quantize_rows(x, m, w->parts[0].k, s->passes, &s->qx);
+    tm_weight_matmul(&s->qx, m, s->passes, w, y);
+}
+
+#if defined(__AVX512F__)
+/* The sums of 16 vectors' lanes, as one vector in the vectors' order: pairs of vectors are folded together in
+ * four rounds of two lane shuffles and one addition (45 instructions, against about 8 for reducing each vector
+ * alone). After the rounds lane 4i + s holds vector i + 4s; one permute puts them in order. */
+static inline __m512 sum_lanes16(__m512 v[16]) {
+    __m512 c[8], e[4], f[2];
+    for (int i = 0; i < 8; ++i) /* halves: [a's 8 partial sums, b's 8] */
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; ++i) /* quarters: 4 partial sums each of vectors 4i .. 4i + 3 */
+        e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i) /* quarter q: 2 partial sums of vectors 8i + q and 8i + q + 4 */
+        f[i] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 g = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(order, g);
+}
+#endif
+
+/* scores[j] = scale * q . k_j for the n keys at k_base + slots[j] * stride (dim floats each) */
+static void qk_scores(const float *q, const float *k_base, int64_t stride, const int64_t *slots, int64_t n,
+                      int64_t dim, float scale, float *scores) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    if (dim % 16 == 0 && dim <= 256) {
+        __m512 qv[16];
+        for (int64_t i = 0; i < dim / 16; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+        for (; j < n; j += 16) {
+            __m512 dots[16]; /* per key, the products of q and k summed into 16 lanes */
+            for (int key = 0; key < 16; ++key) {
+                dots[key] = _mm512_setzero_ps();
+                if (j + key >= n) continue;
+                const float *k = k_base + slots[j + key] * stride;
+                for (int64_t i = 0; i < dim / 16; ++i) dots[key] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), dots[key]);
+            }
+            const __m512 sums = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
+            _mm512_mask_storeu_ps(scores + j, n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1), sums);
+        }
+        return;
+    }
+#endif
+    for (; j < n; ++j) {
+        const float *k = k_base + slots[j] * stride;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < dim; ++i) dot += q[i] * k[i];
+        scores[j] = dot * scale;
+    }
+}
+
+/* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride; scores are overwritten */
+static void softmax_values(float *scores, const float *v_base, int64_t stride, const int64_t *slots, int64_t n,
+                           int64_t dim, float *out) {
+    float best = -FLT_MAX;
+    for (int64_t j = 0; j < n; ++j) best = scores[j] > best ? scores[j] : best;
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; ++j) {
+        scores[j] = expf(scores[j] - best);
+        total += scores[j];
+    }
+    const float inv = 1.0f / total;
+#if defined(__AVX512F__)
+    if (dim % 16 == 0 && dim <= 256) { /* the output stays in registers across the keys */
+        __m512 acc[16];
+        for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; ++j) {
+            const __m512 p = _mm512_set1_ps(scores[j]);
+            const float *v = v_base + slots[j] * stride;
+            for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * i), acc[i]);
+        }
+        for (int64_t i = 0; i < dim / 16; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(inv)));
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        const float p = scores[j];
+        const float *v = v_base + slots[j] * stride;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) out[i] += p * v[i];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) out[i] *= inv;
+}
+
+/* Under tensor parallelism, the sum of a block's output over the ranks: the calling thread runs it while the
+ * region's other threads wait (every thread calls this). Returns *rc, shared, set to -3 when the sum failed. */
+static int sum_over_ranks(tm_reduce_fn reduce, void *reduce_ctx, float *delta, int64_t n, int *rc) {
+    if (reduce) { /* the same branch on every thread */
+#pragma omp master
+        if (reduce(reduce_ctx, delta, n)) *rc = -3;
+#pragma omp barrier
+    }
+    return *rc;
+}
+
+/* One row's residual addition: ht += delta (normalized in place first when the layer has a norm there) */
+static inline void add_to_residual(float *ht, float *dt, const float *norm, float eps, int64_t h) {
+    if (norm) rms_norm(dt, norm, eps, h, dt);
+#pragma omp simd
+    for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
+}
+
+/* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
+ * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
+ * ctx_slots[t * max_ctx ...] (its own position last). One parallel region: the threads share out the rows (norms,
+ * rope, SwiGLU: each row on one thread, with the code it has alone), the activation blocks, the weight groups and
+ * the (row, head) pairs of attention; `reduce` runs on the calling thread. */
+static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
+                        const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
+                        const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
+                        int64_t kv_heads, int64_t dim, float scale, int64_t activation, tm_reduce_fn reduce,
+                        void *reduce_ctx, const tm_scratch *s) {
+    const tm_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
+    const float *norm1 = layer->norm1, *norm2 = layer->norm2;
+    float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
+    const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = tm_weight_n(gate_up) / 2;
+    const int64_t qkv_n = tm_weight_n(qkv);
+    float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
+    const int64_t group = heads / kv_heads;
+    int rc = 0; /* shared; read only after a barrier */
+#pragma omp parallel
+    {
+        /* attention block */
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
+        project(x, m, qkv, s, qkv_out);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < m; ++t) {
+            float *row = qkv_out + t * qkv_n;
+            if (layer->qkv_bias) {
+#pragma omp simd
+                for (int64_t i = 0; i < qkv_n; ++i) row[i] += layer->qkv_bias[i];
+            }
+            if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
+                for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
+                for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
+                    rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
+            }
+            for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
+                rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
+            memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
+            memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+        }
+#pragma omp for schedule(static)
+        for (int64_t th = 0; th < m * heads; ++th) {
+            const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
+            /* a local layer's query sees the last `window` slots of its context (its own position last) */
+            const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
+            const int64_t n_ctx = ctx_lens[t] - skip;
+            const float *q = qkv_out + t * qkv_n + hd * dim;
+            float *sc = scores + th * max_ctx;
+            const int64_t *slots = ctx_slots + t * max_ctx + skip;
+            qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
+            softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
+        }
+        project(attn, m, o, s, delta);
+        if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < m; ++t) {
+                add_to_residual(hidden + t * h, delta + t * h, layer->post_attn_norm, eps, h);
+                /* MLP block */
+                rms_norm(hidden + t * h, norm2, eps, h, x + t * h);
+            }
+            project(x, m, gate_up, s, gu);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < m; ++t) {
+                const float *g = gu + t * 2 * inter, *u = g + inter;
+                float *a = x + t * inter;
+                if (activation == TM_GELU_TANH) {
+#pragma omp simd
+                    for (int64_t i = 0; i < inter; ++i) {
+                        const float v = g[i];
+                        a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+                    }
+                } else {
+#pragma omp simd
+                    for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+                }
+            }
+            project(x, m, down, s, delta);
+            if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
+#pragma omp for schedule(static)
+                for (int64_t t = 0; t < m; ++t)
+                    add_to_residual(hidden + t * h, delta + t * h, layer->post_mlp_norm, eps, h);
+            }
+        }
+    }
+    return rc;
+}
+
+/* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
+ * shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
+ * place, with `reduce_ctx`. cos_full/sin_signed: [m, dim] rope tables of the rows' positions; local_cos_full and
+ * local_sin_signed those of the layers with local_rope set (may be the same). The layers with a window read
+ * local_slot_mapping and local_ctx_slots (their own pool's slots; may be the same as the others').
+ * activation: TM_SILU or TM_GELU_TANH; passes: the projections' activation quantization (1 or 2 int8 passes,
+ * products.c; 2 for generated tokens). Each layer's weights may be of any of the products' types, in parts
+ * (kernels.h's tm_weight): qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h],
+ * down [h, inter], every part's rows a multiple of 16; qkv_bias, where not NULL, is added to qkv's outputs.
+ * Returns 0, or a negative code on bad sizes (-1) or exhausted memory (-2) or a failed reduce (-3). */
+int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
+                    const float *cos_full, const float *sin_signed, const float *local_cos_full,
+                    const float *local_sin_signed, const int64_t *slot_mapping, const int64_t *ctx_slots,
+                    const int64_t *local_slot_mapping, const int64_t *local_ctx_slots, const int64_t *ctx_lens,
+                    int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int64_t activation,
+                    int64_t passes, tm_reduce_fn reduce, void *reduce_ctx) {
+    if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads || (activation != TM_SILU && activation != TM_GELU_TANH))
+        return -1;
+    if (passes != 1 && passes != 2) return -1;
+    const int64_t inter = tm_weight_n(&layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
+    for (int64_t l = 0; l < n_layers; ++l) {
+        const tm_llama_layer *y = &layers[l];
+        if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up) || tm_weight_check(&y->down))
+            return -1;
+        if (y->qkv.parts[0].k != h || tm_weight_n(&y->qkv) != qkv_n || y->o.parts[0].k != heads * dim ||
+            tm_weight_n(&y->o) != h || y->gate_up.parts[0].k != h || tm_weight_n(&y->gate_up) != 2 * inter ||
+            y->down.parts[0].k != inter || tm_weight_n(&y->down) != h)
+            return -1;
+    }
+    int64_t widest = h > inter ? h : inter;
+    widest = widest > heads * dim ? widest : heads * dim;
+    tm_scratch s;
+    s.x = malloc(sizeof(float) * m * (h > inter ? h : inter));
+    s.qkv_out = malloc(sizeof(float) * m * qkv_n);
+    s.attn = malloc(sizeof(float) * m * heads * dim);
+    s.gu = malloc(sizeof(float) * m * 2 * inter);
+    s.delta = malloc(sizeof(float) * m * h);
+    s.scores = malloc(sizeof(float) * m * heads * (max_ctx > 0 ? max_ctx : 1));
+    s.passes = passes;
+    int rc = tm_qx_alloc(&s.qx, m, widest, passes);
+    if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
+    for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
+        rc = decode_layer(hidden, m, h, &layers[l], eps, layers[l].local_rope ? local_cos_full : cos_full,
+                          layers[l].local_rope ? local_sin_signed : sin_signed,
+                          layers[l].window > 0 ? local_slot_mapping : slot_mapping,
+                          layers[l].window > 0 ? local_ctx_slots : ctx_slots, ctx_lens, max_ctx, heads, kv_heads,
+                          dim, scale, activation, reduce, reduce_ctx, &s);
+    free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
+    tm_qx_free(&s.qx);
+    return rc;
+}

@@ -1,0 +1,145 @@
+/* Shared declarations of tokenmill's native kernels: repack.c (GGUF blocks into the products' layout, and rows
+ * back to float32), products.c (activation quantization and the integer products), decoder.c (a llama decode
+ * step), dequantize.c (whole tensors at load).
+ *
+ * Vector paths: AVX-512 VNNI, AVX2 with FMA and F16C, and portable C; the compiler picks with -march=native.
+ * Threads: OpenMP (tokenmill loads this library after torch, so `libgomp.so.1` resolves to torch's copy and both
+ * share one thread pool).
+ */
+#ifndef TM_KERNELS_H
+#define TM_KERNELS_H
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TM_AVX512_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TM_AVX2 1
+#endif
+
+#define QK 32    /* inputs per block (and per activation block) */
+#define QK_K 256 /* inputs per K-quant super-block */
+#define GROUP 16 /* output rows interleaved per weight group */
+
+#define LO_STEPS 254.0f /* the second activation pass resolves one step of the first into 254 */
+
+/* ---- weights -------------------------------------------------------------------------------------------------
+ * GGML's numbers for the block types the products take. */
+enum { TM_Q4_0 = 2, TM_Q4_1 = 3, TM_Q5_0 = 6, TM_Q5_1 = 7, TM_Q8_0 = 8, TM_Q4_K = 12, TM_Q5_K = 13, TM_Q6_K = 14 };
+
+/* A weight is repacked per group of 16 rows: group g's bytes are contiguous, and hold three planes, each unit after
+ * unit (a unit is one block of 32 inputs, or one K-quant super-block of 256):
+ *   codes  tm_qs_bytes per unit: the file's 4-bit code bytes (or Q8_0's int8 codes) as 4-byte words, the word w of
+ *          row j at w * 64 + j * 4: one 64-byte load gives 4 bytes of each of the 16 rows
+ *   highs  tm_qh_bytes per unit: the 5th bit (Q5_x) or the 5th and 6th bits (Q6_K), words likewise
+ *   scales tm_sc_bytes per unit: the file's scales, per row (lane j) in their integer or half-float form
+ * repack.c describes each type's planes. */
+static inline int tm_type_known(int64_t type) {
+    switch (type) {
+    case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: case TM_Q8_0: case TM_Q4_K: case TM_Q5_K: case TM_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+static inline int tm_is_k_quant(int64_t type) { return type == TM_Q4_K || type == TM_Q5_K || type == TM_Q6_K; }
+/* inputs per unit */
+static inline int64_t tm_unit_values(int64_t type) { return tm_is_k_quant(type) ? QK_K : QK; }
+/* bytes of one row's unit in the GGUF file */
+static inline int64_t tm_file_bytes(int64_t type) {
+    switch (type) {
+    case TM_Q4_0: return 18;
+    case TM_Q4_1: return 20;
+    case TM_Q5_0: return 22;
+    case TM_Q5_1: return 24;
+    case TM_Q8_0: return 34;
+    case TM_Q4_K: return 144;
+    case TM_Q5_K: return 176;
+    case TM_Q6_K: return 210;
+    default: return 0;
+    }
+}
+/* bytes per group and unit of each plane */
+static inline int64_t tm_qs_bytes(int64_t type) {
+    return type == TM_Q8_0 ? GROUP * QK : GROUP * tm_unit_values(type) / 2;
+}
+static inline int64_t tm_qh_bytes(int64_t type) {
+    switch (type) {
+    case TM_Q5_0: case TM_Q5_1: return GROUP * 4;       /* 32 bits per row */
+    case TM_Q5_K: return GROUP * QK_K / 8;              /* 1 bit per input */
+    case TM_Q6_K: return GROUP * QK_K / 4;              /* 2 bits per input */
+    default: return 0;
+    }
+}
+static inline int64_t tm_sc_bytes(int64_t type) {
+    switch (type) {
+    case TM_Q4_0: case TM_Q5_0: case TM_Q8_0: return GROUP * 2;        /* d (half) */
+    case TM_Q4_1: case TM_Q5_1: return GROUP * 4;                      /* d, m (halves) */
+    case TM_Q4_K: case TM_Q5_K: return GROUP * (4 + 16);               /* d, dmin (halves); 8 scales, 8 mins (u8) */
+    case TM_Q6_K: return GROUP * (2 + 16);                             /* d (half); 16 scales (int8) */
+    default: return 0;
+    }
+}
+static inline int64_t tm_unit_bytes(int64_t type) { return tm_qs_bytes(type) + tm_qh_bytes(type) + tm_sc_bytes(type); }
+
+/* One homogeneous part of a weight: n rows (a multiple of 16: a part's last group is padded with zero rows by
+ * tm_repack) of k inputs (a multiple of the type's unit), tm_repack_bytes(type, n, k) bytes at data. */
+typedef struct {
+    int64_t type, n, k;
+    const uint8_t *data;
+} tm_part;
+
+/* A weight: up to TM_MAX_PARTS parts of the same k stacked along the outputs (a fused QKV whose V is another type,
+ * gate + up); a product writes the parts' outputs side by side in part order, n = the sum of the parts' n. */
+#define TM_MAX_PARTS 4
+typedef struct {
+    int64_t n_parts;
+    tm_part parts[TM_MAX_PARTS];
+} tm_weight;
+
+/* bytes of one group of the part; the part's group g (its three planes) */
+static inline int64_t tm_group_bytes(const tm_part *p) { return p->k / tm_unit_values(p->type) * tm_unit_bytes(p->type); }
+static inline const uint8_t *tm_group_base(const tm_part *p, int64_t g) { return p->data + g * tm_group_bytes(p); }
+int64_t tm_weight_n(const tm_weight *w);
+int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or the parts' k differ */
+
+/* ---- activations ---------------------------------------------------------------------------------------------
+ * Quantized per row and block of 32, in one or two int8 passes: x ~ s * hi (one), x ~ s * (hi + lo / 254) (two),
+ * s = max|x| / 127 (products.c's header says why). The rows of codes are tm_qx_stride(k) bytes apart: one cache
+ * line more than k, so that the 8 rows of a tile do not all fall in one L1 set when k is a multiple of 4096 (with
+ * k = 8192 and two passes that thrashed L1: 2.5x slower). */
+static inline int64_t tm_qx_stride(int64_t k) { return k + 64; }
+#define LO_SHIFT 2048
+typedef struct {
+    int8_t *hi, *lo;              /* [m, stride] codes of the passes (lo only with two) */
+    int8_t *lo_buffer;            /* lo's allocation (lo = lo_buffer + LO_SHIFT) */
+    float *scale;                 /* [m, k/32] s */
+    float *sum;                   /* [m, k/32] the sum of the block's quantized values (minimum terms) */
+    int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
+    int32_t *sum16_hi, *sum16_lo; /* [m, k/16] the same per 16 values (Q6_K's offset, its sub-blocks are 16) */
+} tm_qx;
+
+/* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    if (exponent == 0) return (sign ? -1.0f : 1.0f) * ldexpf((float)mantissa, -24); /* zero and subnormals */
+    uint32_t bits = sign | (exponent == 31 ? 0x7F800000u | mantissa << 13 : (exponent + 112) << 23 | mantissa << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* products.c, for the decoder's parallel regions: both are called by every thread of a region (or outside one) */
+int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
+void tm_qx_free(tm_qx *a);
+void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a);
+/* y [m, tm_weight_n(w)] = x @ w.T over a's quantized rows; ends with a barrier (y is complete on return) */
+void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y);
+
+#endif

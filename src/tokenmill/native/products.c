@@ -1,0 +1,665 @@
+/* Matrix products y = x @ W.T with W in GGUF's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as
+ * repack.c lays them out: integer dot products of the weights' codes with int8 activation codes, then per block
+ * of 32 inputs one float step with the block's scales. W's values are the reference dequantization's exactly, so
+ * the only error is the activations' quantization.
+ *
+ * Activations are quantized per row and block of 32: s = max|x| / 127, hi = round(x / s) in one pass (as
+ * llama.cpp's Q8 activations: error up to s / 2 per value), and with a second pass lo = round((x / s - hi) * 254),
+ * x ~ s * (hi + lo / 254), error below max|x| / 64,516 per value (on the references greedy decoding keeps all 32
+ * tokens of float32 with two passes, where one pass drifts away after 3 to 32 tokens). Per block:
+ *     dot(w, x) ~ s * dws * (dot(q, hi) [+ dot(q, lo) / 254])  - wm * sum(x)
+ * with dws the block's weight scale (d, or d * sc for K-quants), wm its minimum (Q4_1, Q5_1, K-quants' dmin * mn),
+ * and sum(x) the sum of the quantized values (so that each weight multiplies the same activation). Codes with an
+ * offset (Q4_0: q - 8, Q5_0: q - 16, Q8_0's codes moved to unsigned q + 128, Q6_K: q - 32 per 16 values) take
+ * offset * (the activation codes' sum) off the integer dot, exactly.
+ *
+ * The vector paths multiply 16 rows at once: a 64-byte load of a plane gives 4 codes of each of the 16 rows of a
+ * group per 32-bit lane, and one unsigned x signed byte dot instruction (AVX-512 VNNI vpdpbusd, with the 4 codes
+ * of the activation row broadcast to every lane) adds 4 products to each row's sum: a block ends with the 16 rows'
+ * sums in one vector, no reductions. AVX2 does two halves of 8 rows with vpmaddubsw (16-bit pair sums, widened
+ * with vpmaddwd before they could overflow) and the portable C path the same sums one by one.
+ *
+ * Tiling: a tile is R activation rows (R <= 8 on AVX-512, 4 elsewhere) times one group, over all of k: the
+ * group's codes are loaded once per tile and serve its R rows. Up to that many rows (decode), each weight byte is
+ * read once per call; prompt chunks are cut into blocks of rows whose quantized activations fit in L2, and each
+ * block runs over all of the thread's groups (the weights stream from memory once per block of rows).
+ *
+ * Batch invariance: integer sums are exact, and each row's float accumulator takes its blocks in the same order
+ * with the same operations whatever the tile's R, so a row's output is the same bits in any call.
+ */
+#include "kernels.h"
+
+#define ALWAYS static inline __attribute__((always_inline))
+/* -ffast-math lets the compiler reassociate products (say d * sc * xs as (d * xs) * sc, the factor d * xs shared
+ * by a block's two halves) and decide so differently in each tile's copy: a weight scale made opaque once computed
+ * is multiplied the same way in every copy, so a row's bits do not depend on the tile it is in */
+#define OPAQUE_VECTOR(v) __asm__("" : "+v"(v))
+#define OPAQUE_SCALAR(f) __asm__("" : "+g"(f))
+
+/* Rows of a tile: its rows' integer and float accumulators stay in registers (AVX-512 has 32 vector registers,
+ * AVX2 16). Tiles of 12 rows with one pass measured no faster than 8 (the weights' unpacking is not what limits). */
+#if defined(TM_AVX512_VNNI)
+#define MAX_ROWS 8
+#else
+#define MAX_ROWS 4
+#endif
+/* up to this many rows, two integer chains per pass and row (the dot instruction's latency); above, one */
+#define SPLIT_ROWS 2
+/* a block of prompt rows keeps its quantized activations within this many bytes (L2 is 1 MiB per core here) */
+/* with few rows (decode, memory-bound), each load of codes asks for the line this far ahead in the group's stream
+ * (and the next group's): the loads from memory overlap the arithmetic (+7-10% GB/s at one row, medians) */
+#define PREFETCH_BYTES 8192
+#define ROW_BLOCK_BYTES (384 * 1024)
+
+void tm_set_threads(int n) { omp_set_num_threads(n); }
+
+/* which vector path this build runs */
+const char *tm_vector_path(void) {
+#if defined(TM_AVX512_VNNI)
+    return "avx512-vnni";
+#elif defined(TM_AVX2)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
+/* ---- activations ---------------------------------------------------------------------------------------------- */
+
+static void *alloc_or_dummy(size_t bytes) { return malloc(bytes ? bytes : 1); }
+
+int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
+    const size_t values = (size_t)(m * tm_qx_stride(k)), blocks = (size_t)(m * (k / QK));
+    memset(a, 0, sizeof *a);
+    a->hi = alloc_or_dummy(values);
+    a->scale = alloc_or_dummy(sizeof(float) * blocks);
+    a->sum = alloc_or_dummy(sizeof(float) * blocks);
+    a->sum_hi = alloc_or_dummy(sizeof(int32_t) * blocks);
+    a->sum16_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->sum16_hi;
+    if (passes == 2) {
+        /* lo 2 KiB on from where its buffer starts: a row's hi and lo codes in other L1 sets than each other */
+        a->lo_buffer = alloc_or_dummy(values + LO_SHIFT);
+        a->lo = a->lo_buffer ? a->lo_buffer + LO_SHIFT : NULL;
+        a->sum_lo = alloc_or_dummy(sizeof(int32_t) * blocks);
+        a->sum16_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+        ok = ok && a->lo && a->sum_lo && a->sum16_lo;
+    }
+    return ok ? 0 : -2;
+}
+
+void tm_qx_free(tm_qx *a) {
+    free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
+    free(a->sum_hi); free(a->sum_lo); free(a->sum16_hi); free(a->sum16_lo);
+    memset(a, 0, sizeof *a);
+}
+
+/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the blocks are shared out; the
+ * loop's end waits for all), or outside one (one thread does all). The first pass's codes are the same with one
+ * pass or two. */
+void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
+    const int64_t nb = k / QK;
+#pragma omp for schedule(static)
+    for (int64_t tb = 0; tb < m * nb; ++tb) {
+        const float *xb = x + tb * QK;
+        const int64_t codes_at = tb / nb * tm_qx_stride(k) + tb % nb * QK;
+        int8_t *hi = a->hi + codes_at;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
+        if (passes == 2) {
+            int8_t *lo = a->lo + codes_at;
+            for (int i = 0; i < QK; ++i) {
+                const float v = xb[i] * inv;
+                const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
+                const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
+                hi[i] = (int8_t)h;
+                lo[i] = (int8_t)l;
+                sum_hi[i / 16] += (int32_t)h;
+                sum_lo[i / 16] += (int32_t)l;
+            }
+            a->sum_lo[tb] = sum_lo[0] + sum_lo[1];
+            a->sum16_lo[2 * tb] = sum_lo[0];
+            a->sum16_lo[2 * tb + 1] = sum_lo[1];
+        } else {
+            for (int i = 0; i < QK; ++i) {
+                const float h = fminf(fmaxf(nearbyintf(xb[i] * inv), -127.0f), 127.0f);
+                hi[i] = (int8_t)h;
+                sum_hi[i / 16] += (int32_t)h;
+            }
+        }
+        const int32_t total_hi = sum_hi[0] + sum_hi[1], total_lo = sum_lo[0] + sum_lo[1];
+        a->scale[tb] = amax / 127.0f;
+        a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
+        a->sum_hi[tb] = total_hi;
+        a->sum16_hi[2 * tb] = sum_hi[0];
+        a->sum16_hi[2 * tb + 1] = sum_hi[1];
+    }
+}
+
+/* ---- per type: what the kernels ask of it -------------------------------------------------------------------- */
+
+static inline int32_t four_codes(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the offset of the unsigned codes the dot instructions see (subtracted via the activation codes' sums) */
+ALWAYS int code_offset(const int T) {
+    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : T == TM_Q6_K ? 32 : 0;
+}
+/* blocks of 32 per chunk: the blocks that share loads of the codes (Q4_K/Q5_K: a pair's low and high nibbles;
+ * Q6_K: the quarters q and q + 2 of a half super-block, low and high nibbles of the same bytes) */
+ALWAYS int chunk_blocks(const int T) { return (T == TM_Q4_K || T == TM_Q5_K || T == TM_Q6_K) ? 2 : 1; }
+/* the unit's block that is block b of chunk c (Q6_K's chunks take quarters 0 and 2, then 1 and 3, of each half: a
+ * fixed order, the same in every tile) */
+ALWAYS int block_of(const int T, const int c, const int b) {
+    return T == TM_Q6_K ? 4 * (c >> 1) + (c & 1) + 2 * b : c * chunk_blocks(T) + b;
+}
+
+/* Where step t (inputs 4t .. 4t + 3) of block b of chunk c finds its codes: the word of the codes plane, whether
+ * in the high nibbles, the word of the highs plane and the bit of each byte that holds the 5th bit (Q5_x; Q6_K:
+ * the first of its 2 high bits). */
+typedef struct {
+    int word, high_nibble, high_word, high_bit;
+} code_site;
+
+ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
+    code_site s = {t, 0, 0, 0};
+    switch (T) {
+    case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: /* codes 0..15 low nibbles, 16..31 high; 5th bit t */
+        s.word = t & 3;
+        s.high_nibble = t >> 2;
+        s.high_bit = t;
+        break;
+    case TM_Q4_K: case TM_Q5_K: /* chunk c = pair of sub-blocks 2c (low nibbles), 2c + 1 (high); 5th bit 2c + b */
+        s.word = 8 * c + t;
+        s.high_nibble = b;
+        s.high_word = t;
+        s.high_bit = 2 * c + b; /* not a constant: the kernels shift by 2c first, then by b */
+        break;
+    case TM_Q6_K: /* quarter q of half h (block 4h + q): low nibbles of the half's words 0..7 (q = 0) or 8..15 (q = 1),
+                   * high nibbles of the same (q = 2, 3); high bits 2q, 2q + 1 of the half's qh words 0..7. Chunk c:
+                   * half c >> 1, quarters (c & 1) + 2b */
+        s.word = 16 * (c >> 1) + 8 * (c & 1) + t;
+        s.high_nibble = b;
+        s.high_word = 8 * (c >> 1) + t;
+        s.high_bit = 2 * (c & 1) + 4 * b; /* the kernels shift by 2 (c & 1) first, then by 4b */
+        break;
+    }
+    return s;
+}
+
+/* ---- AVX-512 VNNI ----------------------------------------------------------------------------------------------- */
+#if defined(TM_AVX512_VNNI)
+
+/* step t of block b of chunk c: 4 unsigned codes for each of 16 rows (R: the tile's rows) */
+ALWAYS __m512i codes16(const int T, const int R, const uint8_t *qs, const uint8_t *qh, const int c, const int b,
+                       const int t) {
+    if (T == TM_Q8_0) { /* the sign bit flipped: q + 128, unsigned */
+        if (R <= SPLIT_ROWS) _mm_prefetch((const char *)(qs + t * 64 + PREFETCH_BYTES), _MM_HINT_T0);
+        return _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + t * 64)), _mm512_set1_epi8((char)0x80));
+    }
+    const code_site s = site_of(T, c, b, t);
+    if (R <= SPLIT_ROWS) _mm_prefetch((const char *)(qs + s.word * 64 + PREFETCH_BYTES), _MM_HINT_T0);
+    __m512i w = _mm512_loadu_si512((const void *)(qs + s.word * 64));
+    if (s.high_nibble) w = _mm512_srli_epi16(w, 4);
+    w = _mm512_and_si512(w, _mm512_set1_epi8(0x0F));
+    if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
+        __m512i h = _mm512_loadu_si512((const void *)(qh + s.high_word * 64));
+        int bit = s.high_bit;
+        if (T == TM_Q5_K) { /* bit 2c + b: the chunk's part of the shift first (a variable count) */
+            h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * c));
+            bit = b;
+        }
+        if (T == TM_Q6_K) {
+            h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * (c & 1)));
+            bit = 4 * b;
+        }
+        /* the bit (bits) to bit 4 of each byte; what crosses from the next byte lands outside the mask */
+        h = bit <= 4 ? _mm512_slli_epi16(h, 4 - bit) : _mm512_srli_epi16(h, bit - 4);
+        const __m512i mask = _mm512_set1_epi8(T == TM_Q6_K ? 0x30 : 0x10);
+        w = _mm512_ternarylogic_epi32(w, h, mask, 0xF8); /* w | (h & mask) */
+    }
+    return w;
+}
+
+/* block b of chunk c (of the unit whose scales are at sc): s0 = the 16 rows' weight scales (Q6_K: of the block's
+ * first 16 inputs), s1 = their minimums (Q4_1, Q5_1, K-quants) or, for Q6_K, the scales of its last 16 inputs */
+ALWAYS void scales16(const int T, const uint8_t *sc, const int c, const int b, __m512 *s0, __m512 *s1) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)sc));
+    const int block = block_of(T, c, b);
+    *s0 = d;
+    *s1 = _mm512_setzero_ps();
+    if (T == TM_Q4_1 || T == TM_Q5_1) *s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32)));
+    if (T == TM_Q4_K || T == TM_Q5_K) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(sc + 32)));
+        const __m128i s = _mm_loadu_si128((const void *)(sc + 64 + 16 * block));
+        const __m128i mn = _mm_loadu_si128((const void *)(sc + 192 + 16 * block));
+        *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(s)));
+        *s1 = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+    }
+    if (T == TM_Q6_K) {
+        const __m128i s_a = _mm_loadu_si128((const void *)(sc + 32 + 16 * (2 * block)));
+        const __m128i s_b = _mm_loadu_si128((const void *)(sc + 32 + 16 * (2 * block + 1)));
+        *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s_a)));
+        *s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s_b)));
+    }
+    OPAQUE_VECTOR(*s0);
+    OPAQUE_VECTOR(*s1);
+}
+
+/* the block's dot of one row as a float: the integer sums of the passes, their code offsets taken off */
+ALWAYS __m512 block_dot16(const int P, __m512i hi, __m512i lo, int32_t off_hi, int32_t off_lo) {
+    if (off_hi | off_lo) {
+        hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(off_hi));
+        if (P == 2) lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(off_lo));
+    }
+    const __m512 h = _mm512_cvtepi32_ps(hi);
+    return P == 2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(1.0f / LO_STEPS), h) : h;
+}
+
+/* y[(r0 + r) * ldy + j] = row j of the group (planes qs, qh, sc) . activation row r0 + r, r < R */
+ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                 const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
+    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
+    /* chains per row and pass: Q6_K's two halves of a block have their own scales; else two with few rows */
+    const int halves = T == TM_Q6_K, split = !halves && R <= SPLIT_ROWS;
+    const int64_t off = code_offset(T);
+    __m512 acc[MAX_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < units; ++u) {
+        const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+#pragma GCC unroll 1
+        for (int c = 0; c < chunks; ++c) {
+#pragma GCC unroll 4
+            for (int b = 0; b < CB; ++b) {
+                const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
+                __m512 s0, s1;
+                scales16(T, scu, c, b, &s0, &s1);
+                __m512i hi[MAX_ROWS][2], lo[MAX_ROWS][2];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; ++t) {
+                    const __m512i w = codes16(T, R, qsu, qhu, c, b, t);
+                    const int chain = halves ? t >> 2 : (split ? t & 1 : 0);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; ++r) {
+                        const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
+                        hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
+                        if (P == 2)
+                            lo[r][chain] = _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
+                    }
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    const int64_t tb = (r0 + r) * nb + block;
+                    const __m512 xs = _mm512_set1_ps(a->scale[tb]);
+                    if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
+                        __m512 dot[2];
+                        for (int h = 0; h < 2; ++h) {
+                            const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
+                            const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
+                            dot[h] = block_dot16(P, hi[r][h], lo[r][h], oh, ol);
+                        }
+                        const __m512 both = _mm512_fmadd_ps(dot[1], s1, _mm512_mul_ps(dot[0], s0));
+                        acc[r] = _mm512_fmadd_ps(both, xs, acc[r]);
+                        continue;
+                    }
+                    const __m512i hs = split ? _mm512_add_epi32(hi[r][0], hi[r][1]) : hi[r][0];
+                    const __m512i ls = split ? _mm512_add_epi32(lo[r][0], lo[r][1]) : lo[r][0];
+                    const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
+                    const __m512 dot = block_dot16(P, hs, ls, oh, ol);
+                    acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s0, xs), acc[r]);
+                    if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm512_fmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
+                    if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy, acc[r]);
+}
+
+/* ---- AVX2 (+FMA, F16C) ---------------------------------------------------------------------------------------- */
+#elif defined(TM_AVX2)
+
+/* step t of block b of chunk c for the 8 rows of one half of the group */
+ALWAYS __m256i codes8(const int T, const uint8_t *qs, const uint8_t *qh, const int c, const int b, const int t,
+                      const int half) {
+    if (T == TM_Q8_0) return _mm256_loadu_si256((const void *)(qs + t * 64 + half * 32)); /* signed: see below */
+    const code_site s = site_of(T, c, b, t);
+    __m256i w = _mm256_loadu_si256((const void *)(qs + s.word * 64 + half * 32));
+    if (s.high_nibble) w = _mm256_srli_epi16(w, 4);
+    w = _mm256_and_si256(w, _mm256_set1_epi8(0x0F));
+    if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
+        __m256i h = _mm256_loadu_si256((const void *)(qh + s.high_word * 64 + half * 32));
+        int bit = s.high_bit;
+        if (T == TM_Q5_K) {
+            h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c));
+            bit = b;
+        }
+        if (T == TM_Q6_K) {
+            h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * (c & 1)));
+            bit = 4 * b;
+        }
+        h = bit <= 4 ? _mm256_slli_epi16(h, 4 - bit) : _mm256_srli_epi16(h, bit - 4);
+        w = _mm256_or_si256(w, _mm256_and_si256(h, _mm256_set1_epi8(T == TM_Q6_K ? 0x30 : 0x10)));
+    }
+    return w;
+}
+
+ALWAYS void scales8(const int T, const uint8_t *sc, const int c, const int b, const int half, __m256 *s0,
+                    __m256 *s1) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + half * 16)));
+    const int block = block_of(T, c, b);
+    *s0 = d;
+    *s1 = _mm256_setzero_ps();
+    if (T == TM_Q4_1 || T == TM_Q5_1) *s1 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + 32 + half * 16)));
+    if (T == TM_Q4_K || T == TM_Q5_K) {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + 32 + half * 16)));
+        const __m128i s = _mm_loadl_epi64((const void *)(sc + 64 + 16 * block + half * 8));
+        const __m128i mn = _mm_loadl_epi64((const void *)(sc + 192 + 16 * block + half * 8));
+        *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s)));
+        *s1 = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+    }
+    if (T == TM_Q6_K) {
+        const __m128i s_a = _mm_loadl_epi64((const void *)(sc + 32 + 16 * (2 * block) + half * 8));
+        const __m128i s_b = _mm_loadl_epi64((const void *)(sc + 32 + 16 * (2 * block + 1) + half * 8));
+        *s0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s_a)));
+        *s1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s_b)));
+    }
+    OPAQUE_VECTOR(*s0);
+    OPAQUE_VECTOR(*s1);
+}
+
+ALWAYS __m256 block_dot8(const int P, __m256i hi, __m256i lo, int32_t off_hi, int32_t off_lo) {
+    if (off_hi | off_lo) {
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(off_hi));
+        if (P == 2) lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(off_lo));
+    }
+    const __m256 h = _mm256_cvtepi32_ps(hi);
+    return P == 2 ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(1.0f / LO_STEPS), h) : h;
+}
+
+/* vpmaddubsw's pair sums stay in 16 bits for this many steps before vpmaddwd widens them: 2 * 15 * 127 * 8,
+ * 2 * 31 * 127 * 4 and 2 * 63 * 127 * 2 are below 32,768 (Q8_0 widens every step: |q| * 127 * 2 fills 16 bits) */
+ALWAYS int steps_per_widening(const int T) {
+    return T == TM_Q8_0 ? 1 : T == TM_Q6_K ? 2 : (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K) ? 4 : 8;
+}
+
+ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                 const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
+    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB, W = steps_per_widening(T);
+    const int halves = T == TM_Q6_K;
+    const int64_t off = T == TM_Q8_0 ? 0 : code_offset(T); /* Q8_0 multiplies |q| by the activation with q's sign */
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; ++half) {
+        __m256 acc[MAX_ROWS];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t u = 0; u < units; ++u) {
+            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+            for (int c = 0; c < chunks; ++c) {
+                for (int b = 0; b < CB; ++b) {
+                    const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
+                    __m256 s0, s1;
+                    scales8(T, scu, c, b, half, &s0, &s1);
+                    __m256i hi[MAX_ROWS][2], lo[MAX_ROWS][2], hi16[MAX_ROWS], lo16[MAX_ROWS];
+                    for (int r = 0; r < R; ++r) {
+                        hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
+                        hi16[r] = lo16[r] = _mm256_setzero_si256();
+                    }
+                    for (int t = 0; t < 8; ++t) {
+                        const __m256i w = codes8(T, qsu, qhu, c, b, t, half);
+                        const __m256i w_abs = T == TM_Q8_0 ? _mm256_abs_epi8(w) : w;
+                        const int chain = halves ? t >> 2 : 0;
+                        for (int r = 0; r < R; ++r) {
+                            const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
+                            __m256i xh = _mm256_set1_epi32(four_codes(a->hi + at)), xl = _mm256_setzero_si256();
+                            if (P == 2) xl = _mm256_set1_epi32(four_codes(a->lo + at));
+                            if (T == TM_Q8_0) {
+                                xh = _mm256_sign_epi8(xh, w);
+                                xl = _mm256_sign_epi8(xl, w);
+                            }
+                            hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(w_abs, xh));
+                            if (P == 2) lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(w_abs, xl));
+                            if ((t + 1) % W == 0) {
+                                hi[r][chain] = _mm256_add_epi32(hi[r][chain], _mm256_madd_epi16(hi16[r], ones));
+                                hi16[r] = _mm256_setzero_si256();
+                                if (P == 2) {
+                                    lo[r][chain] = _mm256_add_epi32(lo[r][chain], _mm256_madd_epi16(lo16[r], ones));
+                                    lo16[r] = _mm256_setzero_si256();
+                                }
+                            }
+                        }
+                    }
+                    for (int r = 0; r < R; ++r) {
+                        const int64_t tb = (r0 + r) * nb + block;
+                        const __m256 xs = _mm256_set1_ps(a->scale[tb]);
+                        if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
+                            __m256 dot[2];
+                            for (int h = 0; h < 2; ++h) {
+                                const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
+                                const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
+                                dot[h] = block_dot8(P, hi[r][h], lo[r][h], oh, ol);
+                            }
+                            const __m256 both = _mm256_fmadd_ps(dot[1], s1, _mm256_mul_ps(dot[0], s0));
+                            acc[r] = _mm256_fmadd_ps(both, xs, acc[r]);
+                            continue;
+                        }
+                        const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
+                        const __m256 dot = block_dot8(P, hi[r][0], lo[r][0], oh, ol);
+                        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s0, xs), acc[r]);
+                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm256_fmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
+                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + half * 8, acc[r]);
+    }
+}
+
+/* ---- portable C --------------------------------------------------------------------------------------------------- */
+#else
+
+/* the unsigned code the vector paths see at step t, byte i of lane j (Q8_0: the signed code itself) */
+ALWAYS int code_at(const int T, const uint8_t *qs, const uint8_t *qh, int c, int b, int t, int j, int i) {
+    if (T == TM_Q8_0) return (int8_t)qs[t * 64 + j * 4 + i];
+    const code_site s = site_of(T, c, b, t);
+    int q = (qs[s.word * 64 + j * 4 + i] >> (4 * s.high_nibble)) & 0x0F;
+    if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K) q |= ((qh[s.high_word * 64 + j * 4 + i] >> s.high_bit) & 1) << 4;
+    if (T == TM_Q6_K) q |= ((qh[s.high_word * 64 + j * 4 + i] >> s.high_bit) & 3) << 4;
+    return q;
+}
+
+/* lane j's weight scale (Q6_K: of block half h) and minimum for block b of chunk c */
+ALWAYS void scales1(const int T, const uint8_t *sc, int c, int b, int j, int h, float *s0, float *s1) {
+    const uint16_t *half = (const uint16_t *)sc;
+    const int block = block_of(T, c, b);
+    const float d = half_to_float(half[j]);
+    *s0 = d;
+    *s1 = (T == TM_Q4_1 || T == TM_Q5_1) ? half_to_float(half[GROUP + j]) : 0.0f;
+    if (T == TM_Q4_K || T == TM_Q5_K) {
+        *s0 = d * (float)sc[64 + 16 * block + j];
+        *s1 = half_to_float(half[GROUP + j]) * (float)sc[192 + 16 * block + j];
+    }
+    if (T == TM_Q6_K) *s0 = d * (float)(int8_t)sc[32 + 16 * (2 * block + h) + j];
+    OPAQUE_SCALAR(*s0);
+    OPAQUE_SCALAR(*s1);
+}
+
+ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                 const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
+    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
+    const int halves = T == TM_Q6_K;
+    const int32_t off = T == TM_Q8_0 ? 0 : code_offset(T);
+    float acc[MAX_ROWS][GROUP] = {{0}};
+    for (int64_t u = 0; u < units; ++u) {
+        const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+        for (int c = 0; c < chunks; ++c)
+            for (int b = 0; b < CB; ++b) {
+                const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
+                int8_t codes[GROUP][QK]; /* [lane][input]: as the vector paths see them */
+                for (int j = 0; j < GROUP; ++j)
+                    for (int t = 0; t < 8; ++t)
+                        for (int i = 0; i < 4; ++i) codes[j][4 * t + i] = (int8_t)code_at(T, qsu, qhu, c, b, t, j, i);
+                for (int r = 0; r < R; ++r) {
+                    const int64_t tb = (r0 + r) * nb + block;
+                    const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK;
+                    const int8_t *xh = a->hi + at, *xl = P == 2 ? a->lo + at : NULL;
+                    const float xs = a->scale[tb];
+                    for (int j = 0; j < GROUP; ++j) {
+                        int32_t dh[2] = {0, 0}, dl[2] = {0, 0}; /* Q6_K: per half of the block */
+                        for (int i = 0; i < QK; ++i) {
+                            const int32_t q = T == TM_Q8_0 ? codes[j][i] : (uint8_t)codes[j][i];
+                            dh[i / 16] += q * xh[i];
+                            if (P == 2) dl[i / 16] += q * xl[i];
+                        }
+                        float s0, s1;
+                        if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
+                            float both = 0.0f;
+                            for (int h = 0; h < 2; ++h) {
+                                const int32_t ih = dh[h] - off * a->sum16_hi[2 * tb + h];
+                                const int32_t il = P == 2 ? dl[h] - off * a->sum16_lo[2 * tb + h] : 0;
+                                const float dot = P == 2 ? (float)il * (1.0f / LO_STEPS) + (float)ih : (float)ih;
+                                scales1(T, scu, c, b, j, h, &s0, &s1);
+                                both += dot * s0;
+                            }
+                            acc[r][j] += both * xs;
+                            continue;
+                        }
+                        const int32_t ih = dh[0] + dh[1] - off * a->sum_hi[tb];
+                        const int32_t il = P == 2 ? dl[0] + dl[1] - off * a->sum_lo[tb] : 0;
+                        const float dot = P == 2 ? (float)il * (1.0f / LO_STEPS) + (float)ih : (float)ih;
+                        scales1(T, scu, c, b, j, 0, &s0, &s1);
+                        acc[r][j] += dot * (s0 * xs);
+                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r][j] += s1 * a->sum[tb];
+                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r][j] -= s1 * a->sum[tb];
+                    }
+                }
+            }
+    }
+    for (int r = 0; r < R; ++r) memcpy(y + (r0 + r) * ldy, acc[r], sizeof(float) * GROUP);
+}
+#endif
+
+/* ---- dispatch and the loops over groups and rows ------------------------------------------------------------ */
+
+/* One function per type, tile rows and passes (each with its arguments constant, so its loops unroll into
+ * registers), found through a table. */
+typedef void (*tile_fn)(const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs, const uint8_t *qh,
+                        const uint8_t *sc, float *y, int64_t ldy);
+#define TM_TILE_FN(T, R, P)                                                                                        \
+    static __attribute__((noinline)) void tile_##T##_##R##_##P(const tm_qx *a, int64_t r0, int64_t k,              \
+                                                               const uint8_t *qs, const uint8_t *qh,               \
+                                                               const uint8_t *sc, float *y, int64_t ldy) {         \
+        tile(T, R, P, a, r0, k, qs, qh, sc, y, ldy);                                                               \
+    }
+/* X(T, R, P) for R = 1 .. MAX_ROWS */
+#define TM_ROWS4(X, T, P) X(T, 1, P) X(T, 2, P) X(T, 3, P) X(T, 4, P)
+#if MAX_ROWS == 8
+#define TM_ROWS(X, T, P) TM_ROWS4(X, T, P) X(T, 5, P) X(T, 6, P) X(T, 7, P) X(T, 8, P)
+#else
+#define TM_ROWS(X, T, P) TM_ROWS4(X, T, P)
+#endif
+#define TM_ENTRY(T, R, P) tile_##T##_##R##_##P,
+#define TM_TYPE(T) TM_ROWS(TM_TILE_FN, T, 1) TM_ROWS(TM_TILE_FN, T, 2)
+TM_TYPE(TM_Q4_0)
+TM_TYPE(TM_Q4_1)
+TM_TYPE(TM_Q5_0)
+TM_TYPE(TM_Q5_1)
+TM_TYPE(TM_Q8_0)
+TM_TYPE(TM_Q4_K)
+TM_TYPE(TM_Q5_K)
+TM_TYPE(TM_Q6_K)
+#define TM_TABLE(T) {{TM_ROWS(TM_ENTRY, T, 1)}, {TM_ROWS(TM_ENTRY, T, 2)}}
+
+/* [type][passes - 1][rows - 1], types in the order of type_index */
+static const tile_fn TILES[8][2][MAX_ROWS] = {
+    TM_TABLE(TM_Q4_0), TM_TABLE(TM_Q4_1), TM_TABLE(TM_Q5_0), TM_TABLE(TM_Q5_1),
+    TM_TABLE(TM_Q8_0), TM_TABLE(TM_Q4_K), TM_TABLE(TM_Q5_K), TM_TABLE(TM_Q6_K),
+};
+
+static int type_index(int64_t type) {
+    switch (type) {
+    case TM_Q4_0: return 0;
+    case TM_Q4_1: return 1;
+    case TM_Q5_0: return 2;
+    case TM_Q5_1: return 3;
+    case TM_Q8_0: return 4;
+    case TM_Q4_K: return 5;
+    case TM_Q5_K: return 6;
+    default: return 7; /* TM_Q6_K (tm_weight_check has refused the rest) */
+    }
+}
+
+/* one tile of `rows` (<= MAX_ROWS) activation rows from r0 against group g of part p */
+static void run_tile(const tm_part *p, int64_t g, const tm_qx *a, int64_t r0, int rows, int64_t passes, float *y,
+                     int64_t ldy) {
+    const int64_t units = p->k / tm_unit_values(p->type);
+    const uint8_t *qs = tm_group_base(p, g), *qh = qs + units * tm_qs_bytes(p->type);
+    const uint8_t *sc = qh + units * tm_qh_bytes(p->type);
+    TILES[type_index(p->type)][passes - 1][rows - 1](a, r0, p->k, qs, qh, sc, y, ldy);
+}
+
+/* rows per block of prompt rows: a multiple of MAX_ROWS whose quantized activations fit in ROW_BLOCK_BYTES */
+static int64_t row_block(int64_t m, int64_t k, int64_t passes) {
+    int64_t rows = ROW_BLOCK_BYTES / (k * passes) / MAX_ROWS * MAX_ROWS;
+    rows = rows < MAX_ROWS ? MAX_ROWS : rows;
+    return rows < m ? rows : m;
+}
+
+/* The groups of all parts, in order, are shared out to the threads as contiguous runs of about equal bytes; each
+ * thread takes its groups for every block of rows (a row's output does not depend on which thread computes it). */
+void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y) {
+    const int64_t ldy = tm_weight_n(w), k = w->parts[0].k;
+    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t total = 0;
+    for (int64_t p = 0; p < w->n_parts; ++p) total += w->parts[p].n / GROUP * tm_group_bytes(&w->parts[p]);
+    const int64_t rb = row_block(m, k, passes);
+    for (int64_t rb0 = 0; rb0 < m; rb0 += rb) {
+        const int64_t rb1 = rb0 + rb < m ? rb0 + rb : m;
+        int64_t before = 0, col = 0; /* bytes of the groups before this one; its first output */
+        for (int64_t pi = 0; pi < w->n_parts; ++pi) {
+            const tm_part *p = &w->parts[pi];
+            const int64_t group_bytes = tm_group_bytes(p);
+            for (int64_t g = 0; g < p->n / GROUP; ++g, before += group_bytes, col += GROUP) {
+                /* the thread whose share holds the group's middle byte */
+                if ((before + group_bytes / 2) * threads / total != thread) continue;
+                for (int64_t r0 = rb0; r0 < rb1; r0 += MAX_ROWS) {
+                    const int rows = (int)(rb1 - r0 < MAX_ROWS ? rb1 - r0 : MAX_ROWS);
+                    run_tile(p, g, a, r0, rows, passes, y + col, ldy);
+                }
+            }
+        }
+    }
+#pragma omp barrier
+}
+
+/* y [m, tm_weight_n(w)] = x [m, k] @ w.T, x float32 row-major, activations quantized in `passes` (1 or 2) int8
+ * passes. Each part's outputs are its n columns (its padding rows' outputs 0). Returns 0, -1 for a malformed
+ * weight or passes, -2 when out of memory. */
+int tm_qmatmul(const tm_weight *w, const float *x, int64_t m, int64_t passes, float *y) {
+    if (tm_weight_check(w) || (passes != 1 && passes != 2) || m < 0) return -1;
+    if (m == 0) return 0;
+    const int64_t k = w->parts[0].k;
+    tm_qx a;
+    int rc = tm_qx_alloc(&a, m, k, passes);
+    if (rc == 0) {
+#pragma omp parallel
+        {
+            tm_quantize_rows(x, m, k, passes, &a);
+            tm_weight_matmul(&a, m, passes, w, y);
+        }
+    }
+    tm_qx_free(&a);
+    return rc;
+}

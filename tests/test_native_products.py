@@ -1,0 +1,190 @@
+"""The native products over GGUF blocks (NativeLinear; tokenmill/native/repack.c and products.c): every type the
+file formats have, exact up to the activations' quantization, the same bits for a row in any call, weights of
+several parts, and the AVX2 and portable builds."""
+
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from tests.gguf_builder import BLOCK_HALVES, random_blocks
+from tokenmill import native
+from tokenmill.layers.quantized_linear import NativeLinear, gguf_rows_from_float, q4_blocks
+from tokenmill.loader.dequantize import dequantize
+
+lib = native.load()
+TYPES = list(BLOCK_HALVES)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+pytestmark = pytest.mark.skipif(lib is None, reason="the native kernels did not build")
+
+
+def reference(raw: np.ndarray, type_name: str, rows: int, k: int) -> torch.Tensor:
+    """gguf.quants' dequantization (ggml's reference): float32 [rows, k]"""
+    return torch.from_numpy(gguf.quants.dequantize(raw, GGMLQuantizationType[type_name])).reshape(rows, k)
+
+
+def quantized_activations(x: torch.Tensor, passes: int) -> torch.Tensor:
+    """The values the kernels compute with (products.c's header), as float64: per row and block of 32,
+    s = max|x| / 127, hi = round(x / s), lo = round((x / s - hi) * 254); s * hi (one pass) or s * (hi + lo / 254)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    v = blocks * torch.where(amax > 0, 127.0 / amax, 0.0)
+    hi = v.round().clamp(-127, 127)
+    values = hi.double()
+    if passes == 2:
+        values = values + ((v - hi) * 254).round().clamp(-127, 127).double() / 254
+    return ((amax / 127).double() * values).reshape(x.shape)
+
+
+def activations(rows: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4.0, k)  # blocks of different ranges
+
+
+def assert_exact_up_to_activations(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, passes: int) -> None:
+    """out is the float64 product of W with x's quantized values, up to float32 rounding of the sums: within
+    1e-5 of sum |w| |x| per output."""
+    values = quantized_activations(x, passes)
+    bound = 1e-5 * (values.abs() @ w.double().abs().T) + 1e-6
+    assert ((out.double() - values @ w.double().T).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_rows_are_the_reference_dequantization_exactly(type_name: str) -> None:
+    """The repacked weight keeps the file's codes and scales: its rows are gguf.quants' values bit for bit (and
+    tokenmill's loader's), a padded last group included."""
+    rows, k = 40, 512
+    raw = random_blocks(type_name, rows, k, np.random.default_rng(1))
+    w = reference(raw, type_name, rows, k)
+    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType[type_name])], k)
+    ids = torch.tensor([0, 39, 15, 16, 17, 3, 3])
+    assert torch.equal(layer.rows(ids), w[ids])
+    assert torch.equal(layer.rows(torch.arange(rows)), dequantize(raw, GGMLQuantizationType[type_name], (rows, k)))
+    with pytest.raises(IndexError):
+        layer.rows(torch.tensor([40]))
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("type_name", TYPES)
+def test_products_are_exact_up_to_the_activations_quantization(type_name: str, passes: int) -> None:
+    """y = x @ W.T with W the reference dequantization: the only error is the activations' (1 or 2 int8 passes)."""
+    rows, k = 48, 512
+    raw = random_blocks(type_name, rows, k, np.random.default_rng(2))
+    w = reference(raw, type_name, rows, k)
+    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType[type_name])], k, passes=passes)
+    for m in (1, 2, 5, 9, 20):
+        x = activations(m, k, seed=m)
+        out = layer(x)
+        assert out.shape == (m, rows) and out.dtype == torch.float32
+        assert_exact_up_to_activations(out, x, w, passes)
+    # the check tells the passes apart: one pass is off by far more than float32 rounding
+    values_other = quantized_activations(x, 3 - passes)
+    assert ((out.double() - values_other @ w.double().T).abs() > 1e-4).any()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_row_gets_the_same_bits_in_any_call(type_name: str) -> None:
+    """Batch invariance: each row alone, and inside calls of 1 to 17, 64 and 512 rows at any position among other
+    rows, gives the same bits (tiles of up to 8 rows, blocks of rows over all groups, two threads)."""
+    rows, k = 32, 2048  # k = 2048: the 512-row calls run in several blocks of rows
+    raw = random_blocks(type_name, rows, k, np.random.default_rng(3))
+    for passes in (1, 2):
+        layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType[type_name])], k, passes=passes)
+        x = activations(512, k, seed=4)
+        alone = torch.cat([layer(x[i : i + 1]) for i in (*range(17), 63, 200, 511)])
+        for m in range(2, 18):
+            assert torch.equal(layer(x[:m]), alone[:m]), (passes, m)
+            assert torch.equal(layer(x[17 - m : 17])[-1], alone[16]), (passes, m)  # the same row, other neighbours
+        assert torch.equal(layer(x[:64])[:17], alone[:17])
+        assert torch.equal(layer(x[:64])[63], alone[17])
+        whole = layer(x)
+        assert torch.equal(whole[:17], alone[:17]) and torch.equal(whole[[63, 200, 511]], alone[17:])
+
+
+def test_parts_of_different_types_are_outputs_side_by_side() -> None:
+    """A fused QKV: Q and K as Q4_K, V as Q6_K; the outputs are the parts' outputs in order, each the same bits as
+    its own weight's product; parts whose rows are not a multiple of 16 are padded inside and the padding hidden."""
+    k, rng = 512, np.random.default_rng(5)
+    parts = [("Q4_K", 32), ("Q4_K", 16), ("Q6_K", 16)]
+    raws = [(random_blocks(t, n, k, rng), GGMLQuantizationType[t]) for t, n in parts]
+    fused = NativeLinear.from_gguf(raws, k, passes=1)
+    alone = [NativeLinear.from_gguf([raw], k, passes=1) for raw in raws]
+    x = activations(7, k, seed=6)
+    assert torch.equal(fused(x), torch.cat([layer(x) for layer in alone], dim=1))
+    assert fused.out_features == 64 and fused.nbytes == sum(layer.nbytes for layer in alone)
+    # 24 + 8 rows: each part padded to 32 and 16 rows inside; outputs and rows are the real ones
+    raws = [(random_blocks("Q8_0", 24, k, rng), GGMLQuantizationType.Q8_0)]
+    raws.append((random_blocks("Q5_K", 8, k, rng), GGMLQuantizationType.Q5_K))
+    fused = NativeLinear.from_gguf(raws, k, passes=2)
+    w = torch.cat([reference(raws[0][0], "Q8_0", 24, k), reference(raws[1][0], "Q5_K", 8, k)])
+    out = fused(x)
+    assert out.shape == (7, 32)
+    assert_exact_up_to_activations(out, x, w, passes=2)
+    assert torch.equal(fused.rows(torch.arange(32)), w)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_memory_is_the_files_bytes(type_name: str) -> None:
+    """Repacked, a weight takes its file bytes (Q4_K and Q5_K: 4 bytes more per 256 values, for their 6-bit
+    scales and minimums unpacked)."""
+    raw = random_blocks(type_name, 64, 512, np.random.default_rng(7))
+    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType[type_name])], 512)
+    extra = {"Q4_K": 4 / 144, "Q5_K": 4 / 176}.get(type_name, 0.0)
+    assert layer.nbytes == round(raw.nbytes * (1 + extra))
+
+
+def test_bad_weights_and_arguments_are_refused() -> None:
+    raw = random_blocks("Q4_0", 16, 64, np.random.default_rng(8))
+    with pytest.raises(ValueError, match="bytes"):
+        NativeLinear.from_gguf([(raw[:, :-1], GGMLQuantizationType.Q4_0)], 64)
+    with pytest.raises(ValueError, match="F16"):
+        NativeLinear.from_gguf([(raw, GGMLQuantizationType.F16)], 64)
+    with pytest.raises(ValueError, match="passes"):
+        NativeLinear.from_gguf([(raw, GGMLQuantizationType.Q4_0)], 64, passes=3)
+    with pytest.raises(ValueError, match="parts"):
+        NativeLinear.from_gguf([(raw, GGMLQuantizationType.Q4_0)] * 5, 64)
+    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType.Q4_0)], 64)
+    with pytest.raises(ValueError):
+        layer(torch.randn(2, 32))
+
+
+def test_float_weights_become_q8_0_and_q4_1_rows() -> None:
+    """gguf_rows_from_float: Q8_0 rows that recover a Q8_0 grid weight exactly, and Q4_1 rows whose values are
+    q4_blocks' (codes * half-float scale + half-float minimum)."""
+    g = torch.Generator().manual_seed(9)
+    codes = torch.randint(-127, 128, (32, 4, 32), generator=g).float()
+    codes[..., 0] = 127  # each block reaches 127, so its scale is max / 127
+    d = (torch.rand(32, 4, 1, generator=g) * 0.02 + 0.001).half().float()
+    w8 = (codes * d).reshape(32, 128)
+    raw8 = gguf_rows_from_float(w8, GGMLQuantizationType.Q8_0)
+    assert raw8.shape == (32, 4 * 34)
+    assert torch.equal(reference(raw8.numpy(), "Q8_0", 32, 128), w8)
+    w = torch.randn(32, 128, generator=g)
+    raw4 = gguf_rows_from_float(w, GGMLQuantizationType.Q4_1)
+    q, scale, low = q4_blocks(w)
+    assert torch.equal(
+        reference(raw4.numpy(), "Q4_1", 32, 128), (q * scale.unsqueeze(-1) + low.unsqueeze(-1)).view(32, 128)
+    )
+    layer = NativeLinear.from_gguf([(raw4, GGMLQuantizationType.Q4_1)], 128, passes=2)
+    x = activations(3, 128, seed=10)
+    assert_exact_up_to_activations(layer(x), x, reference(raw4.numpy(), "Q4_1", 32, 128), passes=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("march", "path"), [("haswell", "avx2"), ("x86-64", "portable")])
+def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> None:
+    """This machine builds the AVX-512 path; older CPUs get the AVX2 or the plain C one: build those and run this
+    file's tests against them."""
+    if os.environ.get("TOKENMILL_TEST_VECTOR_PATH"):
+        pytest.skip("already under another path")
+    env = {**os.environ, "TOKENMILL_NATIVE_MARCH": march, "TOKENMILL_TEST_VECTOR_PATH": path}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not avx2_and_portable"]
+    out = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert lib is not None
+    check = [sys.executable, "-c", "from tokenmill import native; print(native.load().tm_vector_path().decode())"]
+    assert subprocess.run(check, capture_output=True, text=True, env=env).stdout.strip() == path
