@@ -65,9 +65,11 @@ $(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/llama_cm
 		-r benchmarks/peers/requirements.txt
 	touch $@
 
-# tokenmill beside llama.cpp, in one run (see benchmarks/README.md)
+# tokenmill beside llama.cpp, in one run (see benchmarks/README.md): the bundled models, then a SmolLM2-1.7B-shaped
+# Q4_K_M GGUF (written into ~/.cache/tokenmill/synth the first time)
 bench: test-deps bench-peers
 	$(BIN)/python benchmarks/side_by_side.py --peers-python $(PEERS)/bin/python
+	$(BIN)/python benchmarks/real_size.py --peers-python $(PEERS)/bin/python
 
 # tests/data's reference outputs made again by llama.cpp and HF transformers (tests/data/make_reference.py)
 reference: install bench-peers
