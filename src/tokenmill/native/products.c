@@ -94,47 +94,80 @@ void tm_qx_free(tm_qx *a) {
     memset(a, 0, sizeof *a);
 }
 
-/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the blocks are shared out; the
- * loop's end waits for all), or outside one (one thread does all). The first pass's codes are the same with one
- * pass or two. */
+/* One block's codes of one pass, per 16 values also their sums: v = x * inv (first pass) or the first pass's
+ * residual times 254 (second), code = clamp(round-to-even(v), -127, 127). The vector path computes exactly the
+ * scalar one's operations (a multiply, a rounding, two clamps), so the codes are the same bits. */
+#if defined(TM_AVX512_VNNI)
+static inline void quantize_block(const float *xb, float inv, int64_t passes, int8_t *hi, int8_t *lo, int32_t sum_hi[2],
+                                  int32_t sum_lo[2]) {
+    const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+    for (int half = 0; half < 2; ++half) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + 16 * half), _mm512_set1_ps(inv));
+        const __m512 h = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT), bottom), top);
+        const __m512i hc = _mm512_cvtps_epi32(h);
+        _mm_storeu_si128((__m128i *)(hi + 16 * half), _mm512_cvtepi32_epi8(hc));
+        sum_hi[half] = _mm512_reduce_add_epi32(hc);
+        if (passes == 2) {
+            const __m512 r = _mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(LO_STEPS));
+            const __m512 l = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT), bottom), top);
+            const __m512i lc = _mm512_cvtps_epi32(l);
+            _mm_storeu_si128((__m128i *)(lo + 16 * half), _mm512_cvtepi32_epi8(lc));
+            sum_lo[half] = _mm512_reduce_add_epi32(lc);
+        }
+    }
+}
+
+static inline float block_amax(const float *xb) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xb)), b = _mm512_abs_ps(_mm512_loadu_ps(xb + 16));
+    return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+}
+#else
+static inline void quantize_block(const float *xb, float inv, int64_t passes, int8_t *hi, int8_t *lo, int32_t sum_hi[2],
+                                  int32_t sum_lo[2]) {
+    for (int i = 0; i < QK; ++i) {
+        const float v = xb[i] * inv;
+        const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
+        hi[i] = (int8_t)h;
+        sum_hi[i / 16] += (int32_t)h;
+        if (passes == 2) {
+            const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
+            lo[i] = (int8_t)l;
+            sum_lo[i / 16] += (int32_t)l;
+        }
+    }
+}
+
+static inline float block_amax(const float *xb) {
+    float amax = 0.0f;
+    for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+    return amax;
+}
+#endif
+
+/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the
+ * blocks are shared out; the loop's end waits for all), or outside one (one thread does all). The first pass's
+ * codes are the same with one pass or two. */
 void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
     const int64_t nb = k / QK;
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
         const int64_t codes_at = tb / nb * tm_qx_stride(k) + tb % nb * QK;
-        int8_t *hi = a->hi + codes_at;
-        float amax = 0.0f;
-        for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+        const float amax = block_amax(xb);
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
-        if (passes == 2) {
-            int8_t *lo = a->lo + codes_at;
-            for (int i = 0; i < QK; ++i) {
-                const float v = xb[i] * inv;
-                const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
-                const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
-                hi[i] = (int8_t)h;
-                lo[i] = (int8_t)l;
-                sum_hi[i / 16] += (int32_t)h;
-                sum_lo[i / 16] += (int32_t)l;
-            }
-            a->sum_lo[tb] = sum_lo[0] + sum_lo[1];
-            a->sum16_lo[2 * tb] = sum_lo[0];
-            a->sum16_lo[2 * tb + 1] = sum_lo[1];
-        } else {
-            for (int i = 0; i < QK; ++i) {
-                const float h = fminf(fmaxf(nearbyintf(xb[i] * inv), -127.0f), 127.0f);
-                hi[i] = (int8_t)h;
-                sum_hi[i / 16] += (int32_t)h;
-            }
-        }
+        quantize_block(xb, inv, passes, a->hi + codes_at, passes == 2 ? a->lo + codes_at : NULL, sum_hi, sum_lo);
         const int32_t total_hi = sum_hi[0] + sum_hi[1], total_lo = sum_lo[0] + sum_lo[1];
         a->scale[tb] = amax / 127.0f;
         a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
         a->sum_hi[tb] = total_hi;
         a->sum16_hi[2 * tb] = sum_hi[0];
         a->sum16_hi[2 * tb + 1] = sum_hi[1];
+        if (passes == 2) {
+            a->sum_lo[tb] = total_lo;
+            a->sum16_lo[2 * tb] = sum_lo[0];
+            a->sum16_lo[2 * tb + 1] = sum_lo[1];
+        }
     }
 }
 
