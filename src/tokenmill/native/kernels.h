@@ -28,6 +28,7 @@
 #define GROUP 16 /* output rows interleaved per weight group */
 
 #define LO_STEPS 254.0f /* the second activation pass resolves one step of the first into 254 */
+#define Q6_OFFSET 32     /* Q6_K's codes are q - 32 */
 
 /* ---- weights -------------------------------------------------------------------------------------------------
  * GGML's numbers for the block types the products take. */
@@ -122,7 +123,8 @@ typedef struct {
     float *scale;                 /* [m, k/32] s */
     float *sum;                   /* [m, k/32] the sum of the block's quantized values (minimum terms) */
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
-    int32_t *sum16_hi, *sum16_lo; /* [m, k/16] the same per 16 values (Q6_K's offset, its sub-blocks are 16) */
+    int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
+                                         * sub-blocks are 16), where its integer chains start */
 } tm_qx;
 
 /* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */

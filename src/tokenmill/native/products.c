@@ -75,22 +75,22 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
     a->scale = alloc_or_dummy(sizeof(float) * blocks);
     a->sum = alloc_or_dummy(sizeof(float) * blocks);
     a->sum_hi = alloc_or_dummy(sizeof(int32_t) * blocks);
-    a->sum16_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
-    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->sum16_hi;
+    a->q6_start_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->q6_start_hi;
     if (passes == 2) {
         /* lo 2 KiB on from where its buffer starts: a row's hi and lo codes in other L1 sets than each other */
         a->lo_buffer = alloc_or_dummy(values + LO_SHIFT);
         a->lo = a->lo_buffer ? a->lo_buffer + LO_SHIFT : NULL;
         a->sum_lo = alloc_or_dummy(sizeof(int32_t) * blocks);
-        a->sum16_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
-        ok = ok && a->lo && a->sum_lo && a->sum16_lo;
+        a->q6_start_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+        ok = ok && a->lo && a->sum_lo && a->q6_start_lo;
     }
     return ok ? 0 : -2;
 }
 
 void tm_qx_free(tm_qx *a) {
     free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
-    free(a->sum_hi); free(a->sum_lo); free(a->sum16_hi); free(a->sum16_lo);
+    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo);
     memset(a, 0, sizeof *a);
 }
 
@@ -161,12 +161,12 @@ void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, cons
         a->scale[tb] = amax / 127.0f;
         a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
         a->sum_hi[tb] = total_hi;
-        a->sum16_hi[2 * tb] = sum_hi[0];
-        a->sum16_hi[2 * tb + 1] = sum_hi[1];
+        a->q6_start_hi[2 * tb] = -Q6_OFFSET * sum_hi[0];
+        a->q6_start_hi[2 * tb + 1] = -Q6_OFFSET * sum_hi[1];
         if (passes == 2) {
             a->sum_lo[tb] = total_lo;
-            a->sum16_lo[2 * tb] = sum_lo[0];
-            a->sum16_lo[2 * tb + 1] = sum_lo[1];
+            a->q6_start_lo[2 * tb] = -Q6_OFFSET * sum_lo[0];
+            a->q6_start_lo[2 * tb + 1] = -Q6_OFFSET * sum_lo[1];
         }
     }
 }
@@ -181,7 +181,7 @@ static inline int32_t four_codes(const int8_t *p) {
 
 /* the offset of the unsigned codes the dot instructions see (subtracted via the activation codes' sums) */
 ALWAYS int code_offset(const int T) {
-    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : T == TM_Q6_K ? 32 : 0;
+    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : 0; /* Q6_K's 32: tm_qx's q6_start */
 }
 /* blocks of 32 per chunk: the blocks that share loads of the codes (Q4_K/Q5_K: a pair's low and high nibbles;
  * Q6_K: the quarters q and q + 2 of a half super-block, low and high nibbles of the same bytes) */
@@ -316,7 +316,15 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                 scales16(T, scu, c, b, &s0, &s1);
                 __m512i hi[MAX_ROWS][2], lo[MAX_ROWS][2];
 #pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm512_setzero_si512();
+                for (int r = 0; r < R; ++r) {
+                    hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm512_setzero_si512();
+                    if (halves) /* Q6_K's chains start at -32 * (the codes' sum): its offset, taken off by loads */
+                        for (int h = 0; h < 2; ++h) {
+                            const int64_t at = 2 * ((r0 + r) * nb + block) + h;
+                            hi[r][h] = _mm512_set1_epi32(a->q6_start_hi[at]);
+                            if (P == 2) lo[r][h] = _mm512_set1_epi32(a->q6_start_lo[at]);
+                        }
+                }
 #pragma GCC unroll 8
                 for (int t = 0; t < 8; ++t) {
                     const __m512i w = codes16(T, R, qsu, qhu, c, b, t);
@@ -335,11 +343,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     const __m512 xs = _mm512_set1_ps(a->scale[tb]);
                     if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                         __m512 dot[2];
-                        for (int h = 0; h < 2; ++h) {
-                            const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
-                            const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
-                            dot[h] = block_dot16(P, hi[r][h], lo[r][h], oh, ol);
-                        }
+                        for (int h = 0; h < 2; ++h) dot[h] = block_dot16(P, hi[r][h], lo[r][h], 0, 0);
                         const __m512 both = _mm512_fmadd_ps(dot[1], s1, _mm512_mul_ps(dot[0], s0));
                         acc[r] = _mm512_fmadd_ps(both, xs, acc[r]);
                         continue;
@@ -447,6 +451,12 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     for (int r = 0; r < R; ++r) {
                         hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
                         hi16[r] = lo16[r] = _mm256_setzero_si256();
+                        if (halves) /* Q6_K's chains start at -32 * (the codes' sum) */
+                            for (int h = 0; h < 2; ++h) {
+                                const int64_t at = 2 * ((r0 + r) * nb + block) + h;
+                                hi[r][h] = _mm256_set1_epi32(a->q6_start_hi[at]);
+                                if (P == 2) lo[r][h] = _mm256_set1_epi32(a->q6_start_lo[at]);
+                            }
                     }
                     for (int t = 0; t < 8; ++t) {
                         const __m256i w = codes8(T, qsu, qhu, c, b, t, half);
@@ -477,11 +487,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const __m256 xs = _mm256_set1_ps(a->scale[tb]);
                         if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                             __m256 dot[2];
-                            for (int h = 0; h < 2; ++h) {
-                                const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
-                                const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
-                                dot[h] = block_dot8(P, hi[r][h], lo[r][h], oh, ol);
-                            }
+                            for (int h = 0; h < 2; ++h) dot[h] = block_dot8(P, hi[r][h], lo[r][h], 0, 0);
                             const __m256 both = _mm256_fmadd_ps(dot[1], s1, _mm256_mul_ps(dot[0], s0));
                             acc[r] = _mm256_fmadd_ps(both, xs, acc[r]);
                             continue;
@@ -560,8 +566,8 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                             float both = 0.0f;
                             for (int h = 0; h < 2; ++h) {
-                                const int32_t ih = dh[h] - off * a->sum16_hi[2 * tb + h];
-                                const int32_t il = P == 2 ? dl[h] - off * a->sum16_lo[2 * tb + h] : 0;
+                                const int32_t ih = dh[h] + a->q6_start_hi[2 * tb + h];
+                                const int32_t il = P == 2 ? dl[h] + a->q6_start_lo[2 * tb + h] : 0;
                                 const float dot = P == 2 ? (float)il * (1.0f / LO_STEPS) + (float)ih : (float)ih;
                                 scales1(T, scu, c, b, j, h, &s0, &s1);
                                 both += dot * s0;
