@@ -105,7 +105,9 @@ typedef struct {
 } tm_weight;
 
 /* bytes of one group of the part; the part's group g (its three planes) */
-static inline int64_t tm_group_bytes(const tm_part *p) { return p->k / tm_unit_values(p->type) * tm_unit_bytes(p->type); }
+static inline int64_t tm_group_bytes(const tm_part *p) {
+    return p->k / tm_unit_values(p->type) * tm_unit_bytes(p->type);
+}
 static inline const uint8_t *tm_group_base(const tm_part *p, int64_t g) { return p->data + g * tm_group_bytes(p); }
 int64_t tm_weight_n(const tm_weight *w);
 int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or the parts' k differ */

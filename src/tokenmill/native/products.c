@@ -113,7 +113,8 @@ static inline void quantize_block(const float *xb, float inv, int64_t passes, in
         sum_hi[half] = _mm512_reduce_add_epi32(hc);
         if (passes == 2) {
             const __m512 r = _mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(LO_STEPS));
-            const __m512 l = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT), bottom), top);
+            const __m512 rounded = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT);
+            const __m512 l = _mm512_min_ps(_mm512_max_ps(rounded, bottom), top);
             const __m512i lc = _mm512_cvtps_epi32(l);
             _mm_storeu_si128((__m128i *)(lo + 16 * half), _mm512_cvtepi32_epi8(lc));
             sum_lo[half] = _mm512_reduce_add_epi32(lc);
@@ -343,7 +344,8 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
                         hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
                         if (P == 2)
-                            lo[r][chain] = _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
+                            lo[r][chain] =
+                                _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
                     }
                 }
 #pragma GCC unroll 8
@@ -453,7 +455,8 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
         __m256 acc[MAX_ROWS];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t u = 0; u < units; ++u) {
-            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T);
+            const uint8_t *scu = sc + u * tm_sc_bytes(T);
             if (half == 0)
                 for (int64_t line = 0; line < tm_sc_bytes(T); line += 64)
                     PREFETCH(scu + line + PREFETCH_BYTES * tm_sc_bytes(T) / tm_qs_bytes(T));
@@ -510,8 +513,9 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
                         const __m256 dot = block_dot8(P, hi[r][0], lo[r][0], oh, ol);
                         acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s0, xs), acc[r]);
-                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm256_fmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
-                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
+                        const __m256 xsum = _mm256_set1_ps(a->sum[tb]);
+                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm256_fmadd_ps(s1, xsum, acc[r]);
+                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm256_fnmadd_ps(s1, xsum, acc[r]);
                     }
                 }
             }
@@ -520,7 +524,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
     }
 }
 
-/* ---- portable C --------------------------------------------------------------------------------------------------- */
+/* ---- portable C ---------------------------------------------------------------------------------------------- */
 #else
 
 /* the unsigned code the vector paths see at step t, byte i of lane j (Q8_0: the signed code itself) */
