@@ -75,7 +75,8 @@ def test_products_are_exact_up_to_the_activations_quantization(type_name: str, p
     rows, k = 48, 512
     raw = random_blocks(type_name, rows, k, np.random.default_rng(2))
     w = reference(raw, type_name, rows, k)
-    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType[type_name])], k, passes=passes)
+    layer_parts = [(raw, GGMLQuantizationType[type_name])]
+    layer = NativeLinear.from_gguf(layer_parts, k, passes=passes)
     for m in (1, 2, 5, 9, 20):
         x = activations(m, k, seed=m)
         out = layer(x)
@@ -84,6 +85,7 @@ def test_products_are_exact_up_to_the_activations_quantization(type_name: str, p
     # the check tells the passes apart: one pass is off by far more than float32 rounding
     values_other = quantized_activations(x, 3 - passes)
     assert ((out.double() - values_other @ w.double().T).abs() > 1e-4).any()
+    assert torch.equal(layer(x, passes=3 - passes), NativeLinear.from_gguf(layer_parts, k, passes=3 - passes)(x))
 
 
 @pytest.mark.parametrize("type_name", TYPES)

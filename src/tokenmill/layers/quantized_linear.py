@@ -200,14 +200,16 @@ class NativeLinear(nn.Module):
             return out[:, : self.out_features].contiguous()
         return out.index_select(1, self._padded_ids)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, passes: int | None = None) -> torch.Tensor:
+        """x [m, in_features] -> float32 [m, out_features]; `passes` overrides the layer's for this call."""
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"a native product takes [rows, {self.in_features}] inputs, got {tuple(x.shape)}")
+        passes = self.passes if passes is None else passes
+        if passes not in (1, 2):
+            raise ValueError(f"passes must be 1 or 2, got {passes}")
         x32 = x.float().contiguous()  # [m, in_features]
         out = torch.empty(x32.shape[0], self._padded_out, dtype=torch.float32)  # [m, padded outputs]
-        rc = self._lib.tm_qmatmul(
-            ctypes.byref(self.c_weight), x32.data_ptr(), x32.shape[0], self.passes, out.data_ptr()
-        )
+        rc = self._lib.tm_qmatmul(ctypes.byref(self.c_weight), x32.data_ptr(), x32.shape[0], passes, out.data_ptr())
         if rc == -2:
             raise MemoryError("native quantized product: out of memory")
         if rc != 0:
@@ -285,8 +287,8 @@ class Q4Linear(NativeLinear):
         raw = _q4_1_rows(*blocks)
         super().__init__([(raw, GGMLQuantizationType.Q4_1)], blocks[0].shape[1] * INT4_GROUP_SIZE, passes=2, lib=lib)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x).to(x.dtype)
+    def forward(self, x: torch.Tensor, passes: int | None = None) -> torch.Tensor:
+        return super().forward(x, passes).to(x.dtype)
 
 
 class Q8Linear(NativeLinear):

@@ -264,14 +264,14 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
                     const int64_t *local_slot_mapping, const int64_t *local_ctx_slots, const int64_t *ctx_lens,
                     int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int64_t activation,
                     int64_t passes, tm_reduce_fn reduce, void *reduce_ctx) {
-    if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads || (activation != TM_SILU && activation != TM_GELU_TANH))
-        return -1;
-    if (passes != 1 && passes != 2) return -1;
+    if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads) return -1;
+    if ((activation != TM_SILU && activation != TM_GELU_TANH) || (passes != 1 && passes != 2)) return -1;
     const int64_t inter = tm_weight_n(&layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
     for (int64_t l = 0; l < n_layers; ++l) {
         const tm_llama_layer *y = &layers[l];
-        if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up) || tm_weight_check(&y->down))
+        if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up))
             return -1;
+        if (tm_weight_check(&y->down)) return -1;
         if (y->qkv.parts[0].k != h || tm_weight_n(&y->qkv) != qkv_n || y->o.parts[0].k != heads * dim ||
             tm_weight_n(&y->o) != h || y->gate_up.parts[0].k != h || tm_weight_n(&y->gate_up) != 2 * inter ||
             y->down.parts[0].k != inter || tm_weight_n(&y->down) != h)

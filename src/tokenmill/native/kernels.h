@@ -28,6 +28,7 @@
 #define GROUP 16 /* output rows interleaved per weight group */
 
 #define LO_STEPS 254.0f /* the second activation pass resolves one step of the first into 254 */
+#define Q6_OFFSET 32     /* Q6_K's codes are q - 32 */
 
 /* ---- weights -------------------------------------------------------------------------------------------------
  * GGML's numbers for the block types the products take. */
@@ -104,7 +105,9 @@ typedef struct {
 } tm_weight;
 
 /* bytes of one group of the part; the part's group g (its three planes) */
-static inline int64_t tm_group_bytes(const tm_part *p) { return p->k / tm_unit_values(p->type) * tm_unit_bytes(p->type); }
+static inline int64_t tm_group_bytes(const tm_part *p) {
+    return p->k / tm_unit_values(p->type) * tm_unit_bytes(p->type);
+}
 static inline const uint8_t *tm_group_base(const tm_part *p, int64_t g) { return p->data + g * tm_group_bytes(p); }
 int64_t tm_weight_n(const tm_weight *w);
 int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or the parts' k differ */
@@ -122,7 +125,8 @@ typedef struct {
     float *scale;                 /* [m, k/32] s */
     float *sum;                   /* [m, k/32] the sum of the block's quantized values (minimum terms) */
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
-    int32_t *sum16_hi, *sum16_lo; /* [m, k/16] the same per 16 values (Q6_K's offset, its sub-blocks are 16) */
+    int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
+                                         * sub-blocks are 16), where its integer chains start */
 } tm_qx;
 
 /* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */

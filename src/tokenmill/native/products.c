@@ -46,9 +46,13 @@
 /* up to this many rows, two integer chains per pass and row (the dot instruction's latency); above, one */
 #define SPLIT_ROWS 2
 /* a block of prompt rows keeps its quantized activations within this many bytes (L2 is 1 MiB per core here) */
-/* with few rows (decode, memory-bound), each load of codes asks for the line this far ahead in the group's stream
- * (and the next group's): the loads from memory overlap the arithmetic (+7-10% GB/s at one row, medians) */
-#define PREFETCH_BYTES 8192
+/* Each load of codes asks L2 for the line this far ahead in the group's codes (and then the next group's), the
+ * highs and scales planes likewise in proportion: the loads from memory overlap the arithmetic. Into L2 and 32 KiB
+ * ahead, at 1, 2, 4 and 8 rows: Q4_K +40%, +60%, +5%, +35% (into L1 8 KiB ahead: +7% at one row); at 512 rows no
+ * change (medians of 7 alternating runs of a C timing loop). */
+#define PREFETCH_BYTES 32768
+#define PREFETCH_ROWS MAX_ROWS /* every tile */
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #define ROW_BLOCK_BYTES (384 * 1024)
 
 void tm_set_threads(int n) { omp_set_num_threads(n); }
@@ -75,66 +79,100 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
     a->scale = alloc_or_dummy(sizeof(float) * blocks);
     a->sum = alloc_or_dummy(sizeof(float) * blocks);
     a->sum_hi = alloc_or_dummy(sizeof(int32_t) * blocks);
-    a->sum16_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
-    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->sum16_hi;
+    a->q6_start_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->q6_start_hi;
     if (passes == 2) {
         /* lo 2 KiB on from where its buffer starts: a row's hi and lo codes in other L1 sets than each other */
         a->lo_buffer = alloc_or_dummy(values + LO_SHIFT);
         a->lo = a->lo_buffer ? a->lo_buffer + LO_SHIFT : NULL;
         a->sum_lo = alloc_or_dummy(sizeof(int32_t) * blocks);
-        a->sum16_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
-        ok = ok && a->lo && a->sum_lo && a->sum16_lo;
+        a->q6_start_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
+        ok = ok && a->lo && a->sum_lo && a->q6_start_lo;
     }
     return ok ? 0 : -2;
 }
 
 void tm_qx_free(tm_qx *a) {
     free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
-    free(a->sum_hi); free(a->sum_lo); free(a->sum16_hi); free(a->sum16_lo);
+    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo);
     memset(a, 0, sizeof *a);
 }
 
-/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the blocks are shared out; the
- * loop's end waits for all), or outside one (one thread does all). The first pass's codes are the same with one
- * pass or two. */
+/* One block's codes of one pass, per 16 values also their sums: v = x * inv (first pass) or the first pass's
+ * residual times 254 (second), code = clamp(round-to-even(v), -127, 127). The vector path computes exactly the
+ * scalar one's operations (a multiply, a rounding, two clamps), so the codes are the same bits. */
+#if defined(TM_AVX512_VNNI)
+static inline void quantize_block(const float *xb, float inv, int64_t passes, int8_t *hi, int8_t *lo, int32_t sum_hi[2],
+                                  int32_t sum_lo[2]) {
+    const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+    for (int half = 0; half < 2; ++half) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + 16 * half), _mm512_set1_ps(inv));
+        const __m512 h = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT), bottom), top);
+        const __m512i hc = _mm512_cvtps_epi32(h);
+        _mm_storeu_si128((__m128i *)(hi + 16 * half), _mm512_cvtepi32_epi8(hc));
+        sum_hi[half] = _mm512_reduce_add_epi32(hc);
+        if (passes == 2) {
+            const __m512 r = _mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(LO_STEPS));
+            const __m512 rounded = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT);
+            const __m512 l = _mm512_min_ps(_mm512_max_ps(rounded, bottom), top);
+            const __m512i lc = _mm512_cvtps_epi32(l);
+            _mm_storeu_si128((__m128i *)(lo + 16 * half), _mm512_cvtepi32_epi8(lc));
+            sum_lo[half] = _mm512_reduce_add_epi32(lc);
+        }
+    }
+}
+
+static inline float block_amax(const float *xb) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xb)), b = _mm512_abs_ps(_mm512_loadu_ps(xb + 16));
+    return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+}
+#else
+static inline void quantize_block(const float *xb, float inv, int64_t passes, int8_t *hi, int8_t *lo, int32_t sum_hi[2],
+                                  int32_t sum_lo[2]) {
+    for (int i = 0; i < QK; ++i) {
+        const float v = xb[i] * inv;
+        const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
+        hi[i] = (int8_t)h;
+        sum_hi[i / 16] += (int32_t)h;
+        if (passes == 2) {
+            const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
+            lo[i] = (int8_t)l;
+            sum_lo[i / 16] += (int32_t)l;
+        }
+    }
+}
+
+static inline float block_amax(const float *xb) {
+    float amax = 0.0f;
+    for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+    return amax;
+}
+#endif
+
+/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the
+ * blocks are shared out; the loop's end waits for all), or outside one (one thread does all). The first pass's
+ * codes are the same with one pass or two. */
 void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
     const int64_t nb = k / QK;
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
         const int64_t codes_at = tb / nb * tm_qx_stride(k) + tb % nb * QK;
-        int8_t *hi = a->hi + codes_at;
-        float amax = 0.0f;
-        for (int i = 0; i < QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+        const float amax = block_amax(xb);
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
-        if (passes == 2) {
-            int8_t *lo = a->lo + codes_at;
-            for (int i = 0; i < QK; ++i) {
-                const float v = xb[i] * inv;
-                const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
-                const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
-                hi[i] = (int8_t)h;
-                lo[i] = (int8_t)l;
-                sum_hi[i / 16] += (int32_t)h;
-                sum_lo[i / 16] += (int32_t)l;
-            }
-            a->sum_lo[tb] = sum_lo[0] + sum_lo[1];
-            a->sum16_lo[2 * tb] = sum_lo[0];
-            a->sum16_lo[2 * tb + 1] = sum_lo[1];
-        } else {
-            for (int i = 0; i < QK; ++i) {
-                const float h = fminf(fmaxf(nearbyintf(xb[i] * inv), -127.0f), 127.0f);
-                hi[i] = (int8_t)h;
-                sum_hi[i / 16] += (int32_t)h;
-            }
-        }
+        quantize_block(xb, inv, passes, a->hi + codes_at, passes == 2 ? a->lo + codes_at : NULL, sum_hi, sum_lo);
         const int32_t total_hi = sum_hi[0] + sum_hi[1], total_lo = sum_lo[0] + sum_lo[1];
         a->scale[tb] = amax / 127.0f;
         a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
         a->sum_hi[tb] = total_hi;
-        a->sum16_hi[2 * tb] = sum_hi[0];
-        a->sum16_hi[2 * tb + 1] = sum_hi[1];
+        a->q6_start_hi[2 * tb] = -Q6_OFFSET * sum_hi[0];
+        a->q6_start_hi[2 * tb + 1] = -Q6_OFFSET * sum_hi[1];
+        if (passes == 2) {
+            a->sum_lo[tb] = total_lo;
+            a->q6_start_lo[2 * tb] = -Q6_OFFSET * sum_lo[0];
+            a->q6_start_lo[2 * tb + 1] = -Q6_OFFSET * sum_lo[1];
+        }
     }
 }
 
@@ -148,7 +186,7 @@ static inline int32_t four_codes(const int8_t *p) {
 
 /* the offset of the unsigned codes the dot instructions see (subtracted via the activation codes' sums) */
 ALWAYS int code_offset(const int T) {
-    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : T == TM_Q6_K ? 32 : 0;
+    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : 0; /* Q6_K's 32: tm_qx's q6_start */
 }
 /* blocks of 32 per chunk: the blocks that share loads of the codes (Q4_K/Q5_K: a pair's low and high nibbles;
  * Q6_K: the quarters q and q + 2 of a half super-block, low and high nibbles of the same bytes) */
@@ -199,15 +237,17 @@ ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
 ALWAYS __m512i codes16(const int T, const int R, const uint8_t *qs, const uint8_t *qh, const int c, const int b,
                        const int t) {
     if (T == TM_Q8_0) { /* the sign bit flipped: q + 128, unsigned */
-        if (R <= SPLIT_ROWS) _mm_prefetch((const char *)(qs + t * 64 + PREFETCH_BYTES), _MM_HINT_T0);
+        if (R <= PREFETCH_ROWS) PREFETCH(qs + t * 64 + PREFETCH_BYTES);
         return _mm512_xor_si512(_mm512_loadu_si512((const void *)(qs + t * 64)), _mm512_set1_epi8((char)0x80));
     }
     const code_site s = site_of(T, c, b, t);
-    if (R <= SPLIT_ROWS) _mm_prefetch((const char *)(qs + s.word * 64 + PREFETCH_BYTES), _MM_HINT_T0);
+    if (R <= PREFETCH_ROWS) PREFETCH(qs + s.word * 64 + PREFETCH_BYTES);
     __m512i w = _mm512_loadu_si512((const void *)(qs + s.word * 64));
     if (s.high_nibble) w = _mm512_srli_epi16(w, 4);
     w = _mm512_and_si512(w, _mm512_set1_epi8(0x0F));
     if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
+        if (R <= PREFETCH_ROWS && (s.word & 1) == 0) /* the highs plane: half or a quarter of the codes' bytes */
+            PREFETCH(qh + s.high_word * 64 + PREFETCH_BYTES * tm_qh_bytes(T) / tm_qs_bytes(T));
         __m512i h = _mm512_loadu_si512((const void *)(qh + s.high_word * 64));
         int bit = s.high_bit;
         if (T == TM_Q5_K) { /* bit 2c + b: the chunk's part of the shift first (a variable count) */
@@ -274,6 +314,9 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t u = 0; u < units; ++u) {
         const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+        if (R <= PREFETCH_ROWS)
+            for (int64_t line = 0; line < tm_sc_bytes(T); line += 64)
+                PREFETCH(scu + line + PREFETCH_BYTES * tm_sc_bytes(T) / tm_qs_bytes(T));
 #pragma GCC unroll 1
         for (int c = 0; c < chunks; ++c) {
 #pragma GCC unroll 4
@@ -283,7 +326,15 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                 scales16(T, scu, c, b, &s0, &s1);
                 __m512i hi[MAX_ROWS][2], lo[MAX_ROWS][2];
 #pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm512_setzero_si512();
+                for (int r = 0; r < R; ++r) {
+                    hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm512_setzero_si512();
+                    if (halves) /* Q6_K's chains start at -32 * (the codes' sum): its offset, taken off by loads */
+                        for (int h = 0; h < 2; ++h) {
+                            const int64_t at = 2 * ((r0 + r) * nb + block) + h;
+                            hi[r][h] = _mm512_set1_epi32(a->q6_start_hi[at]);
+                            if (P == 2) lo[r][h] = _mm512_set1_epi32(a->q6_start_lo[at]);
+                        }
+                }
 #pragma GCC unroll 8
                 for (int t = 0; t < 8; ++t) {
                     const __m512i w = codes16(T, R, qsu, qhu, c, b, t);
@@ -293,7 +344,8 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
                         hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
                         if (P == 2)
-                            lo[r][chain] = _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
+                            lo[r][chain] =
+                                _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
                     }
                 }
 #pragma GCC unroll 8
@@ -302,11 +354,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     const __m512 xs = _mm512_set1_ps(a->scale[tb]);
                     if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                         __m512 dot[2];
-                        for (int h = 0; h < 2; ++h) {
-                            const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
-                            const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
-                            dot[h] = block_dot16(P, hi[r][h], lo[r][h], oh, ol);
-                        }
+                        for (int h = 0; h < 2; ++h) dot[h] = block_dot16(P, hi[r][h], lo[r][h], 0, 0);
                         const __m512 both = _mm512_fmadd_ps(dot[1], s1, _mm512_mul_ps(dot[0], s0));
                         acc[r] = _mm512_fmadd_ps(both, xs, acc[r]);
                         continue;
@@ -332,12 +380,15 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
 /* step t of block b of chunk c for the 8 rows of one half of the group */
 ALWAYS __m256i codes8(const int T, const uint8_t *qs, const uint8_t *qh, const int c, const int b, const int t,
                       const int half) {
-    if (T == TM_Q8_0) return _mm256_loadu_si256((const void *)(qs + t * 64 + half * 32)); /* signed: see below */
     const code_site s = site_of(T, c, b, t);
+    if (half == 0) PREFETCH(qs + (T == TM_Q8_0 ? t : s.word) * 64 + PREFETCH_BYTES); /* the second half finds it */
+    if (T == TM_Q8_0) return _mm256_loadu_si256((const void *)(qs + t * 64 + half * 32)); /* signed: see below */
     __m256i w = _mm256_loadu_si256((const void *)(qs + s.word * 64 + half * 32));
     if (s.high_nibble) w = _mm256_srli_epi16(w, 4);
     w = _mm256_and_si256(w, _mm256_set1_epi8(0x0F));
     if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
+        if (half == 0 && (s.word & 1) == 0)
+            PREFETCH(qh + s.high_word * 64 + PREFETCH_BYTES * tm_qh_bytes(T) / tm_qs_bytes(T));
         __m256i h = _mm256_loadu_si256((const void *)(qh + s.high_word * 64 + half * 32));
         int bit = s.high_bit;
         if (T == TM_Q5_K) {
@@ -404,7 +455,11 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
         __m256 acc[MAX_ROWS];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t u = 0; u < units; ++u) {
-            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T);
+            const uint8_t *scu = sc + u * tm_sc_bytes(T);
+            if (half == 0)
+                for (int64_t line = 0; line < tm_sc_bytes(T); line += 64)
+                    PREFETCH(scu + line + PREFETCH_BYTES * tm_sc_bytes(T) / tm_qs_bytes(T));
             for (int c = 0; c < chunks; ++c) {
                 for (int b = 0; b < CB; ++b) {
                     const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
@@ -414,6 +469,12 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     for (int r = 0; r < R; ++r) {
                         hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
                         hi16[r] = lo16[r] = _mm256_setzero_si256();
+                        if (halves) /* Q6_K's chains start at -32 * (the codes' sum) */
+                            for (int h = 0; h < 2; ++h) {
+                                const int64_t at = 2 * ((r0 + r) * nb + block) + h;
+                                hi[r][h] = _mm256_set1_epi32(a->q6_start_hi[at]);
+                                if (P == 2) lo[r][h] = _mm256_set1_epi32(a->q6_start_lo[at]);
+                            }
                     }
                     for (int t = 0; t < 8; ++t) {
                         const __m256i w = codes8(T, qsu, qhu, c, b, t, half);
@@ -444,11 +505,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const __m256 xs = _mm256_set1_ps(a->scale[tb]);
                         if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                             __m256 dot[2];
-                            for (int h = 0; h < 2; ++h) {
-                                const int32_t oh = (int32_t)off * a->sum16_hi[2 * tb + h];
-                                const int32_t ol = P == 2 ? (int32_t)off * a->sum16_lo[2 * tb + h] : 0;
-                                dot[h] = block_dot8(P, hi[r][h], lo[r][h], oh, ol);
-                            }
+                            for (int h = 0; h < 2; ++h) dot[h] = block_dot8(P, hi[r][h], lo[r][h], 0, 0);
                             const __m256 both = _mm256_fmadd_ps(dot[1], s1, _mm256_mul_ps(dot[0], s0));
                             acc[r] = _mm256_fmadd_ps(both, xs, acc[r]);
                             continue;
@@ -456,8 +513,9 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
                         const __m256 dot = block_dot8(P, hi[r][0], lo[r][0], oh, ol);
                         acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s0, xs), acc[r]);
-                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm256_fmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
-                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(a->sum[tb]), acc[r]);
+                        const __m256 xsum = _mm256_set1_ps(a->sum[tb]);
+                        if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm256_fmadd_ps(s1, xsum, acc[r]);
+                        if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm256_fnmadd_ps(s1, xsum, acc[r]);
                     }
                 }
             }
@@ -466,7 +524,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
     }
 }
 
-/* ---- portable C --------------------------------------------------------------------------------------------------- */
+/* ---- portable C ---------------------------------------------------------------------------------------------- */
 #else
 
 /* the unsigned code the vector paths see at step t, byte i of lane j (Q8_0: the signed code itself) */
@@ -527,8 +585,8 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                             float both = 0.0f;
                             for (int h = 0; h < 2; ++h) {
-                                const int32_t ih = dh[h] - off * a->sum16_hi[2 * tb + h];
-                                const int32_t il = P == 2 ? dl[h] - off * a->sum16_lo[2 * tb + h] : 0;
+                                const int32_t ih = dh[h] + a->q6_start_hi[2 * tb + h];
+                                const int32_t il = P == 2 ? dl[h] + a->q6_start_lo[2 * tb + h] : 0;
                                 const float dot = P == 2 ? (float)il * (1.0f / LO_STEPS) + (float)ih : (float)ih;
                                 scales1(T, scu, c, b, j, h, &s0, &s1);
                                 both += dot * s0;
