@@ -84,9 +84,7 @@ def paged_attention(
         else:
             keys = k_cache.index_select(0, chunk.kv_index).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
             values = v_cache.index_select(0, chunk.kv_index).transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(
-                q_c, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True
-            )
+            out = F.scaled_dot_product_attention(q_c, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
         outputs.append(out[0].transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
