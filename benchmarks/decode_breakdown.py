@@ -1,7 +1,7 @@
 """Where a single-sequence decode step's time goes: the native layers, the LM head, the step tensors, the
 runner and the whole engine step (medians per decoded token, `--quantization auto`, 128-token prompt).
 
-    .venv/bin/python benchmarks/decode_breakdown.py [--reps 3]
+    .venv/bin/python benchmarks/decode_breakdown.py [--reps 3] [--model PATH_OR_NAME]
 
 Prints one JSON line per repetition (milliseconds).
 """
@@ -31,8 +31,9 @@ def timed(record: list[float], fn: Callable) -> Callable:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--model", default=None, help="a GGUF or a name (default: the bundled model)")
     args = parser.parse_args()
-    llm = LLM(quantization="auto")
+    llm = LLM(args.model, quantization="auto", num_kv_blocks=64)
     engine, runner = llm.engine, llm.engine.runner
     if runner.native_decoder is None:
         raise SystemExit("the native kernels are not built here: nothing to break down")

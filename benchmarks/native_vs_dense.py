@@ -1,4 +1,5 @@
-"""The native 4-bit decode step against the dense GEMM path of `auto`, per decode batch size: why `auto` sends
+"""The native decode step against `auto`'s torch path (the same NativeLinear products, a layer at a time with
+torch's attention and norms between them; until issue 23 a dense GEMM), per decode batch size: why `auto` sends
 every generated token through the native decoder (tokenmill/runner/model_runner.py). Both run in one process,
 alternating, on the same KV cache (150-token contexts), so a drifting machine affects them alike.
 

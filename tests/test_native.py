@@ -16,11 +16,12 @@ from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 
 from tests.test_quantized import q4_1_grid_weight
 from tokenmill import native
 from tokenmill.layers.native_decode import NativeLlamaDecoder
-from tokenmill.layers.quantized_linear import NativeLinear, Q4Linear, Q8Linear
+from tokenmill.layers.quantized_linear import NativeLinear
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 
+Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
 lib = native.load()  # built by `make install` (a C compiler with OpenMP is a test requirement)
 
 
@@ -73,7 +74,7 @@ def test_q4_matmul_computes_with_two_pass_int8_activations(rows: int, out_featur
     within the quantization's error bound of the float32 product. 40 rows: a padded last group of 16."""
     w = q4_1_grid_weight(out_features, 160, seed=rows)
     x = torch.randn(rows, 160) * torch.linspace(0.1, 4.0, 160)  # blocks of different ranges
-    out = Q4Linear(w, lib)(x)
+    out = NativeLinear.from_float(w, Q4_1, lib=lib)(x)
     assert out.shape == (rows, out_features)
     assert_two_pass_int8_product(out, x, w)
     assert not torch.allclose(out, F.linear(x, w), rtol=0, atol=1e-7)  # the activations were quantized
@@ -85,7 +86,7 @@ def test_q4_and_q8_products_give_each_row_the_same_bits_at_any_row_count(bits: i
     the kernel takes up to 8 rows on AVX-512, 4 on AVX2 and in plain C; with 1-2 rows it sums each pass in two
     integer chains, with more in one)."""
     w = q4_1_grid_weight(48, 160, seed=7)
-    layer = Q4Linear(w, lib) if bits == 4 else Q8Linear(w, lib)
+    layer = NativeLinear.from_float(w, Q4_1 if bits == 4 else Q8_0, lib=lib)
     x = torch.randn(17, 160, generator=torch.Generator().manual_seed(bits)) * torch.linspace(0.1, 4.0, 160)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(17)])
     for m in range(2, 18):
@@ -96,7 +97,7 @@ def test_q4_and_q8_products_give_each_row_the_same_bits_at_any_row_count(bits: i
 def test_q4_linear_keeps_half_float_scales_and_minimums_exactly() -> None:
     """Q4_1 grid weights (bfloat16 d and m, representable in half floats) come back exactly."""
     w = q4_1_grid_weight(32, 64, seed=3)
-    layer = Q4Linear(w, lib)
+    layer = NativeLinear.from_float(w, Q4_1, lib=lib)
     eye = torch.eye(64)  # each unit vector reads one column of the weight and quantizes without error
     assert torch.allclose(layer(eye).T, w, rtol=1e-6, atol=1e-7)  # float32 rounding of the scale products only
 
@@ -112,7 +113,7 @@ def test_q8_head_computes_with_two_pass_int8_activations(rows: int, out_features
     d = (torch.rand(out_features, 4, 1, generator=g) * 0.02).half().float()
     w = (codes * d).reshape(out_features, 128)
     x = torch.randn(rows, 128, generator=g) * torch.linspace(0.1, 4.0, 128)
-    out = Q8Linear(w, lib)(x)
+    out = NativeLinear.from_float(w, Q8_0, lib=lib)(x)
     assert out.shape == (rows, out_features)
     assert_two_pass_int8_product(out, x, w)
 

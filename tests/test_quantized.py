@@ -6,19 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.test_golden import greedy
-from tokenmill import LLM, native
+from tokenmill import LLM, SamplingParams, native
 from tokenmill.errors import InvalidParameterError
-from tokenmill.layers.quantized_linear import (
-    AutoLinear,
-    BFloat16Head,
-    Int4Linear,
-    Int8Linear,
-    Q8Embedding,
-    Q8Linear,
-    four_bit_linear,
-    q4_blocks_from_gguf,
-    q8_blocks_from_gguf,
-)
+from tokenmill.layers.linear import Linear
+from tokenmill.layers.quantized_linear import BFloat16Head, BlockEmbedding, Int4Linear, Int8Linear, NativeLinear
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 
@@ -57,40 +48,57 @@ def test_int8_and_bf16_head_are_close_to_float32() -> None:
     assert (BFloat16Head(w)(x[:1]) - ref[:1]).abs().max() < tolerance  # the single-row torch.mv path
 
 
-@pytest.mark.parametrize("dense_bfloat16", [False, True])
-def test_auto_linear_is_dense_for_any_rows_and_keeps_4bit_weights_for_the_native_decoder(dense_bfloat16: bool) -> None:
-    """The torch path (prompt tokens) computes every row count with the dense weight: which kernel a row meets
-    never depends on how many rows share its step."""
-    w = q4_1_grid_weight(64, 128, seed=1)
-    auto = AutoLinear(w, dense_bfloat16=dense_bfloat16)
-    for rows in (1, 4, 5, 33):
-        x = torch.randn(rows, 128)
-        dense = F.linear(x.bfloat16(), w.bfloat16()).float() if dense_bfloat16 else F.linear(x, w)
-        assert torch.equal(auto(x), dense)
-    assert (auto.packed is not None) == (native.load() is not None)
-    if auto.packed is not None:
-        x = torch.randn(3, 128)
-        assert torch.equal(auto.packed(x), four_bit_linear(w)(x))
+def test_auto_holds_no_float_copy_of_a_weight(bundled_path) -> None:
+    """Every projection and the LM head of `auto` run from the file's blocks (NativeLinear): the float tensors
+    left are the norms' weights and the rope tables, a few percent of the file."""
+    llm = LLM(quantization="auto")
+    model = llm.engine.runner.model
+    kinds = {type(m) for m in model.modules() if isinstance(m, Linear | NativeLinear)}
+    assert kinds == {NativeLinear}
+    floats = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    assert sum(t.nbytes for t in floats) < 0.05 * bundled_path.stat().st_size
+    llm.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["int8", "int4", "auto"])
 def test_quantized_modes_keep_the_reference_tokens(mode: str, smollm2_reference: dict) -> None:
-    """First token equal to HF float32's after every reference prompt; the first 8 agree on all but one."""
+    """Greedy tokens agree with HF float32's at least as long as llama.cpp's on the same file (the reference's):
+    over the first 8 tokens of the 6 prompts, measured 38 of 48 before the first difference for every mode,
+    llama.cpp 38 (prompt 4 is a near-tie at its first token that both miss)."""
     llm = LLM(quantization=mode)
     gens = smollm2_reference["generations"]
     outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(8), use_tqdm=False)
-    tokens = [o.outputs[0].token_ids for o in outs]
-    expected = [g["hf_fp32_greedy"][:8] for g in gens]
-    assert all(t[0] == e[0] for t, e in zip(tokens, expected, strict=True))
-    assert sum(t != e for t, e in zip(tokens, expected, strict=True)) <= 1
-    if mode == "int4":
-        # the file's own 4-bit weights, as HF's float32 has them, so the drift is the activations' quantization
-        # (two int8 passes: 0.0033 at most; one pass, as llama.cpp's, moved them by 0.1-0.24)
-        for out, g in zip(outs, gens, strict=True):
-            first = out.outputs[0].logprobs[0]
-            for token, expected_logprob in zip(g["hf_fp32_top10_ids"], g["hf_fp32_top10_logprobs"], strict=True):
-                assert abs(first[token].logprob - expected_logprob) < 0.01
+    ours = sum(agreement(o.outputs[0].token_ids, g["hf_fp32_greedy"][:8]) for o, g in zip(outs, gens, strict=True))
+    theirs = sum(agreement(g["llamacpp_greedy"][:8], g["hf_fp32_greedy"][:8]) for g in gens)
+    assert ours >= theirs
+    if mode == "auto":
+        # the file's own blocks, as HF's float32 has them dequantized, so the drift of the log-probabilities after
+        # the prompt is the activations' quantization: one int8 pass (the default, as llama.cpp's)
+        # measured 0.09-0.24 (llama.cpp on this file: 0.14-0.27); two passes at most 0.0023
+        prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in gens]
+        top20 = SamplingParams(temperature=0, max_tokens=1, logprobs=20)  # HF's top 10 among them
+        assert max_top10_drift(llm.generate(prompts, top20, use_tqdm=False), gens) < 0.35
+        for module in llm.engine.runner.model.modules():
+            if isinstance(module, NativeLinear):
+                module.passes = 2
+        llm.engine.block_manager.reset_prefix_cache()
+        assert max_top10_drift(llm.generate(prompts, top20, use_tqdm=False), gens) < 0.01
+
+
+def agreement(tokens: list[int], reference: list[int]) -> int:
+    """How many tokens agree before the first difference."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), len(reference))
+
+
+def max_top10_drift(outs: list, gens: list[dict]) -> float:
+    """The largest |log p - log p_HF| over HF's top-10 tokens after each prompt."""
+    drifts = []
+    for out, g in zip(outs, gens, strict=True):
+        first = out.outputs[0].logprobs[0]
+        pairs = zip(g["hf_fp32_top10_ids"], g["hf_fp32_top10_logprobs"], strict=True)
+        drifts += [abs(first[token].logprob - expected) for token, expected in pairs]
+    return max(drifts)
 
 
 def test_unknown_quantization_is_rejected() -> None:
@@ -98,26 +106,25 @@ def test_unknown_quantization_is_rejected() -> None:
         LLM(quantization="fp8")
 
 
-def test_q8_embedding_looks_up_exactly_the_dequantized_table(bundled_path) -> None:
-    """The quantized modes keep a Q8_0 embedding as its blocks (a quarter of the memory): every looked-up row must
-    be the very float32 values of the whole table dequantized."""
+def test_block_embedding_looks_up_exactly_the_dequantized_table(bundled_path) -> None:
+    """The quantized modes leave the embedding in the file's blocks: every looked-up row must be the very float32
+    values of the whole table dequantized, and the table is the file's bytes (a view), not a float copy."""
     t = GGUFFile(bundled_path).tensor("token_embd.weight")
     table = dequantize(t.data, t.ggml_type, t.shape)
-    blocks = q8_blocks_from_gguf(torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type)
-    embedding = Q8Embedding(*blocks)
+    embedding = BlockEmbedding.of(t)
     ids = torch.tensor([0, 1, 2020, 49151, 2020, 17])
     assert torch.equal(embedding(ids), table[ids])
-    assert embedding.codes.nbytes + embedding.scale.nbytes < table.nbytes / 3  # 1.06 bytes a value, not 4
+    assert embedding.raw.nbytes < table.nbytes / 3  # Q8_0: 1.06 bytes a value, not 4
 
 
-def test_a_tied_q8_head_gives_the_embedding_rows(bundled_path) -> None:
-    """A tied Q8_0 table is looked up from the head's interleaved codes (no second copy): the same values."""
+def test_a_tied_head_gives_the_embedding_rows(bundled_path) -> None:
+    """A tied table is looked up from the head's interleaved blocks (no second copy): the same values."""
     lib = native.load()
     assert lib is not None
     t = GGUFFile(bundled_path).tensor("token_embd.weight")
     table = dequantize(t.data, t.ggml_type, t.shape)
-    blocks = q8_blocks_from_gguf(torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8), t.ggml_type)
-    head = Q8Linear(table, lib, blocks)
+    raw = np.asarray(t.data).reshape(t.shape[0], -1).view(np.uint8)
+    head = NativeLinear.from_gguf([(raw, t.ggml_type)], t.shape[1], passes=2)
     ids = torch.tensor([0, 15, 16, 2020, 49151, 2020])
     assert torch.equal(head.rows(ids), table[ids])
     llm = LLM(quantization="auto")
@@ -144,20 +151,3 @@ def test_reduced_precision_products_run_with_few_row_counts(monkeypatch: pytest.
     seen.clear()
     linear.dense_linear(torch.randn(17, 32), w)
     assert seen == [17]
-
-
-def test_q4_k_becomes_4_bit_blocks_with_the_files_codes(gemma3_path) -> None:
-    """Q4_K super-blocks (8 blocks of 32 with 6-bit scales and minimums) are Q4_1 blocks: the file's codes, the
-    scales d * sc and minimums -dmin * mn rounded to half floats; dequantized, they differ from the file's values
-    by that rounding alone (relative 2^-11 of a block's range)."""
-    from gguf import GGMLQuantizationType
-
-    t = GGUFFile(gemma3_path).tensor("blk.0.attn_output.weight")
-    assert t.ggml_type == GGMLQuantizationType.Q4_K
-    packed, scale, low = q4_blocks_from_gguf(torch.from_numpy(np.array(t.data)), t.ggml_type)
-    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [rows, blocks, 32]
-    ours = (codes * scale.float().unsqueeze(-1) + low.float().unsqueeze(-1)).reshape(t.shape)
-    exact = dequantize(t.data, t.ggml_type, t.shape)
-    block_range = (15 * scale.float().abs() + low.float().abs()).repeat_interleave(32, dim=1)  # [rows, in]
-    assert ((ours - exact).abs() <= block_range * 2**-11).all()
-    assert (ours - exact).abs().max() > 0  # the rounding is real: not dequantized twice by the same code

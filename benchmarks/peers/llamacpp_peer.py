@@ -4,7 +4,9 @@ Runs in the peers' virtual environment (`make bench-peers`); prints one JSON lin
 - offline: the offline workload (benchmarks/workload.py, identical to tests/data/workload.py), greedy,
   ignore EOS: prompts packed 512 tokens a batch, then one llama_decode per step for all live sequences;
 - latency: one request of --input-len random tokens, then --output-len greedy tokens; median of --runs;
-- load: model + context creation.
+- load: model + context creation;
+- logprobs: for each prompt of a JSON file (a list of token id lists), the log-probabilities of the next token
+  after it: {"logprobs": [[log p(token) for every vocabulary id], ...]} (for benchmarks/accuracy.py).
 """
 
 import argparse
@@ -57,13 +59,23 @@ class Engine:
         b.n_tokens = len(entries)
         if llama_cpp.llama_decode(self.ctx, b) != 0:
             raise RuntimeError("llama_decode failed")
-        out = []
-        for i, (_, _, _, logits) in enumerate(entries):
-            if logits:
-                ptr = llama_cpp.llama_get_logits_ith(self.ctx, i)
-                row = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
-                out.append(int(row.argmax()))
-        return out
+        return [int(self.logits(i).argmax()) for i, (_, _, _, logits) in enumerate(entries) if logits]
+
+    def logits(self, i: int) -> np.ndarray:
+        """The last decode's logits of its entry i: float32 [n_vocab] (a view into llama.cpp's buffer)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, i)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+
+def next_token_logprobs(engine: Engine, prompts: list[list[int]]) -> dict:
+    rows = []
+    for prompt in prompts:
+        engine.clear()
+        engine.decode([(t, pos, 0, pos == len(prompt) - 1) for pos, t in enumerate(prompt)])
+        logits = engine.logits(len(prompt) - 1).astype(np.float64)
+        shifted = logits - logits.max()
+        rows.append((shifted - np.log(np.exp(shifted).sum())).tolist())
+    return {"bench": "logprobs", "engine": "llama.cpp", "logprobs": rows}
 
 
 def offline(engine: Engine, workload: list[tuple[list[int], int]]) -> dict:
@@ -146,8 +158,14 @@ def main() -> None:
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--runs", type=int, default=5)
     lat.add_argument("--seed", type=int, default=0)
+    logp = sub.add_parser("logprobs")
+    logp.add_argument("--prompts", required=True, help="a JSON file: a list of token id lists")
     args = parser.parse_args()
-    if args.bench == "offline":
+    if args.bench == "logprobs":
+        prompts = json.loads(Path(args.prompts).read_text())
+        engine = Engine(args.model, n_ctx=max(len(p) for p in prompts) + 16, n_seq_max=1, threads=args.threads)
+        result = next_token_logprobs(engine, prompts)
+    elif args.bench == "offline":
         workload = make_workload(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.seed)
         longest = max(len(p) + m for p, m in workload)
         engine = Engine(args.model, n_ctx=len(workload) * (longest + 16), n_seq_max=len(workload), threads=args.threads)

@@ -71,22 +71,66 @@ def paged_attention(
         )  # [S, H, 1, D]
         outputs.append(out.view(d.num_seqs, heads, dim))
     for chunk in meta.prefills:
-        # 4-D [1, heads, len, D]: torch's CPU flash kernel takes only 4-D inputs (3-D ones fall back to the math
-        # path, 3.4x slower at 512 tokens of 32 heads)
         q_c = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
-        if chunk.kv_index is None:
+        if chunk.kv_index is None:  # a fresh prompt: its own new K/V are the whole context
             keys = k[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)  # [1, KVH, q_len, D]
             values = v[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
-            mask = chunk.mask  # a sliding window's band [1, 1, q_len, q_len], else None: plain causal
-            out = F.scaled_dot_product_attention(
-                q_c, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
-            )
         else:
             keys = k_cache.index_select(0, chunk.kv_index).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
             values = v_cache.index_select(0, chunk.kv_index).transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(q_c, keys, values, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
+        out = _causal_in_query_blocks(q_c, keys, values, chunk.mask, scale)  # [1, H, q_len, D]
         outputs.append(out[0].transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+QUERY_BLOCK = 128  # prompt positions per attention call: blocks at multiples of it in the sequence
+
+
+def _causal_in_query_blocks(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Causal attention of a chunk's queries q [1, H, q_len, D], the last q_len positions of the context keys /
+    values [1, KVH, ctx, D] -> [1, H, q_len, D], in blocks of QUERY_BLOCK positions aligned to the sequence
+    (0-127, 128-255, ...). Each block is one call of the same shapes whatever the chunking: its 128 query rows
+    (the chunk's, zeros elsewhere) against the keys of every position up to the block's end (zeros past the
+    context, masked). torch's kernels (flash and math alike) give a row different bits beside a different number
+    of rows or keys, so without this a prompt's numbers depended on how its steps were cut (chunked prefill next
+    to other requests), which one int8 activation pass turns into different greedy tokens (3 of 12 prompts).
+    `mask` [1, 1, q_len, ctx] bool: a sliding window's band (None: plain causal). 4-D inputs: torch's CPU flash
+    kernel takes only those (3-D ones fall back to the math path, 3.4x slower at 512 tokens of 32 heads)."""
+    heads, q_len, dim = q.shape[1], q.shape[2], q.shape[3]
+    ctx = keys.shape[2]
+    start = ctx - q_len  # the chunk's first position in its sequence
+    first, last = start // QUERY_BLOCK, (ctx - 1) // QUERY_BLOCK  # the blocks it touches
+    span = (last + 1) * QUERY_BLOCK  # every position up to the end of its last block
+    padded_keys = F.pad(keys, (0, 0, 0, span - ctx))  # [1, KVH, span, D]
+    padded_values = F.pad(values, (0, 0, 0, span - ctx))
+    base = first * QUERY_BLOCK  # the first block's first position
+    positions = torch.arange(span, device=q.device)
+    # [span - base, span]: which key each of the blocks' rows may see
+    allowed = (positions.unsqueeze(0) <= positions[base:].unsqueeze(1)) & (positions < ctx)
+    if mask is not None:
+        allowed[start - base : ctx - base, :ctx] &= mask[0, 0]
+    allowed[: start - base, 0] = True  # rows outside the chunk (padding) attend to something: no NaN
+    allowed[ctx - base :, 0] = True
+    queries = q.new_zeros(1, heads, span - base, dim)  # the blocks' rows, the chunk's in place
+    queries[:, :, start - base : ctx - base] = q
+    outs = []
+    for block in range(first, last + 1):
+        rows = slice(block * QUERY_BLOCK - base, (block + 1) * QUERY_BLOCK - base)
+        end = (block + 1) * QUERY_BLOCK
+        block_mask = allowed[rows, :end]  # [128, end]
+        out = F.scaled_dot_product_attention(
+            queries[:, :, rows],
+            padded_keys[:, :, :end],
+            padded_values[:, :, :end],
+            attn_mask=block_mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        outs.append(out)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, blocks * 128, D]
+    return out[:, :, start - base : ctx - base]
 
 
 def windowed(meta: AttentionMetadata, window: int) -> AttentionMetadata:

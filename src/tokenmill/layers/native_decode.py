@@ -6,9 +6,10 @@ In a float32 model with 4-bit projections (`int4` and `auto`), the runner sends 
 here, one row each (a row attends to its own context, so several rows of one sequence, as after a preemption,
 are fine); prompt tokens take the torch path of the model. The native decoder computes what the torch path
 computes, with the same native products for the projections (NativeLinear's weights, any of its GGUF types
-and parts; activations in two int8 passes), in one call per step: a table of every layer's
-weights and KV-cache pointers is built once, here. Each row's result is the same bits whatever other rows the
-step has.
+and parts; activations in as many int8 passes as those weights take: the same kernel for a token whether it is
+a prompt's or a generated one, so a recomputed or verified token gets the same bits), in one call per step: a
+table of every layer's weights and KV-cache pointers is built once, here. Each row's result is the same bits
+whatever other rows the step has.
 """
 
 import ctypes
@@ -42,7 +43,6 @@ class LlamaLayer(ctypes.Structure):
 
 
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
-GENERATED_TOKEN_PASSES = 2  # int8 passes of the projections' activations (products.c: one drifts from float32)
 
 
 def _pointer(norm: torch.nn.Module | None) -> int | None:
@@ -80,6 +80,7 @@ class NativeLlamaDecoder:
             ]
             for layer in model.layers
         ]
+        self._first_projection = model.layers[0].self_attn.qkv_proj
         self.table: ctypes.Array | None = None  # built when the KV cache exists (bind_kv_cache)
         self.eps = c.rms_norm_eps
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -111,6 +112,11 @@ class NativeLlamaDecoder:
         except BaseException as exc:  # noqa: BLE001 - re-raised by forward
             self._reduce_error = exc
             return 1
+
+    @property
+    def passes(self) -> int:
+        """The int8 activation passes of the projections' products: the torch path's (NativeLinear.passes)."""
+        return getattr(self._first_projection, "packed", self._first_projection).passes
 
     def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Record every layer's weights and cache tensors in the table the native code walks."""
@@ -188,7 +194,7 @@ class NativeLlamaDecoder:
             ctypes.c_int64(self.dim),
             ctypes.c_float(self.scale),
             ctypes.c_int64(self.activation),
-            ctypes.c_int64(GENERATED_TOKEN_PASSES),
+            ctypes.c_int64(self.passes),
             self._reduce,
             ctypes.c_void_p(self._reduce_ctx),
         )

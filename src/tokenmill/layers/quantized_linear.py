@@ -1,29 +1,22 @@
-"""Linear layers whose weights stay quantized, for the memory-bound paths (decode reads every weight per token).
+"""Linear layers whose weights stay quantized (decode reads every weight per token; prompt chunks are integer
+compute-bound), with no dense float copy.
 
 - NativeLinear: tokenmill's native kernels (tokenmill/native/repack.c, products.c) over GGUF blocks as the file
   has them: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, in parts of different types (a fused QKV), multiplied
   with integer dot products against activations quantized per block of 32 in one int8 pass (llama.cpp's
-  scheme) or two (error below 1/64,516 of the block's largest value): on the references, two passes kept all 32
-  greedy tokens of HF float32 and top-10 log-probabilities within 0.0033, where one pass kept 3 to 32 tokens and
-  moved the log-probabilities by 0.1-0.24 (benchmarks/activation_quantization.py). gguf_rows_from_float makes
+  scheme) or two (error below 1/64,516 of the block's largest value). On the bundled models' references
+  (benchmarks/accuracy.py) two passes move HF float32's top-10 log-probabilities by at most 0.0023 and keep all
+  32 greedy tokens; one pass by 0.09-0.24 (llama.cpp on the same files: 0.13-0.41). gguf_rows_from_float makes
   Q8_0 or Q4_1 rows of a float checkpoint's weight for it. Speeds: benchmarks/quant_products.py.
-- Q4Linear / Q8Linear: NativeLinear over Q4_1 and Q8_0 blocks with two passes (Q4_0 and Q4_K converted to Q4_1
-  by q4_blocks_from_gguf, up to half-float rounding of Q4_K's sub-block scales; float weights quantized), as the
-  loader builds them until it hands the file's blocks to NativeLinear.
-- Int4Linear: 4-bit weights in groups of 32 along the input (the layout of GGUF's Q4_0/Q4_1 blocks, so those
-  convert without further loss, up to bfloat16 scales) through `_weight_int4pack_mm_for_cpu`, which computes in
-  bfloat16: the 4-bit kernel where the native ones cannot be built. Fastest at a few rows.
-- Int8Linear: int8 weights with one scale per output row through `_weight_int8pack_mm` (bfloat16 activations).
-- AutoLinear: a dense GEMM (bfloat16 where the CPU has it in hardware, float32 where it does not) for prompt
-  tokens, and the 4-bit weight the native decoder uses for generated tokens.
+- Int4Linear: 4-bit weights in groups of 32 along the input (Q4_1's scheme) through torch's
+  `_weight_int4pack_mm_for_cpu` (bfloat16 compute), and Int8Linear: int8 weights with one scale per output row
+  through `_weight_int8pack_mm`: where the native kernels cannot be built, and `--quantization int8`.
+- BFloat16Head: the LM head in bfloat16 where the native kernels are missing.
+- BlockEmbedding: a token table left in the file's blocks, the rows looked up dequantized.
 
-- BFloat16Head: the LM head in bfloat16, where the native kernels are missing (int8 and int4 heads through
-  torch's kernels cost far more accuracy: the tied embedding is Q8_0, per-row int8 moved top log-probabilities
-  by 0.2 and int4 by 1.1).
-
-(fbgemm's dynamic int8 linear is faster still at every batch size, but it quantizes activations per tensor;
-on SmolLM2 that moved the top log-probabilities by up to 2.8 and broke greedy agreement at the first token,
-so it is not used.) These are CPU kernels; on CUDA tokenmill runs the dequantized weights.
+(fbgemm's dynamic int8 linear quantizes activations per tensor; on SmolLM2 that moved the top log-probabilities
+by up to 2.8 and broke greedy agreement at the first token, so it is not used.) These are CPU kernels; on CUDA
+tokenmill runs the dequantized weights.
 """
 
 import ctypes
@@ -36,10 +29,16 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from tokenmill import native
-from tokenmill.layers.linear import dense_linear
-from tokenmill.loader.dequantize import dequantize, k_scales_mins
+from tokenmill.loader.dequantize import dequantize
 
 INT4_GROUP_SIZE = 32
+# int8 activation passes of every projection's product, prompt and generated tokens alike (one kernel: a token's
+# bits do not depend on whether it is computed in a prompt chunk, a decode step, a recomputation after preemption
+# or a speculative verification). One pass, as llama.cpp: prompt chunks are integer compute-bound and take 1.77x
+# as long with two (SmolLM2-1.7B's 24 layers at 512 rows, 3.8 against 6.7 s); on the bundled models' references
+# it moves HF float32's top-10 log-probabilities by 0.09-0.24 (llama.cpp on the same files: 0.13-0.41), two passes
+# by at most 0.0023 (benchmarks/accuracy.py). The LM head always takes two: its logits decide every token.
+ACTIVATION_PASSES = 1
 
 
 def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,52 +55,7 @@ def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return codes, scale, low
 
 
-# GGUF blocks taken as they are: (packed codes uint8 [out, in/32, 16], scale [out, in/32], min [out, in/32]),
-# scales and minimums as the file's half floats
-Q4Blocks = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Q8Blocks = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [out, in], half-float scale [out, in/32])
-
-
-def q4_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q4Blocks | None:
-    """Raw rows of a Q4_1, Q4_0 or Q4_K tensor ([rows, bytes], as stored) -> blocks: Q4_1 is (d, m, 16 bytes of
-    codes) per block, Q4_0 is (d, codes) with m = -8 d; Q4_K's 256-weight super-blocks are 8 blocks of 32 with
-    w = (d * sc) * code - dmin * mn, i.e. Q4_1 blocks of scale d * sc and minimum -dmin * mn, which are rounded to
-    half floats (relative error below 2^-11; the codes are the file's)."""
-    rows = raw.shape[0]
-    if ggml_type == GGMLQuantizationType.Q4_K:
-        b = raw.reshape(-1, 144)  # [super-blocks, 144]: d, dmin, 12 bytes of 6-bit scales and mins, 128 of codes
-        d, dmin = b[:, 0:2].contiguous().view(torch.float16).float(), b[:, 2:4].contiguous().view(torch.float16).float()
-        sc, mn = k_scales_mins(b[:, 4:16])  # [super-blocks, 8] each
-        # code bytes j*32 .. j*32+31 hold block 2j in their low nibbles and block 2j+1 in their high ones
-        qs = b[:, 16:].reshape(-1, 4, 1, 32)
-        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 8, 32)  # [super-blocks, 8, 32]
-        packed = (codes[..., :16] | (codes[..., 16:] << 4)).reshape(rows, -1, 16)
-        scale = (d * sc.float()).half().reshape(rows, -1)
-        low = (-(dmin * mn.float())).half().reshape(rows, -1)
-        return packed.contiguous(), scale, low
-    if ggml_type == GGMLQuantizationType.Q4_1:
-        b = raw.reshape(rows, -1, 20)
-        return b[..., 4:].contiguous(), _half(b[..., 0:2]), _half(b[..., 2:4])
-    if ggml_type == GGMLQuantizationType.Q4_0:
-        b = raw.reshape(rows, -1, 18)
-        d = _half(b[..., 0:2])
-        return b[..., 2:].contiguous(), d, -8.0 * d
-    return None
-
-
-def q8_blocks_from_gguf(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> Q8Blocks | None:
-    """Raw rows of a Q8_0 tensor -> (codes, scales): (d, 32 int8 codes) per block."""
-    if ggml_type != GGMLQuantizationType.Q8_0:
-        return None
-    b = raw.reshape(raw.shape[0], -1, 34)
-    return b[..., 2:].contiguous().view(torch.int8).reshape(raw.shape[0], -1), _half(b[..., 0:2])
-
-
-def _half(pairs: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., 2] little-endian half floats -> float16 [...] (the native kernels keep them as they are)"""
-    return pairs.contiguous().view(torch.float16).squeeze(-1)
-
-
 NATIVE_GROUP = 16  # output rows per group in the native kernels' interleaved weight layouts
 # GGUF types the native products take as they are (tokenmill/native/repack.c)
 NATIVE_TYPES = frozenset(
@@ -164,6 +118,13 @@ class NativeLinear(nn.Module):
     ) -> "NativeLinear":
         """parts: (raw rows uint8 [rows, bytes per row] as the GGUF file stores them, their type) in output order."""
         return cls(parts, in_features, passes)
+
+    @classmethod
+    def from_float(
+        cls, weight: torch.Tensor, ggml_type: GGMLQuantizationType, passes: int = 2, lib=None
+    ) -> "NativeLinear":
+        """A float weight [out, in] quantized to Q8_0 or Q4_1 blocks (gguf_rows_from_float)."""
+        return cls([(gguf_rows_from_float(weight, ggml_type), ggml_type)], weight.shape[1], passes, lib)
 
     def _repack(self, raw: RawRows, ggml_type: GGMLQuantizationType, rows: int) -> torch.Tensor:
         if ggml_type not in NATIVE_TYPES:
@@ -264,44 +225,6 @@ def _q4_1_rows(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> 
     return torch.cat([d, m, packed.to(torch.uint8)], dim=-1).reshape(packed.shape[0], -1)
 
 
-def _q8_0_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Q8_0 blocks (codes int8 [out, in], scales [out, in/32]) -> raw rows [out, in/32 * 34]"""
-    out_features = codes.shape[0]
-    d = scale.half().contiguous().unsqueeze(-1).view(torch.uint8)  # [out, blocks, 2]
-    q = codes.contiguous().view(torch.uint8).reshape(out_features, -1, INT4_GROUP_SIZE)
-    return torch.cat([d, q], dim=-1).reshape(out_features, -1)
-
-
-class Q4Linear(NativeLinear):
-    """4-bit weights in GGUF's Q4_1 scheme (half-float block scales and minimums) through the native products with
-    two int8 passes of activations (error below 1/64,516 of the block's largest value; see products.c). Built from
-    GGUF's own blocks when the file has Q4_0/Q4_1 (`blocks`), else from a float weight (min/max per block, which
-    recovers Q4 blocks exactly). Returns x's dtype."""
-
-    def __init__(self, weight: torch.Tensor | None, lib, blocks: Q4Blocks | None = None):
-        if blocks is None:
-            assert weight is not None
-            codes, scale, low = q4_blocks(weight)
-            # two codes per byte, as GGUF packs Q4 blocks: byte i holds code i (low nibble) and code i + 16 (high)
-            blocks = ((codes[..., :16] | (codes[..., 16:] << 4)).contiguous(), scale, low)
-        raw = _q4_1_rows(*blocks)
-        super().__init__([(raw, GGMLQuantizationType.Q4_1)], blocks[0].shape[1] * INT4_GROUP_SIZE, passes=2, lib=lib)
-
-    def forward(self, x: torch.Tensor, passes: int | None = None) -> torch.Tensor:
-        return super().forward(x, passes).to(x.dtype)
-
-
-class Q8Linear(NativeLinear):
-    """8-bit weights as GGUF's Q8_0 (int8 codes, one half-float scale per 32 inputs) through the native products,
-    activations quantized as Q4Linear's. The quantized modes' LM head (exact for a Q8_0 embedding, as the bundled
-    model's is: 30 MB read per decoded token instead of 113), and `auto`'s projections whose file type is finer
-    than 4 bits (Q5_0, Q6_K, Q8_0: Gemma 3's). float32 outputs."""
-
-    def __init__(self, weight: torch.Tensor, lib, blocks: Q8Blocks | None = None):
-        codes, scale = blocks if blocks is not None else _q8_blocks(weight)
-        super().__init__([(_q8_0_rows(codes, scale), GGMLQuantizationType.Q8_0)], codes.shape[1], passes=2, lib=lib)
-
-
 class BlockEmbedding(nn.Module):
     """A token embedding table left in the file's blocks (any GGUF type: a view of its memory map, or of a
     checkpoint's), only the rows looked up dequantized: the same float32 values as the whole table dequantized,
@@ -323,22 +246,6 @@ class BlockEmbedding(nn.Module):
         """[T] -> float32 [T, hidden]"""
         rows = torch.from_numpy(self.raw[input_ids.numpy()])  # [T, bytes per row]: a copy of just these rows
         return dequantize(rows, self.ggml_type, (input_ids.shape[0], self.hidden_size))
-
-
-class Q8Embedding(nn.Module):
-    """A token embedding table kept as GGUF's Q8_0 blocks (int8 codes, a half-float scale per 32 values), only
-    the looked-up rows dequantized: the same float32 values as the whole table dequantized (code * scale, each
-    exact in float32), in a quarter of its memory (SmolLM2-135M: 27 instead of 108 MiB)."""
-
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor):
-        super().__init__()
-        self.register_buffer("codes", codes.contiguous(), persistent=False)  # int8 [vocab, hidden]
-        self.register_buffer("scale", scale.half().contiguous(), persistent=False)  # [vocab, hidden / 32]
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[T] -> float32 [T, hidden]"""
-        codes = self.codes[input_ids].view(input_ids.shape[0], -1, INT4_GROUP_SIZE).float()
-        return (codes * self.scale[input_ids].float().unsqueeze(-1)).view(input_ids.shape[0], -1)
 
 
 class Int8Linear(nn.Module):
@@ -372,43 +279,6 @@ class Int4Linear(nn.Module):
         return out.to(x.dtype)
 
 
-def cpu_has_native_bfloat16() -> bool:
-    """AVX512-BF16 or AMX: bfloat16 GEMMs run in hardware (on this project's Xeon, 3x float32 at 512 rows)."""
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
-
-
-class AutoLinear(nn.Module):
-    """`auto`'s projection: a dense weight for the torch path, which computes prompt tokens (bfloat16 where the
-    CPU has it in hardware, float32 elsewhere), and the 4-bit (or 8-bit) weight (`packed`, where the native
-    kernels are built) that the native decoder reads for generated tokens. Which kernel computes a token depends
-    only on whether it is a prompt token or a generated one, never on how many rows its step has: a request's
-    numbers do not depend on what else is in the batch."""
-
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        dense_bfloat16: bool | None = None,
-        blocks: Q4Blocks | None = None,
-        eight_bit: Q8Blocks | bool = False,
-    ):
-        """`eight_bit`: the native decoder's weight in 8 bits (the file's Q8_0 blocks, or True to quantize)."""
-        super().__init__()
-        lib = native.load()
-        self.packed: Q4Linear | Q8Linear | None = None
-        if lib is not None and eight_bit is not False:
-            self.packed = Q8Linear(weight, lib, None if eight_bit is True else eight_bit)
-        elif lib is not None:
-            self.packed = Q4Linear(weight, lib, blocks)
-        use_bf16 = cpu_has_native_bfloat16() if dense_bfloat16 is None else dense_bfloat16
-        self.dense_dtype = torch.bfloat16 if use_bf16 else weight.dtype
-        self.register_buffer("dense", weight.to(self.dense_dtype).contiguous(), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense_linear(x.to(self.dense_dtype), self.dense).to(x.dtype)
-
-
 class BFloat16Head(nn.Module):
     """The LM head in bfloat16: half the bytes of float32 to read per decoded token. One row goes through
     torch.mv, which is about 3x faster than float32 here (1.6 ms against 4.6 ms for 49152 x 576)."""
@@ -422,58 +292,3 @@ class BFloat16Head(nn.Module):
         if x.shape[0] == 1:
             return torch.mv(self.weight, xb[0]).unsqueeze(0).float()
         return F.linear(xb, self.weight).float()
-
-
-def quantized_head(weight: torch.Tensor | None, blocks: Q8Blocks | None = None) -> nn.Module:
-    """The LM head of the quantized modes: Q8_0 through the native kernel (the file's blocks, or `weight`
-    quantized), else bfloat16 (from `weight`, or the blocks' values)."""
-    lib = native.load()
-    if lib is not None:
-        return Q8Linear(weight, lib, blocks)
-    return BFloat16Head(weight if weight is not None else _q8_values(blocks))
-
-
-def four_bit_linear(weight: torch.Tensor | None, blocks: Q4Blocks | None = None) -> nn.Module:
-    """tokenmill's native 4-bit kernel where it could be built (from the file's `blocks`, or `weight`), torch's
-    int4 kernel otherwise."""
-    lib = native.load()
-    if lib is not None:
-        return Q4Linear(weight, lib, blocks)
-    return Int4Linear(weight if weight is not None else _q4_values(blocks))
-
-
-def _q4_values(blocks: Q4Blocks | None) -> torch.Tensor:
-    """4-bit blocks -> float32 [out, in]: code * scale + min (where no native kernel takes the blocks)."""
-    assert blocks is not None
-    packed, scale, low = blocks
-    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [out, in/32, 32]
-    return (codes * scale.float().unsqueeze(-1) + low.float().unsqueeze(-1)).reshape(packed.shape[0], -1)
-
-
-def _q8_values(blocks: Q8Blocks | None) -> torch.Tensor:
-    assert blocks is not None
-    codes, scale = blocks
-    values = codes.float().reshape(codes.shape[0], -1, INT4_GROUP_SIZE) * scale.float().unsqueeze(-1)
-    return values.reshape(codes.shape[0], -1)
-
-
-def quantized_linear(
-    weight: torch.Tensor | None, mode: str, blocks: Q4Blocks | None = None, eight_bit: Q8Blocks | bool = False
-) -> nn.Module:
-    """One projection of a quantized mode, from the GGUF file's own blocks or from `weight` (float [out, in],
-    quantized here; None when blocks are given). `blocks`: the file's 4-bit blocks for this weight, when it has
-    them. `eight_bit` (auto only): the file stores this weight finer than 4 bits; its 8-bit blocks when they are
-    Q8_0, else True (made from `weight`). `auto` keeps every weight in the native kernels' blocks, for prompt and
-    generated tokens alike: no dense copy."""
-    if mode == "int8":
-        assert weight is not None
-        return Int8Linear(weight)
-    if mode == "int4" or (mode == "auto" and eight_bit is False):
-        return four_bit_linear(weight, blocks)
-    if mode == "auto":
-        lib = native.load()
-        eight_bit_blocks = None if eight_bit is True else eight_bit
-        if lib is not None:
-            return Q8Linear(weight, lib, eight_bit_blocks)  # type: ignore[arg-type]
-        return Int8Linear(weight if weight is not None else _q8_values(eight_bit_blocks))  # type: ignore[arg-type]
-    raise ValueError(f"unknown quantization mode {mode!r}")

@@ -219,9 +219,8 @@ class LlamaForCausalLM(nn.Module):
         """Build every weight from `source` in the kernels of `quantization` (None: dequantized to the compute
         dtype; "auto", "int4", "int8": model/weights.py), one tensor at a time. Under the quantized modes no float
         copy of a projection, the LM head or the embedding table is made: they go from the file's blocks to the
-        native kernels' (a Q4_0/Q4_1/Q4_K weight keeps its codes; under `auto` a weight the file stores finer than
-        4 bits (Q5_0, Q5_K, Q6_K, Q8_0) is decoded from 8-bit blocks: re-quantized to 4 bits, Gemma 3's agreed
-        with HF float32 for 1-5 greedy tokens instead of 32, benchmarks/gemma_quantization.py)."""
+        native kernels' as the file has them (`auto`: every GGUF block type; `int4`: Q4_0/Q4_1/Q4_K kept, the
+        rest re-coded to Q4_1)."""
         c = self.config
         weights = WeightLoader(source, quantization, self.dtype)
         head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"

@@ -23,6 +23,7 @@ from torch import nn
 from tokenmill import native
 from tokenmill.layers.linear import Linear
 from tokenmill.layers.quantized_linear import (
+    ACTIVATION_PASSES,
     NATIVE_TYPES,
     BFloat16Head,
     BlockEmbedding,
@@ -36,9 +37,6 @@ from tokenmill.loader.gguf_file import GGUFTensor
 
 FOUR_BIT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q4_K"))  # int4 keeps these
 QUANTIZED_MODES = ("auto", "int4", "int8")
-# int8 activation passes of the projections' products outside the native decoder (prompt tokens, when it runs);
-# the decoder's generated tokens and the LM head take 2 (see layers/quantized_linear.py)
-PROMPT_PASSES = 2
 NativePart = tuple[np.ndarray, GGMLQuantizationType]  # raw rows uint8 [rows, bytes per row] and their type
 
 # (tensor name, its number of rope heads when its rows are stored permuted for ggml's rope, else None)
@@ -123,7 +121,7 @@ class WeightLoader:
         if self.mode == "int8" or lib is None:  # torch's kernels, from float: one projection at a time
             return Int8Linear(float_weight()) if self.mode == "int8" else Int4Linear(float_weight())
         parts = [self._native_part(name, heads, self.mode) for name, heads in sources]
-        layer = NativeLinear(_joined(parts), self._tensor(sources[0][0]).shape[-1], PROMPT_PASSES, lib)
+        layer = NativeLinear(_joined(parts), self._tensor(sources[0][0]).shape[-1], ACTIVATION_PASSES, lib)
         for name, _ in sources:  # repacked: the file's copy is not needed any more
             self._release(self._tensor(name))
         return layer
