@@ -127,6 +127,8 @@ typedef struct {
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
     int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
                                          * sub-blocks are 16), where its integer chains start */
+    int64_t *claims;              /* [2] prompt products' work items: the next one to take, threads done (0 between
+                                   * products; tm_weight_matmul) */
 } tm_qx;
 
 /* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */
