@@ -303,12 +303,18 @@ ALWAYS void scales16(const int T, const int P, const uint8_t *sc, const int c, c
     OPAQUE_VECTOR(*s1);
 }
 
+/* log2 of code_offset (all powers of 2), for the vector paths' shifts */
+ALWAYS int code_offset_shift(const int T) { return T == TM_Q4_0 ? 3 : T == TM_Q5_0 ? 4 : T == TM_Q8_0 ? 7 : 0; }
+
 /* the block's dot of one row as a float: the integer sums of the passes, their code offsets taken off (with
- * integer_passes: 254 times that, scales16 divides the weight scales by 254) */
-ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, int32_t off_hi, int32_t off_lo) {
-    if (off_hi | off_lo) {
-        hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(off_hi));
-        if (P == 2) lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(off_lo));
+ * integer_passes: 254 times that, scales16 divides the weight scales by 254). The offsets are the activation codes'
+ * sums (sum_hi, sum_lo: the row and block's) broadcast from memory and shifted: no branch and no scalar product
+ * moved into a vector per row and block (Q8_0, 8 rows: that was an imul, vmovd, vpbroadcastd and a branch) */
+ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, const int32_t *sum_hi,
+                          const int32_t *sum_lo) {
+    if (code_offset(T)) {
+        hi = _mm512_sub_epi32(hi, _mm512_slli_epi32(_mm512_set1_epi32(*sum_hi), code_offset_shift(T)));
+        if (P == 2) lo = _mm512_sub_epi32(lo, _mm512_slli_epi32(_mm512_set1_epi32(*sum_lo), code_offset_shift(T)));
     }
     if (integer_passes(T, P)) /* 254 hi + lo = 256 hi - 2 hi + lo */
         return _mm512_cvtepi32_ps(
@@ -324,7 +330,6 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
     const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
     /* chains per row and pass: Q6_K's two halves of a block have their own scales; else two with few rows */
     const int halves = T == TM_Q6_K, split = !halves && R <= SPLIT_ROWS;
-    const int64_t off = code_offset(T);
     __m512 acc[MAX_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -370,15 +375,14 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     const __m512 xs = _mm512_set1_ps(a->scale[tb]);
                     if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                         __m512 dot[2];
-                        for (int h = 0; h < 2; ++h) dot[h] = block_dot16(T, P, hi[r][h], lo[r][h], 0, 0);
+                        for (int h = 0; h < 2; ++h) dot[h] = block_dot16(T, P, hi[r][h], lo[r][h], NULL, NULL);
                         const __m512 both = _mm512_fmadd_ps(dot[1], s1, _mm512_mul_ps(dot[0], s0));
                         acc[r] = _mm512_fmadd_ps(both, xs, acc[r]);
                         continue;
                     }
                     const __m512i hs = split ? _mm512_add_epi32(hi[r][0], hi[r][1]) : hi[r][0];
                     const __m512i ls = split ? _mm512_add_epi32(lo[r][0], lo[r][1]) : lo[r][0];
-                    const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
-                    const __m512 dot = block_dot16(T, P, hs, ls, oh, ol);
+                    const __m512 dot = block_dot16(T, P, hs, ls, a->sum_hi + tb, P == 2 ? a->sum_lo + tb : NULL);
                     acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s0, xs), acc[r]);
                     if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm512_fmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
                     if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
