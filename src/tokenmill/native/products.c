@@ -73,7 +73,7 @@ const char *tm_vector_path(void) {
 static void *alloc_or_dummy(size_t bytes) { return malloc(bytes ? bytes : 1); }
 
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
-    const size_t values = (size_t)(m * tm_qx_stride(k)), blocks = (size_t)(m * (k / QK));
+    const size_t values = (size_t)tm_qx_code_bytes(m, k), blocks = (size_t)(m * (k / QK));
     memset(a, 0, sizeof *a);
     a->hi = alloc_or_dummy(values);
     a->scale = alloc_or_dummy(sizeof(float) * blocks);
@@ -150,7 +150,7 @@ static inline float block_amax(const float *xb) {
 }
 #endif
 
-/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the
+/* x [m, k] -> a (codes interleaved as tm_qx_code says). Called by every thread of a parallel region (the
  * blocks are shared out; the loop's end waits for all), or outside one (one thread does all). The first pass's
  * codes are the same with one pass or two. */
 void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
@@ -158,11 +158,17 @@ void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, cons
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
-        const int64_t codes_at = tb / nb * tm_qx_stride(k) + tb % nb * QK;
+
         const float amax = block_amax(xb);
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
-        quantize_block(xb, inv, passes, a->hi + codes_at, passes == 2 ? a->lo + codes_at : NULL, sum_hi, sum_lo);
+        int8_t hi[QK], lo[QK];
+        quantize_block(xb, inv, passes, hi, lo, sum_hi, sum_lo);
+        for (int w = 0; w < QK / 4; ++w) { /* the block's 8 words to their places among the group's rows */
+            const int64_t at = tm_qx_code(k, tb / nb, tb % nb * QK + 4 * w);
+            memcpy(a->hi + at, hi + 4 * w, 4);
+            if (passes == 2) memcpy(a->lo + at, lo + 4 * w, 4);
+        }
         const int32_t total_hi = sum_hi[0] + sum_hi[1], total_lo = sum_lo[0] + sum_lo[1];
         a->scale[tb] = amax / 127.0f;
         a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
@@ -330,6 +336,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
     const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
     /* chains per row and pass: Q6_K's two halves of a block have their own scales; else two with few rows */
     const int halves = T == TM_Q6_K, split = !halves && R <= SPLIT_ROWS;
+    const int64_t codes0 = tm_qx_code(k, r0, 0); /* the tile's rows are in r0's group of QX_ROWS (run_tile) */
     __m512 acc[MAX_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -362,7 +369,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     const int chain = halves ? t >> 2 : (split ? t & 1 : 0);
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
-                        const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
+                        const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
                         hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
                         if (P == 2)
                             lo[r][chain] =
@@ -501,7 +508,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const __m256i w_abs = T == TM_Q8_0 ? _mm256_abs_epi8(w) : w;
                         const int chain = halves ? t >> 2 : 0;
                         for (int r = 0; r < R; ++r) {
-                            const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
+                            const int64_t at = tm_qx_code(k, r0 + r, block * QK + 4 * t);
                             __m256i xh = _mm256_set1_epi32(four_codes(a->hi + at)), xl = _mm256_setzero_si256();
                             if (P == 2) xl = _mm256_set1_epi32(four_codes(a->lo + at));
                             if (T == TM_Q8_0) {
@@ -591,8 +598,12 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         for (int i = 0; i < 4; ++i) codes[j][4 * t + i] = (int8_t)code_at(T, qsu, qhu, c, b, t, j, i);
                 for (int r = 0; r < R; ++r) {
                     const int64_t tb = (r0 + r) * nb + block;
-                    const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK;
-                    const int8_t *xh = a->hi + at, *xl = P == 2 ? a->lo + at : NULL;
+                    int8_t xh[QK], xl[QK]; /* the row's codes of the block, in order */
+                    for (int i = 0; i < QK; i += 4) {
+                        const int64_t at = tm_qx_code(k, r0 + r, block * QK + i);
+                        memcpy(xh + i, a->hi + at, 4);
+                        if (P == 2) memcpy(xl + i, a->lo + at, 4);
+                    }
                     const float xs = a->scale[tb];
                     for (int j = 0; j < GROUP; ++j) {
                         int32_t dh[2] = {0, 0}, dl[2] = {0, 0}; /* Q6_K: per half of the block */
@@ -688,21 +699,22 @@ static void run_tile(const tm_part *p, int64_t g, const tm_qx *a, int64_t r0, in
     TILES[type_index(p->type)][passes - 1][rows - 1](a, r0, p->k, qs, qh, sc, y, ldy);
 }
 
-/* Rows per tile of prompt rows. Q6_K's two chains per row and pass (its 16-value halves) with 8 rows spill
- * accumulators (65 spills per chunk with one pass, 189 with two): 6 rows with one pass, 4 with two measured +4%
- * and +9% against 8 (512 rows [2048, 8192], one thread, CPU time, medians of 7 and 5 alternating runs). */
+/* Rows per tile of prompt rows (a divisor of QX_ROWS: tiles stay within groups of QX_ROWS rows). Q6_K's two
+ * chains per row and pass (its 16-value halves) with 8 rows spill accumulators (189 spills per chunk with two
+ * passes): 4 rows with two passes measured +9% against 8 (512 rows [2048, 8192], one thread, CPU time, medians of
+ * 5 alternating runs; with one pass 6 rows measured +4%, 4 rows +2%: within the noise, kept at 8). */
 static int64_t tile_rows(int64_t type, int64_t passes) {
 #if MAX_ROWS == 8
-    if (type == TM_Q6_K) return passes == 2 ? 4 : 6;
+    if (type == TM_Q6_K && passes == 2) return 4;
 #endif
     (void)type, (void)passes;
     return MAX_ROWS;
 }
 
-/* rows per block of prompt rows: a multiple of MAX_ROWS whose quantized activations fit in ROW_BLOCK_BYTES */
+/* rows per block of prompt rows: a multiple of QX_ROWS whose quantized activations fit in ROW_BLOCK_BYTES */
 static int64_t row_block(int64_t m, int64_t k, int64_t passes) {
-    int64_t rows = ROW_BLOCK_BYTES / (k * passes) / MAX_ROWS * MAX_ROWS;
-    rows = rows < MAX_ROWS ? MAX_ROWS : rows;
+    int64_t rows = ROW_BLOCK_BYTES / (k * passes) / QX_ROWS * QX_ROWS; /* whole groups of codes (tm_qx_code) */
+    rows = rows < QX_ROWS ? QX_ROWS : rows;
     return rows < m ? rows : m;
 }
 
