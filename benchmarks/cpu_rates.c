@@ -36,6 +36,28 @@ static double now(void) {
         printf("{\"instruction\": \"%s\", \"g_per_s\": %.2f}\n", name, N * 12 / t / 1e9);                          \
     }
 
+/* vpdpbusd's rate with 4 other instructions (4 more chains) after every 8 of it: Zen 4 runs the multiplies
+ * (vfmadd, vmulps, vpmulld, vpmaddwd, vpdpwssd) on vpdpbusd's two ports (8 : 4 gives 2/3 of its rate) and
+ * conversions, integer additions, logic and shifts and float additions on the other two (no loss): the figures
+ * behind products.c's "multiplies take the dot instruction's ports". */
+#define DOT(x) x = _mm512_dpbusd_epi32(x, bi, ci)
+#define MIXED(name, EXTRA)                                                                                         \
+    {                                                                                                              \
+        __m512i a0 = bi, a1 = ci, a2 = bi, a3 = ci, a4 = bi, a5 = ci, a6 = bi, a7 = ci, g0 = bi, g1 = ci, g2 = bi;  \
+        __m512i g3 = ci;                                                                                           \
+        __m512 f0 = b, f1 = c, f2 = b, f3 = c;                                                                     \
+        double t = now();                                                                                          \
+        for (long i = 0; i < N / 2; ++i) {                                                                         \
+            DOT(a0); DOT(a1); DOT(a2); DOT(a3); DOT(a4); DOT(a5); DOT(a6); DOT(a7);                                \
+            EXTRA;                                                                                                 \
+            __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7)); \
+            __asm__ volatile("" : "+v"(f0), "+v"(f1), "+v"(f2), "+v"(f3), "+v"(g0), "+v"(g1), "+v"(g2), "+v"(g3)); \
+        }                                                                                                          \
+        t = now() - t;                                                                                             \
+        printf("{\"vpdpbusd_with_4\": \"%s\", \"g_per_s\": %.2f}\n", name, N / 2 * 8 / t / 1e9);                  \
+    }
+#define FOUR(x, op) x##0 = op(x##0); x##1 = op(x##1); x##2 = op(x##2); x##3 = op(x##3)
+
 int main(void) {
     const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
     const __m512i bi = _mm512_set1_epi8(1), ci = _mm512_set1_epi8(2);
@@ -51,5 +73,19 @@ int main(void) {
 #define OP(x) _mm512_permutexvar_ps(bi, x)
     RATE("vpermps", __m512, _mm512_set1_ps(0.1f));
 #undef OP
+#define FMA(x) _mm512_fmadd_ps(x, b, c)
+#define MUL(x) _mm512_mul_ps(x, b)
+#define ADDPS(x) _mm512_add_ps(x, b)
+#define MULLD(x) _mm512_mullo_epi32(x, ci)
+#define ADDD(x) _mm512_add_epi32(x, bi)
+#define SHIFT(x) _mm512_srli_epi16(x, 1)
+    MIXED("vfmadd231ps", FOUR(f, FMA));
+    MIXED("vmulps", FOUR(f, MUL));
+    MIXED("vpmulld", FOUR(g, MULLD));
+    MIXED("vaddps", FOUR(f, ADDPS));
+    MIXED("vpaddd", FOUR(g, ADDD));
+    MIXED("vpsrlw", FOUR(g, SHIFT));
+    MIXED("vcvtdq2ps", f0 = _mm512_cvtepi32_ps(g0); f1 = _mm512_cvtepi32_ps(g1); f2 = _mm512_cvtepi32_ps(g2);
+          f3 = _mm512_cvtepi32_ps(g3));
     return 0;
 }

@@ -114,10 +114,18 @@ int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or
 
 /* ---- activations ---------------------------------------------------------------------------------------------
  * Quantized per row and block of 32, in one or two int8 passes: x ~ s * hi (one), x ~ s * (hi + lo / 254) (two),
- * s = max|x| / 127 (products.c's header says why). The rows of codes are tm_qx_stride(k) bytes apart: one cache
- * line more than k, so that the 8 rows of a tile do not all fall in one L1 set when k is a multiple of 4096 (with
- * k = 8192 and two passes that thrashed L1: 2.5x slower). */
-static inline int64_t tm_qx_stride(int64_t k) { return k + 64; }
+ * s = max|x| / 127 (products.c's header says why). The codes of each QX_ROWS rows are interleaved by 4-byte word:
+ * word w (codes 4w .. 4w + 3) of the rows r0 .. r0 + 7 (r0 a multiple of 8) are 32 contiguous bytes, so that a
+ * tile (its rows within one such group) reads all its rows' codes from one pointer with constant offsets: with a
+ * pointer per row the AVX-512 tiles ran out of general registers (8 rows: ~50 moves to and from vector registers
+ * per chunk), and measured 5% slower. The 8 rows of a tile are contiguous, so they do not share an L1 set (rows
+ * k bytes apart did, for k a multiple of 4096). */
+#define QX_ROWS 8
+static inline int64_t tm_qx_code(int64_t k, int64_t row, int64_t col) {
+    return row / QX_ROWS * (QX_ROWS * k) + col / 4 * (4 * QX_ROWS) + row % QX_ROWS * 4 + col % 4;
+}
+/* bytes of the codes of m rows (the last group of QX_ROWS rows whole) */
+static inline int64_t tm_qx_code_bytes(int64_t m, int64_t k) { return (m + QX_ROWS - 1) / QX_ROWS * QX_ROWS * k; }
 #define LO_SHIFT 2048
 typedef struct {
     int8_t *hi, *lo;              /* [m, stride] codes of the passes (lo only with two) */
@@ -127,6 +135,8 @@ typedef struct {
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
     int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
                                          * sub-blocks are 16), where its integer chains start */
+    int64_t *claims;              /* [2] prompt products' work items: the next one to take, threads done (0 between
+                                   * products; tm_weight_matmul) */
 } tm_qx;
 
 /* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */

@@ -73,14 +73,15 @@ const char *tm_vector_path(void) {
 static void *alloc_or_dummy(size_t bytes) { return malloc(bytes ? bytes : 1); }
 
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
-    const size_t values = (size_t)(m * tm_qx_stride(k)), blocks = (size_t)(m * (k / QK));
+    const size_t values = (size_t)tm_qx_code_bytes(m, k), blocks = (size_t)(m * (k / QK));
     memset(a, 0, sizeof *a);
     a->hi = alloc_or_dummy(values);
     a->scale = alloc_or_dummy(sizeof(float) * blocks);
     a->sum = alloc_or_dummy(sizeof(float) * blocks);
     a->sum_hi = alloc_or_dummy(sizeof(int32_t) * blocks);
     a->q6_start_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
-    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->q6_start_hi;
+    a->claims = calloc(2, sizeof(int64_t));
+    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->q6_start_hi && a->claims;
     if (passes == 2) {
         /* lo 2 KiB on from where its buffer starts: a row's hi and lo codes in other L1 sets than each other */
         a->lo_buffer = alloc_or_dummy(values + LO_SHIFT);
@@ -94,7 +95,7 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
 
 void tm_qx_free(tm_qx *a) {
     free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
-    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo);
+    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo); free(a->claims);
     memset(a, 0, sizeof *a);
 }
 
@@ -149,7 +150,7 @@ static inline float block_amax(const float *xb) {
 }
 #endif
 
-/* x [m, k] -> a (rows of codes tm_qx_stride(k) bytes apart). Called by every thread of a parallel region (the
+/* x [m, k] -> a (codes interleaved as tm_qx_code says). Called by every thread of a parallel region (the
  * blocks are shared out; the loop's end waits for all), or outside one (one thread does all). The first pass's
  * codes are the same with one pass or two. */
 void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
@@ -157,11 +158,17 @@ void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, cons
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < m * nb; ++tb) {
         const float *xb = x + tb * QK;
-        const int64_t codes_at = tb / nb * tm_qx_stride(k) + tb % nb * QK;
+
         const float amax = block_amax(xb);
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
-        quantize_block(xb, inv, passes, a->hi + codes_at, passes == 2 ? a->lo + codes_at : NULL, sum_hi, sum_lo);
+        int8_t hi[QK], lo[QK];
+        quantize_block(xb, inv, passes, hi, lo, sum_hi, sum_lo);
+        for (int w = 0; w < QK / 4; ++w) { /* the block's 8 words to their places among the group's rows */
+            const int64_t at = tm_qx_code(k, tb / nb, tb % nb * QK + 4 * w);
+            memcpy(a->hi + at, hi + 4 * w, 4);
+            if (passes == 2) memcpy(a->lo + at, lo + 4 * w, 4);
+        }
         const int32_t total_hi = sum_hi[0] + sum_hi[1], total_lo = sum_lo[0] + sum_lo[1];
         a->scale[tb] = amax / 127.0f;
         a->sum[tb] = amax / 127.0f * ((float)(total_hi * (int32_t)LO_STEPS + total_lo) / LO_STEPS);
@@ -266,9 +273,16 @@ ALWAYS __m512i codes16(const int T, const int R, const uint8_t *qs, const uint8_
     return w;
 }
 
+/* Q6_K's two passes combine as 254 * hi + lo in integer shifts and additions (exact: |254 * hi| < 2^24 per half
+ * block), one conversion per half: on Zen 4 multiplies take the dot instruction's ports, shifts and additions do
+ * not. With Q6_K's two halves per block that saved 2 of its 6 float multiplies per row and block: 512 rows, two
+ * passes, +24% (the other types, one half each, measured 2% slower with it: they keep the float form) */
+ALWAYS int integer_passes(const int T, const int P) { return P == 2 && T == TM_Q6_K; }
+
 /* block b of chunk c (of the unit whose scales are at sc): s0 = the 16 rows' weight scales (Q6_K: of the block's
- * first 16 inputs), s1 = their minimums (Q4_1, Q5_1, K-quants) or, for Q6_K, the scales of its last 16 inputs */
-ALWAYS void scales16(const int T, const uint8_t *sc, const int c, const int b, __m512 *s0, __m512 *s1) {
+ * first 16 inputs), s1 = their minimums (Q4_1, Q5_1, K-quants) or, for Q6_K, the scales of its last 16 inputs.
+ * Q6_K's with two passes are / 254 (block_dot16) */
+ALWAYS void scales16(const int T, const int P, const uint8_t *sc, const int c, const int b, __m512 *s0, __m512 *s1) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)sc));
     const int block = block_of(T, c, b);
     *s0 = d;
@@ -287,16 +301,30 @@ ALWAYS void scales16(const int T, const uint8_t *sc, const int c, const int b, _
         *s0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s_a)));
         *s1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(s_b)));
     }
+    if (integer_passes(T, P)) {
+        *s0 = _mm512_mul_ps(*s0, _mm512_set1_ps(1.0f / LO_STEPS));
+        *s1 = _mm512_mul_ps(*s1, _mm512_set1_ps(1.0f / LO_STEPS));
+    }
     OPAQUE_VECTOR(*s0);
     OPAQUE_VECTOR(*s1);
 }
 
-/* the block's dot of one row as a float: the integer sums of the passes, their code offsets taken off */
-ALWAYS __m512 block_dot16(const int P, __m512i hi, __m512i lo, int32_t off_hi, int32_t off_lo) {
-    if (off_hi | off_lo) {
-        hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(off_hi));
-        if (P == 2) lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(off_lo));
+/* log2 of code_offset (all powers of 2), for the vector paths' shifts */
+ALWAYS int code_offset_shift(const int T) { return T == TM_Q4_0 ? 3 : T == TM_Q5_0 ? 4 : T == TM_Q8_0 ? 7 : 0; }
+
+/* the block's dot of one row as a float: the integer sums of the passes, their code offsets taken off (with
+ * integer_passes: 254 times that, scales16 divides the weight scales by 254). The offsets are the activation codes'
+ * sums (sum_hi, sum_lo: the row and block's) broadcast from memory and shifted: no branch and no scalar product
+ * moved into a vector per row and block (Q8_0, 8 rows: that was an imul, vmovd, vpbroadcastd and a branch) */
+ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, const int32_t *sum_hi,
+                          const int32_t *sum_lo) {
+    if (code_offset(T)) {
+        hi = _mm512_sub_epi32(hi, _mm512_slli_epi32(_mm512_set1_epi32(*sum_hi), code_offset_shift(T)));
+        if (P == 2) lo = _mm512_sub_epi32(lo, _mm512_slli_epi32(_mm512_set1_epi32(*sum_lo), code_offset_shift(T)));
     }
+    if (integer_passes(T, P)) /* 254 hi + lo = 256 hi - 2 hi + lo */
+        return _mm512_cvtepi32_ps(
+            _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(hi, 8), _mm512_slli_epi32(hi, 1)), lo));
     const __m512 h = _mm512_cvtepi32_ps(hi);
     return P == 2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(1.0f / LO_STEPS), h) : h;
 }
@@ -308,7 +336,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
     const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
     /* chains per row and pass: Q6_K's two halves of a block have their own scales; else two with few rows */
     const int halves = T == TM_Q6_K, split = !halves && R <= SPLIT_ROWS;
-    const int64_t off = code_offset(T);
+    const int64_t codes0 = tm_qx_code(k, r0, 0); /* the tile's rows are in r0's group of QX_ROWS (run_tile) */
     __m512 acc[MAX_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -323,7 +351,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
             for (int b = 0; b < CB; ++b) {
                 const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
                 __m512 s0, s1;
-                scales16(T, scu, c, b, &s0, &s1);
+                scales16(T, P, scu, c, b, &s0, &s1);
                 __m512i hi[MAX_ROWS][2], lo[MAX_ROWS][2];
 #pragma GCC unroll 8
                 for (int r = 0; r < R; ++r) {
@@ -341,7 +369,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     const int chain = halves ? t >> 2 : (split ? t & 1 : 0);
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
-                        const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
+                        const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
                         hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
                         if (P == 2)
                             lo[r][chain] =
@@ -354,15 +382,14 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     const __m512 xs = _mm512_set1_ps(a->scale[tb]);
                     if (halves) { /* (dot_a * s_a + dot_b * s_b) * xs */
                         __m512 dot[2];
-                        for (int h = 0; h < 2; ++h) dot[h] = block_dot16(P, hi[r][h], lo[r][h], 0, 0);
+                        for (int h = 0; h < 2; ++h) dot[h] = block_dot16(T, P, hi[r][h], lo[r][h], NULL, NULL);
                         const __m512 both = _mm512_fmadd_ps(dot[1], s1, _mm512_mul_ps(dot[0], s0));
                         acc[r] = _mm512_fmadd_ps(both, xs, acc[r]);
                         continue;
                     }
                     const __m512i hs = split ? _mm512_add_epi32(hi[r][0], hi[r][1]) : hi[r][0];
                     const __m512i ls = split ? _mm512_add_epi32(lo[r][0], lo[r][1]) : lo[r][0];
-                    const int32_t oh = (int32_t)off * a->sum_hi[tb], ol = P == 2 ? (int32_t)off * a->sum_lo[tb] : 0;
-                    const __m512 dot = block_dot16(P, hs, ls, oh, ol);
+                    const __m512 dot = block_dot16(T, P, hs, ls, a->sum_hi + tb, P == 2 ? a->sum_lo + tb : NULL);
                     acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s0, xs), acc[r]);
                     if (T == TM_Q4_1 || T == TM_Q5_1) acc[r] = _mm512_fmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
                     if (T == TM_Q4_K || T == TM_Q5_K) acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(a->sum[tb]), acc[r]);
@@ -481,7 +508,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         const __m256i w_abs = T == TM_Q8_0 ? _mm256_abs_epi8(w) : w;
                         const int chain = halves ? t >> 2 : 0;
                         for (int r = 0; r < R; ++r) {
-                            const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK + 4 * t;
+                            const int64_t at = tm_qx_code(k, r0 + r, block * QK + 4 * t);
                             __m256i xh = _mm256_set1_epi32(four_codes(a->hi + at)), xl = _mm256_setzero_si256();
                             if (P == 2) xl = _mm256_set1_epi32(four_codes(a->lo + at));
                             if (T == TM_Q8_0) {
@@ -571,8 +598,12 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                         for (int i = 0; i < 4; ++i) codes[j][4 * t + i] = (int8_t)code_at(T, qsu, qhu, c, b, t, j, i);
                 for (int r = 0; r < R; ++r) {
                     const int64_t tb = (r0 + r) * nb + block;
-                    const int64_t at = (r0 + r) * tm_qx_stride(k) + block * QK;
-                    const int8_t *xh = a->hi + at, *xl = P == 2 ? a->lo + at : NULL;
+                    int8_t xh[QK], xl[QK]; /* the row's codes of the block, in order */
+                    for (int i = 0; i < QK; i += 4) {
+                        const int64_t at = tm_qx_code(k, r0 + r, block * QK + i);
+                        memcpy(xh + i, a->hi + at, 4);
+                        if (P == 2) memcpy(xl + i, a->lo + at, 4);
+                    }
                     const float xs = a->scale[tb];
                     for (int j = 0; j < GROUP; ++j) {
                         int32_t dh[2] = {0, 0}, dl[2] = {0, 0}; /* Q6_K: per half of the block */
@@ -668,37 +699,75 @@ static void run_tile(const tm_part *p, int64_t g, const tm_qx *a, int64_t r0, in
     TILES[type_index(p->type)][passes - 1][rows - 1](a, r0, p->k, qs, qh, sc, y, ldy);
 }
 
-/* rows per block of prompt rows: a multiple of MAX_ROWS whose quantized activations fit in ROW_BLOCK_BYTES */
+/* Rows per tile of prompt rows (a divisor of QX_ROWS: tiles stay within groups of QX_ROWS rows). Q6_K's two
+ * chains per row and pass (its 16-value halves) with 8 rows spill accumulators (189 spills per chunk with two
+ * passes): 4 rows with two passes measured +9% against 8 (512 rows [2048, 8192], one thread, CPU time, medians of
+ * 5 alternating runs; with one pass 6 rows measured +4%, 4 rows +2%: within the noise, kept at 8). */
+static int64_t tile_rows(int64_t type, int64_t passes) {
+#if MAX_ROWS == 8
+    if (type == TM_Q6_K && passes == 2) return 4;
+#endif
+    (void)type, (void)passes;
+    return MAX_ROWS;
+}
+
+/* rows per block of prompt rows: a multiple of QX_ROWS whose quantized activations fit in ROW_BLOCK_BYTES */
 static int64_t row_block(int64_t m, int64_t k, int64_t passes) {
-    int64_t rows = ROW_BLOCK_BYTES / (k * passes) / MAX_ROWS * MAX_ROWS;
-    rows = rows < MAX_ROWS ? MAX_ROWS : rows;
+    int64_t rows = ROW_BLOCK_BYTES / (k * passes) / QX_ROWS * QX_ROWS; /* whole groups of codes (tm_qx_code) */
+    rows = rows < QX_ROWS ? QX_ROWS : rows;
     return rows < m ? rows : m;
 }
 
-/* The groups of all parts, in order, are shared out to the threads as contiguous runs of about equal bytes; each
- * thread takes its groups for every block of rows (a row's output does not depend on which thread computes it). */
-void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y) {
-    const int64_t ldy = tm_weight_n(w), k = w->parts[0].k;
+/* Decode rows (m <= MAX_ROWS): the groups of all parts, in order, are shared out to the threads as contiguous runs
+ * of about equal bytes (each thread streams one run from memory; the prefetches stay within it). */
+static void matmul_runs(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y, int64_t ldy) {
     const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
     int64_t total = 0;
     for (int64_t p = 0; p < w->n_parts; ++p) total += w->parts[p].n / GROUP * tm_group_bytes(&w->parts[p]);
-    const int64_t rb = row_block(m, k, passes);
-    for (int64_t rb0 = 0; rb0 < m; rb0 += rb) {
-        const int64_t rb1 = rb0 + rb < m ? rb0 + rb : m;
-        int64_t before = 0, col = 0; /* bytes of the groups before this one; its first output */
-        for (int64_t pi = 0; pi < w->n_parts; ++pi) {
-            const tm_part *p = &w->parts[pi];
-            const int64_t group_bytes = tm_group_bytes(p);
-            for (int64_t g = 0; g < p->n / GROUP; ++g, before += group_bytes, col += GROUP) {
-                /* the thread whose share holds the group's middle byte */
-                if ((before + group_bytes / 2) * threads / total != thread) continue;
-                for (int64_t r0 = rb0; r0 < rb1; r0 += MAX_ROWS) {
-                    const int rows = (int)(rb1 - r0 < MAX_ROWS ? rb1 - r0 : MAX_ROWS);
-                    run_tile(p, g, a, r0, rows, passes, y + col, ldy);
-                }
-            }
-        }
+    int64_t before = 0, col = 0; /* bytes of the groups before this one; its first output */
+    for (int64_t pi = 0; pi < w->n_parts; ++pi) {
+        const tm_part *p = &w->parts[pi];
+        const int64_t group_bytes = tm_group_bytes(p);
+        for (int64_t g = 0; g < p->n / GROUP; ++g, before += group_bytes, col += GROUP)
+            if ((before + group_bytes / 2) * threads / total == thread) /* the share that holds its middle byte */
+                run_tile(p, g, a, 0, (int)m, passes, y + col, ldy);
     }
+}
+
+/* Prompt rows: work items of one block of rows (row_block) times one group, taken from a counter that the region's
+ * threads share, block after block: a thread that runs slower or later (a machine shared with other work: a static
+ * split waited for the descheduled thread's half; Q6_K's groups cost more per byte than Q4_K's) leaves its items to
+ * the others. The last thread out resets the counter, before the barrier that ends tm_weight_matmul. */
+static void matmul_claimed(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y, int64_t ldy) {
+    const int64_t k = w->parts[0].k, rb = row_block(m, k, passes);
+    int64_t groups = 0;
+    for (int64_t p = 0; p < w->n_parts; ++p) groups += w->parts[p].n / GROUP;
+    const int64_t items = (m + rb - 1) / rb * groups;
+    for (int64_t item; (item = __atomic_fetch_add(&a->claims[0], 1, __ATOMIC_RELAXED)) < items;) {
+        const int64_t rb0 = item / groups * rb, rb1 = rb0 + rb < m ? rb0 + rb : m;
+        int64_t g = item % groups, pi = 0, col = 0;
+        for (; g >= w->parts[pi].n / GROUP; ++pi) { /* the part and group of the item, its first output */
+            g -= w->parts[pi].n / GROUP;
+            col += w->parts[pi].n;
+        }
+        col += g * GROUP;
+        const int64_t tr = tile_rows(w->parts[pi].type, passes);
+        for (int64_t r0 = rb0; r0 < rb1; r0 += tr)
+            run_tile(&w->parts[pi], g, a, r0, (int)(rb1 - r0 < tr ? rb1 - r0 : tr), passes, y + col, ldy);
+    }
+    if (__atomic_add_fetch(&a->claims[1], 1, __ATOMIC_ACQ_REL) == omp_get_num_threads()) {
+        a->claims[0] = 0; /* every thread has taken its last item: none reads the counter until the barrier */
+        a->claims[1] = 0;
+    }
+}
+
+/* Called by every thread of a parallel region (or outside one); a row's output does not depend on which thread
+ * computes it. */
+void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y) {
+    if (m <= MAX_ROWS)
+        matmul_runs(a, m, passes, w, y, tm_weight_n(w));
+    else
+        matmul_claimed(a, m, passes, w, y, tm_weight_n(w));
 #pragma omp barrier
 }
 
