@@ -153,9 +153,9 @@ def main() -> None:
     kernels: dict[str, dict[str, list[float]]] = {}
     layer = model.layers[0]
     weights = {
-        "qkv": layer.self_attn.qkv_proj.packed,
-        "gate_up": layer.mlp.gate_up_proj.packed,
-        "down": layer.mlp.down_proj.packed,
+        "qkv": layer.self_attn.qkv_proj,
+        "gate_up": layer.mlp.gate_up_proj,
+        "down": layer.mlp.down_proj,
         "head": model.lm_head,
     }
     rows = [1, 2, 3, 4, 5, 6, 8]

@@ -58,9 +58,8 @@ def _bias_pointer(bias: torch.Tensor | None) -> int | None:
     return bias.data_ptr()
 
 
-def _packed(layer: torch.nn.Module) -> Weight:
-    """The native weight of a projection (a NativeLinear, or a module holding one as `packed`)."""
-    q = getattr(layer, "packed", layer)
+def _packed(q: torch.nn.Module) -> Weight:
+    """The native weight of a projection (a NativeLinear)."""
     if not isinstance(q, NativeLinear):
         raise ValueError("the native decoder needs projections with native weights (NativeLinear)")
     if any(rows % NATIVE_GROUP for rows in q.part_rows):
@@ -116,7 +115,7 @@ class NativeLlamaDecoder:
     @property
     def passes(self) -> int:
         """The int8 activation passes of the projections' products: the torch path's (NativeLinear.passes)."""
-        return getattr(self._first_projection, "packed", self._first_projection).passes
+        return self._first_projection.passes
 
     def bind_kv_cache(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Record every layer's weights and cache tensors in the table the native code walks."""

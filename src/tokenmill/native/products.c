@@ -206,13 +206,14 @@ ALWAYS int block_of(const int T, const int c, const int b) {
 
 /* Where step t (inputs 4t .. 4t + 3) of block b of chunk c finds its codes: the word of the codes plane, whether
  * in the high nibbles, the word of the highs plane and the bit of each byte that holds the 5th bit (Q5_x; Q6_K:
- * the first of its 2 high bits). */
+ * the first of its 2 high bits); the vector kernels shift the highs by chunk_shift (the part of high_bit that
+ * varies with the chunk, a variable count) first, then by high_bit - chunk_shift (a constant once unrolled). */
 typedef struct {
-    int word, high_nibble, high_word, high_bit;
+    int word, high_nibble, high_word, high_bit, chunk_shift;
 } code_site;
 
 ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
-    code_site s = {t, 0, 0, 0};
+    code_site s = {t, 0, 0, 0, 0};
     switch (T) {
     case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: /* codes 0..15 low nibbles, 16..31 high; 5th bit t */
         s.word = t & 3;
@@ -223,7 +224,8 @@ ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
         s.word = 8 * c + t;
         s.high_nibble = b;
         s.high_word = t;
-        s.high_bit = 2 * c + b; /* not a constant: the kernels shift by 2c first, then by b */
+        s.high_bit = 2 * c + b;
+        s.chunk_shift = 2 * c;
         break;
     case TM_Q6_K: /* quarter q of half h (block 4h + q): low nibbles of the half's words 0..7 (q = 0) or 8..15 (q = 1),
                    * high nibbles of the same (q = 2, 3); high bits 2q, 2q + 1 of the half's qh words 0..7. Chunk c:
@@ -231,7 +233,8 @@ ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
         s.word = 16 * (c >> 1) + 8 * (c & 1) + t;
         s.high_nibble = b;
         s.high_word = 8 * (c >> 1) + t;
-        s.high_bit = 2 * (c & 1) + 4 * b; /* the kernels shift by 2 (c & 1) first, then by 4b */
+        s.high_bit = 2 * (c & 1) + 4 * b;
+        s.chunk_shift = 2 * (c & 1);
         break;
     }
     return s;
@@ -256,15 +259,8 @@ ALWAYS __m512i codes16(const int T, const int R, const uint8_t *qs, const uint8_
         if (R <= PREFETCH_ROWS && (s.word & 1) == 0) /* the highs plane: half or a quarter of the codes' bytes */
             PREFETCH(qh + s.high_word * 64 + PREFETCH_BYTES * tm_qh_bytes(T) / tm_qs_bytes(T));
         __m512i h = _mm512_loadu_si512((const void *)(qh + s.high_word * 64));
-        int bit = s.high_bit;
-        if (T == TM_Q5_K) { /* bit 2c + b: the chunk's part of the shift first (a variable count) */
-            h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * c));
-            bit = b;
-        }
-        if (T == TM_Q6_K) {
-            h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * (c & 1)));
-            bit = 4 * b;
-        }
+        if (T == TM_Q5_K || T == TM_Q6_K) h = _mm512_srl_epi16(h, _mm_cvtsi32_si128(s.chunk_shift));
+        const int bit = s.high_bit - s.chunk_shift;
         /* the bit (bits) to bit 4 of each byte; what crosses from the next byte lands outside the mask */
         h = bit <= 4 ? _mm512_slli_epi16(h, 4 - bit) : _mm512_srli_epi16(h, bit - 4);
         const __m512i mask = _mm512_set1_epi8(T == TM_Q6_K ? 0x30 : 0x10);
@@ -417,15 +413,8 @@ ALWAYS __m256i codes8(const int T, const uint8_t *qs, const uint8_t *qh, const i
         if (half == 0 && (s.word & 1) == 0)
             PREFETCH(qh + s.high_word * 64 + PREFETCH_BYTES * tm_qh_bytes(T) / tm_qs_bytes(T));
         __m256i h = _mm256_loadu_si256((const void *)(qh + s.high_word * 64 + half * 32));
-        int bit = s.high_bit;
-        if (T == TM_Q5_K) {
-            h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * c));
-            bit = b;
-        }
-        if (T == TM_Q6_K) {
-            h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * (c & 1)));
-            bit = 4 * b;
-        }
+        if (T == TM_Q5_K || T == TM_Q6_K) h = _mm256_srl_epi16(h, _mm_cvtsi32_si128(s.chunk_shift));
+        const int bit = s.high_bit - s.chunk_shift;
         h = bit <= 4 ? _mm256_slli_epi16(h, 4 - bit) : _mm256_srli_epi16(h, bit - 4);
         w = _mm256_or_si256(w, _mm256_and_si256(h, _mm256_set1_epi8(T == TM_Q6_K ? 0x30 : 0x10)));
     }
