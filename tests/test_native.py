@@ -15,6 +15,8 @@ from tests.gguf_builder import TinyLlama, random_blocks, write_tiny_llama
 from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 (tokenizer_files: a fixture)
 from tests.test_quantized import q4_1_grid_weight
 from tokenmill import native
+from tokenmill.config import EngineConfig
+from tokenmill.errors import InvalidParameterError
 from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.layers.quantized_linear import NativeLinear
 from tokenmill.loader.gguf_file import GGUFFile
@@ -42,7 +44,7 @@ def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> 
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", kernel_tests]
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
-    assert "17 passed" in out.stdout, out.stdout[-500:]
+    assert "21 passed" in out.stdout, out.stdout[-500:]
 
 
 def two_pass_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,13 +120,59 @@ def test_q8_head_computes_with_two_pass_int8_activations(rows: int, out_features
     assert_two_pass_int8_product(out, x, w)
 
 
-def test_native_decode_step_matches_the_torch_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16", "bfloat16"])
+def test_native_decode_step_matches_the_torch_path(tmp_path: Path, kv_cache_dtype: str) -> None:
+    """Also with 16-bit caches, which the native attention reads and the torch path gathers."""
     model = TinyLlama(seed=11, tie_embeddings=True)
     path = write_tiny_llama(tmp_path / "tiny.gguf", model)
-    runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4")
+    runner = ModelRunner(
+        GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4", kv_cache_dtype=kv_cache_dtype
+    )
     runner.allocate_kv_cache(64)
     assert runner.native_decoder is not None
+    assert runner.kv_caches[0][0].dtype == getattr(torch, kv_cache_dtype)
     assert_decode_steps_match_the_torch_path(runner, model.vocab_size)
+
+
+def test_a_16_bit_kv_cache_takes_half_the_bytes(tmp_path: Path) -> None:
+    """The pool's bytes (its tensors' storage) per dtype: float16 and bfloat16 half of float32's, `auto` float16
+    under the native decoder and the model's float32 without it; an unknown dtype is refused by name."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf", TinyLlama(seed=11, tie_embeddings=True))
+    pools = {}
+    for quantization, kv_cache_dtype in [("int4", "float32"), ("int4", "float16"), ("int4", "bfloat16"),
+                                         ("int4", "auto"), (None, "auto")]:  # fmt: skip
+        runner = ModelRunner(
+            GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization, kv_cache_dtype=kv_cache_dtype
+        )
+        runner.allocate_kv_cache(64)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for kv in runner.kv_caches for t in kv}
+        assert sum(storages.values()) == 64 * runner.kv_bytes_per_block()
+        pools[quantization, kv_cache_dtype] = (runner.kv_dtype, sum(storages.values()))
+    full = pools["int4", "float32"][1]
+    assert pools["int4", "float16"] == (torch.float16, full // 2)
+    assert pools["int4", "bfloat16"] == (torch.bfloat16, full // 2)
+    assert pools["int4", "auto"] == (torch.float16, full // 2)
+    assert pools[None, "auto"] == (torch.float32, full)
+    with pytest.raises(InvalidParameterError, match="kv_cache_dtype must be one of auto, float32, float16") as e:
+        EngineConfig(kv_cache_dtype="int8")
+    assert e.value.param == "kv_cache_dtype"
+
+
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float16, torch.bfloat16])
+def test_decode_step_kv_elements_round_as_torch_does(kv_cache_dtype: torch.dtype) -> None:
+    """The native decoder's K/V writes give torch's bits (round to nearest even): a prompt token's K/V (written by
+    the torch path) and a generated one's (native) are the same numbers. Ties, subnormals, the largest half
+    (65504) and what rounds past it, zeros and random values over a wide range; 1,003 values: the vector path's
+    blocks and the scalar tail."""
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(1003, generator=g) * torch.logspace(-9, 6, 1003)
+    edges = [0.0, -0.0, 65504.0, 65519.99, 65520.0, -70000.0, 1 + 2**-11, 1 + 3 * 2**-11, 2**-25, 3 * 2**-25, 2**-24]
+    edges += [2**-14 - 2**-25, 1 + 2**-8, 1 + 3 * 2**-8, 3.0e38, -1.0e-40]
+    values[: len(edges)] = torch.tensor(edges)
+    out = torch.empty(values.shape, dtype=kv_cache_dtype)
+    code = {torch.float16: 1, torch.bfloat16: 2}[kv_cache_dtype]
+    assert lib.tm_kv_store(out.data_ptr(), values.data_ptr(), values.numel(), code) == 0
+    assert torch.equal(out.view(torch.int16), values.to(kv_cache_dtype).view(torch.int16))
 
 
 def assert_decode_steps_match_the_torch_path(
@@ -145,7 +193,9 @@ def assert_decode_steps_match_the_torch_path(
     runner.native_decoder = decoder
     # the same kernels for the projections; attention and norms sum in other orders, and a last-bit difference
     # can move an activation across a rounding boundary of its int8 quantization (one step: 1/64,516 of the block)
-    assert torch.allclose(native_logits, torch_logits, rtol=1e-3, atol=1e-3)
+    # or the step's own K/V across one of a 16-bit cache (a float16 step is 2^-11 of the value, bfloat16's 2^-8)
+    tolerance = {torch.float32: 1e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2}[runner.kv_dtype]
+    assert torch.allclose(native_logits, torch_logits, rtol=tolerance, atol=tolerance)
     # batch invariance: each sequence's logits are the same bits alone as beside the others (and in any order)
     for i, chunk in enumerate(step):
         assert torch.equal(runner.execute([chunk]).last_logits[0], native_logits[i])

@@ -7,6 +7,7 @@ from typing import Any
 from tokenmill.errors import InvalidParameterError
 from tokenmill.spec_decode.config import SpeculativeConfig
 
+KV_CACHE_DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16")  # runner/kv_cache.py resolves them
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2}
 _UNITS.update({"g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4})
 
@@ -35,6 +36,9 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int | None = None  # explicit cache size in blocks (wins over kv_cache_memory)
     kv_cache_memory: str | int | None = None  # e.g. "1GiB"; default: a share of free memory (see kv_cache.py)
+    # the KV cache's element type: "auto" (float16 under the native decoder, else the model's), "float32",
+    # "float16" or "bfloat16" (runner/kv_cache.py)
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_seqs: int = 64  # sequences in one step
     max_num_batched_tokens: int = 512  # tokens in one step (prefill chunks + decodes)
@@ -57,6 +61,11 @@ class EngineConfig:
                 _positive_int(name, getattr(self, name))
         if self.kv_cache_memory is not None:
             parse_memory(self.kv_cache_memory)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
+            raise InvalidParameterError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, got {self.kv_cache_dtype!r}",
+                "kv_cache_dtype",
+            )
         timeout = self.collective_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidParameterError(

@@ -40,11 +40,21 @@ class RankSpec:
     device: str | None
     tensor_parallel_size: int
     collective_timeout_s: float
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def for_engine(cls, model: str | None, dtype: str, quantization: str | None, config: EngineConfig) -> "RankSpec":
         c = config
-        return cls(model, dtype, quantization, c.block_size, c.device, c.tensor_parallel_size, c.collective_timeout_s)
+        return cls(
+            model,
+            dtype,
+            quantization,
+            c.block_size,
+            c.device,
+            c.tensor_parallel_size,
+            c.collective_timeout_s,
+            c.kv_cache_dtype,
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -56,6 +56,10 @@ class TensorParallelRunner:
     def dtype(self) -> torch.dtype:
         return self.runner.dtype
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.runner.kv_dtype
+
     def kv_bytes_per_block(self) -> int:
         """Rank 0's part (its KV heads); every rank holds the same number of blocks."""
         return self.runner.kv_bytes_per_block()

@@ -64,7 +64,15 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
     plan = ShardPlan.for_rank(model_config_from_source(gguf), group.rank, group.world_size)
     # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)
     quantization = None if spec.quantization == "auto" and device.type != "cpu" else spec.quantization
-    return ModelRunner(gguf, parse_dtype(spec.dtype), device, spec.block_size, quantization, (plan, group))
+    return ModelRunner(
+        gguf,
+        parse_dtype(spec.dtype),
+        device,
+        spec.block_size,
+        quantization,
+        (plan, group),
+        kv_cache_dtype=spec.kv_cache_dtype,
+    )
 
 
 def load_and_report(spec: RankSpec, group: ParallelGroup) -> ModelRunner | None:

@@ -105,13 +105,25 @@ class LLMEngine:
             self.runner = start_tensor_parallel(self._rank_spec(path, dtype))
             self.device = self.runner.device
         else:
-            self.runner = ModelRunner(gguf, parse_dtype(dtype), self.device, self.config.block_size, quantization)
+            self.runner = ModelRunner(
+                gguf,
+                parse_dtype(dtype),
+                self.device,
+                self.config.block_size,
+                quantization,
+                kv_cache_dtype=self.config.kv_cache_dtype,
+            )
         self.model_config = self.runner.model_config
         self.drafter: DraftModelProposer | None = None
         if draft_source is not None:
             try:
                 self.drafter = DraftModelProposer(
-                    draft_source, spec, parse_dtype(dtype), self.device, self.config.block_size
+                    draft_source,
+                    spec,
+                    parse_dtype(dtype),
+                    self.device,
+                    self.config.block_size,
+                    self.config.kv_cache_dtype,
                 )
             except BaseException:
                 self.close()

@@ -7,6 +7,7 @@ import sys
 import time
 
 from tokenmill import __version__
+from tokenmill.config import KV_CACHE_DTYPE_NAMES
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
@@ -46,6 +47,12 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
         default=None,
         help="KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, at most a quarter of available "
         "memory; 70%% of free GPU memory on CUDA)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPE_NAMES,
+        default=None,
+        help="the KV cache's element type (default auto: float16 under the native CPU decoder, else the model's)",
     )
     g.add_argument(
         "--enable-prefix-caching",
@@ -101,6 +108,7 @@ ENGINE_OPTIONS = (
     "block_size",
     "num_kv_blocks",
     "kv_cache_memory",
+    "kv_cache_dtype",
     "enable_prefix_caching",
     "max_num_seqs",
     "max_num_batched_tokens",

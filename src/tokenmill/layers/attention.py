@@ -55,17 +55,24 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KVH, D]; caches [num_slots, KVH, D] (written in place) -> output [T, H, D]."""
+    """q [T, H, D], k/v [T, KVH, D]; caches [num_slots, KVH, D] (written in place) -> output [T, H, D].
+
+    Caches of another element type than q (16-bit K/V in a float32 model) hold k and v rounded to it; the new
+    tokens' own k and v are rounded the same way before they are attended to, so a position's attention sees the
+    same keys whether they came from this step or from the cache (a prompt's bits do not depend on its chunking)."""
+    if k_cache.dtype != k.dtype:
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    k, v = k.to(q.dtype), v.to(q.dtype)  # no copy when the cache has q's type
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = k.shape[1]
     outputs = []
     d = meta.decode
     if d is not None:
         q_dec = q[d.token_start : d.token_start + d.num_seqs].unsqueeze(2)  # [S, H, 1, D]
-        keys = k_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim)
-        values = v_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim)
+        keys = k_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim).to(q.dtype)
+        values = v_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim).to(q.dtype)
         out = F.scaled_dot_product_attention(
             q_dec, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=d.mask, scale=scale, enable_gqa=True
         )  # [S, H, 1, D]
@@ -76,8 +83,8 @@ def paged_attention(
             keys = k[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)  # [1, KVH, q_len, D]
             values = v[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
         else:
-            keys = k_cache.index_select(0, chunk.kv_index).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
-            values = v_cache.index_select(0, chunk.kv_index).transpose(0, 1).unsqueeze(0)
+            keys = k_cache.index_select(0, chunk.kv_index).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
+            values = v_cache.index_select(0, chunk.kv_index).to(q.dtype).transpose(0, 1).unsqueeze(0)
         out = _causal_in_query_blocks(q_c, keys, values, chunk.mask, scale)  # [1, H, q_len, D]
         outputs.append(out[0].transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -39,10 +39,13 @@ class LlamaLayer(ctypes.Structure):
         ("window", ctypes.c_int64),
         ("local_rope", ctypes.c_int64),
         ("qkv_bias", ctypes.c_void_p),
+        ("kv_dtype", ctypes.c_int64),
     ]
 
 
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
+# kv_elements.h's TM_KV_F32, TM_KV_F16, TM_KV_BF16: the caches' element types the native attention reads
+KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def _pointer(norm: torch.nn.Module | None) -> int | None:
@@ -56,6 +59,13 @@ def _bias_pointer(bias: torch.Tensor | None) -> int | None:
     if bias.dtype != torch.float32 or not bias.is_contiguous():
         raise ValueError("the native decoder needs float32 contiguous Q/K/V biases")
     return bias.data_ptr()
+
+
+def _kv_dtype_code(k: torch.Tensor, v: torch.Tensor) -> int:
+    """A layer's caches, contiguous and of one of the element types the native attention reads."""
+    if k.dtype != v.dtype or k.dtype not in KV_DTYPE_CODES or not (k.is_contiguous() and v.is_contiguous()):
+        raise ValueError(f"the native decoder reads contiguous float32/float16/bfloat16 caches, not {k.dtype}")
+    return KV_DTYPE_CODES[k.dtype]
 
 
 def _packed(q: torch.nn.Module) -> Weight:
@@ -140,6 +150,7 @@ class NativeLlamaDecoder:
                     c.sliding_window if attn.local else 0,
                     int(attn.local and self.model.local_rotary is not self.model.rotary),
                     _bias_pointer(attn.qkv_bias),
+                    _kv_dtype_code(k, v),
                 )
             )
         self.table = (LlamaLayer * len(rows))(*rows)

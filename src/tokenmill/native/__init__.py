@@ -6,7 +6,7 @@ products over them (integer dot products against int8 activations, one or two pa
 layers of a llama model for the tokens of a decode step (norms, projections, rope, the KV-cache write, attention
 over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; dequantize.c the
 Q4_1/Q8_0 dequantization used at load; shm_reduce.c the tensor-parallel sums over shared memory; kernels.h is
-what they share. The library is built
+what they share, kv_elements.h the KV cache's element types (float32, float16, bfloat16). The library is built
 with the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without
 a compiler tokenmill falls back to torch's kernels and says so once in the log.
 """
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 # every file the library is built from (all of them key the cache; the .c files are compiled)
 _SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("kernels.h", "repack.c", "products.c", "dequantize.c", "decoder.c", "shm_reduce.c")
+    for name in ("kernels.h", "kv_elements.h", "repack.c", "products.c", "dequantize.c", "decoder.c", "shm_reduce.c")
 ]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
@@ -136,6 +136,8 @@ def load() -> ctypes.CDLL | None:
     ]
     lib.tm_llama_decode.argtypes += [REDUCE_FN, p]
     lib.tm_llama_decode.restype = ctypes.c_int
+    lib.tm_kv_store.argtypes = [p, p, i64, i64]
+    lib.tm_kv_store.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         getattr(lib, name).restype = None

@@ -2,6 +2,7 @@
  * its weight types and parts), Q/K/V biases, rope, the KV-cache write, attention over the paged cache and the MLP,
  * one OpenMP parallel region per layer. */
 #include "kernels.h"
+#include "kv_elements.h"
 
 static void rms_norm(const float *x, const float *w, float eps, int64_t h, float *out) {
     float ss = 0.0f;
@@ -26,13 +27,14 @@ static void rope_head(float *x, const float *cos_full, const float *sin_signed, 
 typedef struct {
     const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
     tm_weight qkv, o, gate_up, down;             /* projections (gate_up: gate rows, then up rows) */
-    float *k_cache, *v_cache;                    /* [slots, kv_heads, dim] */
+    void *k_cache, *v_cache;                     /* [slots, kv_heads, dim] of kv_dtype (kv_elements.h) */
     /* what other architectures add (NULL / 0: llama's) */
     const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
     int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
     int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
     const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
+    int64_t kv_dtype;                            /* the caches' element type: TM_KV_F32, TM_KV_F16 or TM_KV_BF16 */
 } tm_llama_layer;
 
 enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation */
@@ -75,9 +77,10 @@ static inline __m512 sum_lanes16(__m512 v[16]) {
 }
 #endif
 
-/* scores[j] = scale * q . k_j for the n keys at k_base + slots[j] * stride (dim floats each) */
-static void qk_scores(const float *q, const float *k_base, int64_t stride, const int64_t *slots, int64_t n,
-                      int64_t dim, float scale, float *scores) {
+/* scores[j] = scale * q . k_j for the n keys at k_base + slots[j] * stride elements (dim each, of type T) */
+ALWAYS_INLINE void qk_scores_of(const float *q, const void *k_base, int64_t stride, const int64_t *slots, int64_t n,
+                                int64_t dim, float scale, float *scores, const int T) {
+    const int64_t element = tm_kv_element_bytes(T);
     int64_t j = 0;
 #if defined(__AVX512F__)
     if (dim % 16 == 0 && dim <= 256) {
@@ -88,8 +91,9 @@ static void qk_scores(const float *q, const float *k_base, int64_t stride, const
             for (int key = 0; key < 16; ++key) {
                 dots[key] = _mm512_setzero_ps();
                 if (j + key >= n) continue;
-                const float *k = k_base + slots[j + key] * stride;
-                for (int64_t i = 0; i < dim / 16; ++i) dots[key] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), dots[key]);
+                const char *k = (const char *)k_base + slots[j + key] * stride * element;
+                for (int64_t i = 0; i < dim / 16; ++i)
+                    dots[key] = _mm512_fmadd_ps(qv[i], kv_load16(k + 16 * i * element, T), dots[key]);
             }
             const __m512 sums = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
             _mm512_mask_storeu_ps(scores + j, n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1), sums);
@@ -98,17 +102,26 @@ static void qk_scores(const float *q, const float *k_base, int64_t stride, const
     }
 #endif
     for (; j < n; ++j) {
-        const float *k = k_base + slots[j] * stride;
+        const void *k = (const char *)k_base + slots[j] * stride * element;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < dim; ++i) dot += q[i] * k[i];
+        for (int64_t i = 0; i < dim; ++i) dot += q[i] * kv_get(k, i, T);
         scores[j] = dot * scale;
     }
 }
 
-/* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride; scores are overwritten */
-static void softmax_values(float *scores, const float *v_base, int64_t stride, const int64_t *slots, int64_t n,
-                           int64_t dim, float *out) {
+static void qk_scores(const float *q, const void *k_base, int64_t stride, const int64_t *slots, int64_t n,
+                      int64_t dim, float scale, float *scores, int64_t kv_dtype) {
+    if (kv_dtype == TM_KV_F16) qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_F16);
+    else if (kv_dtype == TM_KV_BF16) qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_BF16);
+    else qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_F32);
+}
+
+/* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride elements (of type T); scores are
+ * overwritten */
+ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t stride, const int64_t *slots,
+                                     int64_t n, int64_t dim, float *out, const int T) {
+    const int64_t element = tm_kv_element_bytes(T);
     float best = -FLT_MAX;
     for (int64_t j = 0; j < n; ++j) best = scores[j] > best ? scores[j] : best;
     float total = 0.0f;
@@ -124,8 +137,8 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
         for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_setzero_ps();
         for (int64_t j = 0; j < n; ++j) {
             const __m512 p = _mm512_set1_ps(scores[j]);
-            const float *v = v_base + slots[j] * stride;
-            for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * i), acc[i]);
+            const char *v = (const char *)v_base + slots[j] * stride * element;
+            for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_fmadd_ps(p, kv_load16(v + 16 * i * element, T), acc[i]);
         }
         for (int64_t i = 0; i < dim / 16; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(inv)));
         return;
@@ -134,12 +147,19 @@ static void softmax_values(float *scores, const float *v_base, int64_t stride, c
     for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
         const float p = scores[j];
-        const float *v = v_base + slots[j] * stride;
+        const void *v = (const char *)v_base + slots[j] * stride * element;
 #pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) out[i] += p * v[i];
+        for (int64_t i = 0; i < dim; ++i) out[i] += p * kv_get(v, i, T);
     }
 #pragma omp simd
     for (int64_t i = 0; i < dim; ++i) out[i] *= inv;
+}
+
+static void softmax_values(float *scores, const void *v_base, int64_t stride, const int64_t *slots, int64_t n,
+                           int64_t dim, float *out, int64_t kv_dtype) {
+    if (kv_dtype == TM_KV_F16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F16);
+    else if (kv_dtype == TM_KV_BF16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_BF16);
+    else softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F32);
 }
 
 /* Under tensor parallelism, the sum of a block's output over the ranks: the calling thread runs it while the
@@ -172,7 +192,8 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
                         void *reduce_ctx, const tm_scratch *s) {
     const tm_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
     const float *norm1 = layer->norm1, *norm2 = layer->norm2;
-    float *k_cache = layer->k_cache, *v_cache = layer->v_cache;
+    char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
+    const int64_t kv_dtype = layer->kv_dtype, element = tm_kv_element_bytes(kv_dtype);
     const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = tm_weight_n(gate_up) / 2;
     const int64_t qkv_n = tm_weight_n(qkv);
     float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
@@ -198,8 +219,8 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
             }
             for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
                 rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
-            memcpy(k_cache + slot_mapping[t] * kv_size, row + q_size, sizeof(float) * kv_size);
-            memcpy(v_cache + slot_mapping[t] * kv_size, row + q_size + kv_size, sizeof(float) * kv_size);
+            kv_store_row(k_cache + slot_mapping[t] * kv_size * element, row + q_size, kv_size, (int)kv_dtype);
+            kv_store_row(v_cache + slot_mapping[t] * kv_size * element, row + q_size + kv_size, kv_size, (int)kv_dtype);
         }
 #pragma omp for schedule(static)
         for (int64_t th = 0; th < m * heads; ++th) {
@@ -210,8 +231,9 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
             const float *q = qkv_out + t * qkv_n + hd * dim;
             float *sc = scores + th * max_ctx;
             const int64_t *slots = ctx_slots + t * max_ctx + skip;
-            qk_scores(q, k_cache + kvh * dim, kv_size, slots, n_ctx, dim, scale, sc);
-            softmax_values(sc, v_cache + kvh * dim, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim);
+            qk_scores(q, k_cache + kvh * dim * element, kv_size, slots, n_ctx, dim, scale, sc, kv_dtype);
+            softmax_values(sc, v_cache + kvh * dim * element, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim,
+                           kv_dtype);
         }
         project(attn, m, o, s, delta);
         if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
@@ -271,7 +293,7 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
         const tm_llama_layer *y = &layers[l];
         if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up))
             return -1;
-        if (tm_weight_check(&y->down)) return -1;
+        if (tm_weight_check(&y->down) || !tm_kv_dtype_ok(y->kv_dtype)) return -1;
         if (y->qkv.parts[0].k != h || tm_weight_n(&y->qkv) != qkv_n || y->o.parts[0].k != heads * dim ||
             tm_weight_n(&y->o) != h || y->gate_up.parts[0].k != h || tm_weight_n(&y->gate_up) != 2 * inter ||
             y->down.parts[0].k != inter || tm_weight_n(&y->down) != h)
@@ -298,4 +320,12 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
     free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
     tm_qx_free(&s.qx);
     return rc;
+}
+
+/* dst = src's n floats in the cache element type kv_dtype, as the decoder writes K and V (for the tests: torch's
+ * conversion gives the same bits). Returns 0, or -1 for an unknown type. */
+int tm_kv_store(void *dst, const float *src, int64_t n, int64_t kv_dtype) {
+    if (!tm_kv_dtype_ok(kv_dtype) || n < 0) return -1;
+    kv_store_row(dst, src, n, (int)kv_dtype);
+    return 0;
 }

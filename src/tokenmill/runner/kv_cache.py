@@ -1,5 +1,5 @@
-"""How many KV blocks to allocate: from an explicit count, a memory budget, or a default (on the CPU, 8,192 tokens
-within a quarter of available memory; on CUDA, a share of free GPU memory)."""
+"""The KV cache's element type, and how many KV blocks to allocate: from an explicit count, a memory budget, or a
+default (on the CPU, 8,192 tokens within a quarter of available memory; on CUDA, a share of free GPU memory)."""
 
 import logging
 
@@ -15,6 +15,18 @@ DEFAULT_CPU_SHARE = 0.25  # of available memory, at most
 # `tokenmill serve` stays under 1 GiB (benchmarks/README.md, "Reliability"). More with --kv-cache-memory.
 DEFAULT_CPU_CACHE_TOKENS = 8192
 DEFAULT_GPU_SHARE = 0.7  # of free GPU memory after the weights are loaded
+
+KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, native_decoder: bool) -> torch.dtype:
+    """`auto`: float16 where the native decoder reads the cache (it converts 16 values per instruction, and decode
+    reads half the bytes: faster, benchmarks/README.md "KV cache in 16 bits"), else the model's own dtype (torch's
+    attention would convert every gathered block first). float16 rather than bfloat16: 3 more mantissa bits, and
+    llama.cpp's default too."""
+    if name == "auto":
+        return torch.float16 if native_decoder else model_dtype
+    return KV_CACHE_DTYPES[name]
 
 
 def available_memory_bytes(device: torch.device) -> int:

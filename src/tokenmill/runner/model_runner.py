@@ -23,6 +23,7 @@ from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.model_source import ModelSource
 from tokenmill.model import ModelConfig, build_model
 from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.runner.kv_cache import resolve_kv_cache_dtype
 
 if TYPE_CHECKING:
     from tokenmill.distributed.group import ParallelGroup
@@ -72,14 +73,17 @@ class ModelRunner:
         block_size: int,
         quantization: str | None = None,
         parallel: "tuple[ShardPlan, ParallelGroup] | None" = None,
+        kv_cache_dtype: str = "auto",
     ):
-        """`parallel`: this process is one tensor-parallel rank and holds that shard of the model."""
+        """`parallel`: this process is one tensor-parallel rank and holds that shard of the model;
+        `kv_cache_dtype`: EngineConfig's (resolved by runner/kv_cache.py)."""
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
         self.model, self._model_config = build_model(gguf, dtype, device, quantization, parallel)
         self.config = self.model.config  # the part held here: sizes the KV cache
         self.native_decoder = self._native_decoder(quantization)
+        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype, self.native_decoder is not None)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.num_local_blocks = 0  # > 0: the sliding-window layers have their own pool of this many blocks
@@ -108,8 +112,7 @@ class ModelRunner:
 
     def kv_bytes_per_layer_block(self) -> int:
         c = self.config
-        element_bytes = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.block_size * c.num_kv_heads * c.head_dim * element_bytes
+        return 2 * self.block_size * c.num_kv_heads * c.head_dim * self.kv_dtype.itemsize
 
     @property
     def num_local_layers(self) -> int:
@@ -128,8 +131,8 @@ class ModelRunner:
             # Written once now (zeros), so the cache is resident memory from the start instead of growing block by
             # block under load (prefix caching cycles through every block). Masked-out padding reads slot 0: zeros,
             # never NaN (NaN * 0 is NaN).
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            k = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             return [(k[i], v[i]) for i in range(layers)]
 
         full_caches = iter(pool(c.num_layers - len(local), num_blocks))

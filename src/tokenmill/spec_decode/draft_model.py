@@ -90,13 +90,19 @@ def open_draft_model(spec: SpeculativeConfig, target: ModelSource, target_tokeni
 
 class DraftModelProposer:
     def __init__(
-        self, source: ModelSource, spec: SpeculativeConfig, dtype: torch.dtype, device: torch.device, block_size: int
+        self,
+        source: ModelSource,
+        spec: SpeculativeConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_size: int,
+        kv_cache_dtype: str = "auto",
     ):
-        """`source`: from open_draft_model."""
+        """`source`: from open_draft_model; `kv_cache_dtype`: the engine's (EngineConfig)."""
         quantization = None if spec.quantization == "none" else spec.quantization
         if device.type != "cpu":
             quantization = None  # the quantized kernels are CPU kernels (as for the target)
-        self.runner = ModelRunner(source, dtype, device, block_size, quantization)
+        self.runner = ModelRunner(source, dtype, device, block_size, quantization, kv_cache_dtype=kv_cache_dtype)
         self.name = source.path.name
         self.quantization = quantization
         self.ledger = DraftCacheLedger()

@@ -1,0 +1,99 @@
+/* The KV cache's element types (tm_llama_layer.kv_dtype): decoder.c writes each token's K and V rows in the cache's
+ * type and its attention reads them back as floats. A 16-bit cache halves the bytes that decode's attention reads
+ * and the cache's memory (llama.cpp keeps 16-bit K/V by default). Conversions round to nearest even, as torch's
+ * .to(torch.float16 / torch.bfloat16) do: a token's K/V are the same bits whether the torch path (prompt tokens)
+ * or this one (generated tokens) wrote them. */
+#ifndef TOKENMILL_KV_ELEMENTS_H
+#define TOKENMILL_KV_ELEMENTS_H
+
+#include "kernels.h"
+
+/* the readers are instantiated per type: their branches on T fold away */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum { TM_KV_F32 = 0, TM_KV_F16 = 1, TM_KV_BF16 = 2 };
+
+static inline int tm_kv_dtype_ok(int64_t t) { return t == TM_KV_F32 || t == TM_KV_F16 || t == TM_KV_BF16; }
+static inline int64_t tm_kv_element_bytes(int64_t t) { return t == TM_KV_F32 ? 4 : 2; }
+
+/* float -> IEEE half, round to nearest even (infinities for what exceeds the half range, NaN kept a NaN) */
+static inline uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7FFFFFFFu;
+    if (x >= 0x7F800000u) return sign | 0x7C00 | (x > 0x7F800000u ? 0x200 : 0);
+    if (x >= 0x477FF000u) return sign | 0x7C00; /* from 65520 on: rounds past the largest half, 65504 */
+    if (x < 0x38800000u) {                      /* below 2^-14: a subnormal half, in steps of 2^-24 (or zero) */
+        float a;
+        memcpy(&a, &x, sizeof a);
+        return sign | (uint16_t)nearbyintf(a * 16777216.0f); /* 1024 (rounded up) is the smallest normal: right */
+    }
+    uint32_t h = (x >> 13) - ((uint32_t)(127 - 15) << 10); /* exponent rebiased, 10 mantissa bits */
+    const uint32_t rest = x & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) ++h; /* a carry into the exponent is right too */
+    return sign | (uint16_t)h;
+}
+
+/* float -> bfloat16, round to nearest even (torch's formula; NaN kept a NaN) */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1)) >> 16);
+}
+
+static inline float bf16_to_float(uint16_t b) {
+    const uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* element i of a cache row of type T, as a float */
+ALWAYS_INLINE float kv_get(const void *base, int64_t i, const int T) {
+    if (T == TM_KV_F32) return ((const float *)base)[i];
+    const uint16_t u = ((const uint16_t *)base)[i];
+    if (T == TM_KV_BF16) return bf16_to_float(u);
+#if defined(__F16C__)
+    return _cvtsh_ss(u);
+#else
+    return half_to_float(u);
+#endif
+}
+
+#if defined(__AVX512F__)
+/* 16 elements of type T from p, as floats */
+ALWAYS_INLINE __m512 kv_load16(const void *p, const int T) {
+    if (T == TM_KV_F32) return _mm512_loadu_ps(p);
+    const __m256i u = _mm256_loadu_si256((const __m256i *)p);
+    if (T == TM_KV_F16) return _mm512_cvtph_ps(u);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(u), 16));
+}
+#endif
+
+/* dst[0 .. n) = src's n floats in type T */
+static inline void kv_store_row(void *dst, const float *src, int64_t n, const int T) {
+    if (T == TM_KV_F32) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *out = dst;
+    int64_t i = 0;
+    if (T == TM_KV_F16) {
+#if defined(__AVX512F__)
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(out + i),
+                                _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(out + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+        for (; i < n; ++i) out[i] = float_to_half(src[i]);
+        return;
+    }
+    for (; i < n; ++i) out[i] = float_to_bf16(src[i]);
+}
+
+#endif
