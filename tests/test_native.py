@@ -21,6 +21,7 @@ from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.layers.quantized_linear import NativeLinear
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
+from tokenmill.native.threads import follow_contention, set_threads, usable_cpus
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 
 Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
@@ -156,6 +157,25 @@ def test_a_16_bit_kv_cache_takes_half_the_bytes(tmp_path: Path) -> None:
     with pytest.raises(InvalidParameterError, match="kv_cache_dtype must be one of auto, float32, float16") as e:
         EngineConfig(kv_cache_dtype="int8")
     assert e.value.param == "kv_cache_dtype"
+
+
+def test_the_pool_runs_its_jobs_alone_while_a_helper_is_off_the_cpu() -> None:
+    """A helper whose pieces take 30 ms (as one that another process's slice keeps off its core): the caller,
+    waiting for it past the stall bound, counts one stall and runs every piece of the later jobs itself, without
+    waiting; then the pool stays solo a while, and torch's operations follow it onto one thread."""
+    caller_pieces = np.zeros(4, dtype=np.int64)
+    try:
+        set_threads(2, lib)
+        stalls = lib.tm_pool_stalls()
+        lib.tm_pool_probe(4, 16, 100, 30_000, caller_pieces.ctypes.data)  # the caller's pieces 0.1 ms each
+        assert caller_pieces[0] < 16  # the helper took some of the first job
+        assert caller_pieces[1:].tolist() == [16] * 3
+        assert lib.tm_pool_stalls() == stalls + 1
+        assert lib.tm_pool_solo() == 1
+        follow_contention(lib)
+        assert torch.get_num_threads() == 1
+    finally:
+        set_threads(usable_cpus(), lib)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", [torch.float16, torch.bfloat16])

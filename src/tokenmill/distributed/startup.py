@@ -17,6 +17,7 @@ from tokenmill.distributed.shard import ShardPlan
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import open_model_source
 from tokenmill.model.config import model_config_from_source
+from tokenmill.native.threads import set_threads, usable_cpus
 from tokenmill.runner.device import parse_dtype
 from tokenmill.runner.model_runner import ModelRunner
 
@@ -33,13 +34,8 @@ def ranks_on_this_host(world_size: int) -> int:
 def split_cpu_threads(local_world_size: int, cores: int | None = None) -> int:
     """On the CPU the machine's cores (or `cores`) are split between the ranks on it, for torch and the native
     kernels alike; returns this rank's thread count."""
-    import torch
-
-    threads = max(1, (cores or os.cpu_count() or 1) // max(1, local_world_size))
-    torch.set_num_threads(threads)
-    lib = native.load()
-    if lib is not None:
-        lib.tm_set_threads(threads)
+    threads = max(1, (cores or usable_cpus()) // max(1, local_world_size))
+    set_threads(threads, native.load())
     return threads
 
 
@@ -50,7 +46,7 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
         # ranks that share memory share this machine's cores, even when torchrun counts them as separate nodes
         ranks = group.world_size if group.shm is not None else ranks_on_this_host(group.world_size)
         split_cpu_threads(ranks)
-        cores = os.cpu_count() or 1
+        cores = usable_cpus()
         if group.rank == 0 and ranks > cores:
             logger.warning(
                 "tensor parallelism over %d ranks on %d CPU cores: the ranks take turns on the cores, and every "

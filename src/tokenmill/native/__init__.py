@@ -28,7 +28,16 @@ logger = logging.getLogger(__name__)
 # every file the library is built from (all of them key the cache; the .c files are compiled)
 _SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("kernels.h", "kv_elements.h", "repack.c", "products.c", "dequantize.c", "decoder.c", "shm_reduce.c")
+    for name in (
+        "kernels.h",
+        "kv_elements.h",
+        "pool.c",
+        "repack.c",
+        "products.c",
+        "dequantize.c",
+        "decoder.c",
+        "shm_reduce.c",
+    )
 ]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
@@ -136,6 +145,8 @@ def load() -> ctypes.CDLL | None:
     ]
     lib.tm_llama_decode.argtypes += [REDUCE_FN, p]
     lib.tm_llama_decode.restype = ctypes.c_int
+    lib.tm_pool_stalls.argtypes = []
+    lib.tm_pool_stalls.restype = i64
     lib.tm_kv_store.argtypes = [p, p, i64, i64]
     lib.tm_kv_store.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):
@@ -154,6 +165,12 @@ def load() -> ctypes.CDLL | None:
     lib.tm_vector_path.argtypes = []
     lib.tm_vector_path.restype = ctypes.c_char_p
     lib.tm_set_threads.argtypes = [ctypes.c_int]
-    lib.tm_set_threads(torch.get_num_threads())
+    lib.tm_pool_probe.argtypes = [i64, i64, i64, i64, p]
+    lib.tm_pool_probe.restype = None
+    lib.tm_pool_solo.argtypes = []
+    lib.tm_pool_solo.restype = ctypes.c_int
+    from tokenmill.native.threads import set_threads, usable_cpus  # noqa: PLC0415 - threads imports torch only
+
+    set_threads(min(torch.get_num_threads(), usable_cpus()), lib)
     _lib = lib
     return lib

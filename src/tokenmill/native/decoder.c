@@ -1,6 +1,6 @@
 /* The decoder layers of a llama model for the tokens of a decode step: norms, projections (products.c, any of
  * its weight types and parts), Q/K/V biases, rope, the KV-cache write, attention over the paged cache and the MLP,
- * one OpenMP parallel region per layer. */
+ * one team of threads per step (pool.c). */
 #include "kernels.h"
 #include "kv_elements.h"
 
@@ -49,7 +49,7 @@ typedef struct {
     int64_t passes; /* of the activations' quantization */
 } tm_scratch;
 
-/* y = x @ w.T through the scratch's quantized activations; called by every thread of decode_layer's region */
+/* y = x @ w.T through the scratch's quantized activations: two jobs of the step's team */
 static void project(const float *x, int64_t m, const tm_weight *w, const tm_scratch *s, float *y) {
     tm_quantize_rows(x, m, w->parts[0].k, s->passes, &s->qx);
     tm_weight_matmul(&s->qx, m, s->passes, w, y);
@@ -162,17 +162,6 @@ static void softmax_values(float *scores, const void *v_base, int64_t stride, co
     else softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F32);
 }
 
-/* Under tensor parallelism, the sum of a block's output over the ranks: the calling thread runs it while the
- * region's other threads wait (every thread calls this). Returns *rc, shared, set to -3 when the sum failed. */
-static int sum_over_ranks(tm_reduce_fn reduce, void *reduce_ctx, float *delta, int64_t n, int *rc) {
-    if (reduce) { /* the same branch on every thread */
-#pragma omp master
-        if (reduce(reduce_ctx, delta, n)) *rc = -3;
-#pragma omp barrier
-    }
-    return *rc;
-}
-
 /* One row's residual addition: ht += delta (normalized in place first when the layer has a norm there) */
 static inline void add_to_residual(float *ht, float *dt, const float *norm, float eps, int64_t h) {
     if (norm) rms_norm(dt, norm, eps, h, dt);
@@ -180,94 +169,162 @@ static inline void add_to_residual(float *ht, float *dt, const float *norm, floa
     for (int64_t i = 0; i < h; ++i) ht[i] += dt[i];
 }
 
-/* One decoder layer. hidden [m, h] is updated in place (both residual additions). The K/V of each token go to
- * its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed in
- * ctx_slots[t * max_ctx ...] (its own position last). One parallel region: the threads share out the rows (norms,
- * rope, SwiGLU: each row on one thread, with the code it has alone), the activation blocks, the weight groups and
- * the (row, head) pairs of attention; `reduce` runs on the calling thread. */
-static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layer, float eps,
-                        const float *cos_full, const float *sin_signed, const int64_t *slot_mapping,
-                        const int64_t *ctx_slots, const int64_t *ctx_lens, int64_t max_ctx, int64_t heads,
-                        int64_t kv_heads, int64_t dim, float scale, int64_t activation, tm_reduce_fn reduce,
-                        void *reduce_ctx, const tm_scratch *s) {
-    const tm_weight *qkv = &layer->qkv, *o = &layer->o, *gate_up = &layer->gate_up, *down = &layer->down;
-    const float *norm1 = layer->norm1, *norm2 = layer->norm2;
-    char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
-    const int64_t kv_dtype = layer->kv_dtype, element = tm_kv_element_bytes(kv_dtype);
-    const int64_t q_size = heads * dim, kv_size = kv_heads * dim, inter = tm_weight_n(gate_up) / 2;
-    const int64_t qkv_n = tm_weight_n(qkv);
-    float *x = s->x, *qkv_out = s->qkv_out, *attn = s->attn, *gu = s->gu, *delta = s->delta, *scores = s->scores;
-    const int64_t group = heads / kv_heads;
-    int rc = 0; /* shared; read only after a barrier */
-#pragma omp parallel
-    {
-        /* attention block */
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < m; ++t) rms_norm(hidden + t * h, norm1, eps, h, x + t * h);
-        project(x, m, qkv, s, qkv_out);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < m; ++t) {
-            float *row = qkv_out + t * qkv_n;
-            if (layer->qkv_bias) {
+/* What a step's layers share (tm_llama_decode's arguments and scratch), and the layer now computed */
+typedef struct {
+    float *hidden;
+    int64_t m, h, heads, kv_heads, dim, max_ctx, activation;
+    float eps, scale;
+    const int64_t *ctx_lens;
+    tm_reduce_fn reduce;
+    void *reduce_ctx;
+    tm_scratch s;
+    /* the layer's */
+    const tm_llama_layer *layer;
+    const float *cos_full, *sin_signed;
+    const int64_t *slot_mapping, *ctx_slots;
+} step_ctx;
+
+/* rows [t0, t1): the attention block's input norm */
+static void rows_norm1(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    for (int64_t t = t0; t < t1; ++t) rms_norm(c->hidden + t * c->h, c->layer->norm1, c->eps, c->h, c->s.x + t * c->h);
+}
+
+/* rows [t0, t1) of the Q/K/V projection's output: biases, QK-norm, rope, and K/V into the caches */
+static void rows_qkv(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    const tm_llama_layer *layer = c->layer;
+    const int64_t dim = c->dim, heads = c->heads, kv_heads = c->kv_heads, q_size = heads * dim;
+    const int64_t kv_size = kv_heads * dim, qkv_n = tm_weight_n(&layer->qkv);
+    const int64_t element = tm_kv_element_bytes(layer->kv_dtype);
+    for (int64_t t = t0; t < t1; ++t) {
+        float *row = c->s.qkv_out + t * qkv_n;
+        if (layer->qkv_bias) {
 #pragma omp simd
-                for (int64_t i = 0; i < qkv_n; ++i) row[i] += layer->qkv_bias[i];
-            }
-            if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
-                for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, eps, dim, row + hd * dim);
-                for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
-                    rms_norm(row + hd * dim, layer->k_norm, eps, dim, row + hd * dim);
-            }
-            for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
-                rope_head(row + hd * dim, cos_full + t * dim, sin_signed + t * dim, dim);
-            kv_store_row(k_cache + slot_mapping[t] * kv_size * element, row + q_size, kv_size, (int)kv_dtype);
-            kv_store_row(v_cache + slot_mapping[t] * kv_size * element, row + q_size + kv_size, kv_size, (int)kv_dtype);
+            for (int64_t i = 0; i < qkv_n; ++i) row[i] += layer->qkv_bias[i];
         }
-#pragma omp for schedule(static)
-        for (int64_t th = 0; th < m * heads; ++th) {
-            const int64_t t = th / heads, hd = th % heads, kvh = hd / group;
-            /* a local layer's query sees the last `window` slots of its context (its own position last) */
-            const int64_t skip = layer->window > 0 && ctx_lens[t] > layer->window ? ctx_lens[t] - layer->window : 0;
-            const int64_t n_ctx = ctx_lens[t] - skip;
-            const float *q = qkv_out + t * qkv_n + hd * dim;
-            float *sc = scores + th * max_ctx;
-            const int64_t *slots = ctx_slots + t * max_ctx + skip;
-            qk_scores(q, k_cache + kvh * dim * element, kv_size, slots, n_ctx, dim, scale, sc, kv_dtype);
-            softmax_values(sc, v_cache + kvh * dim * element, kv_size, slots, n_ctx, dim, attn + t * q_size + hd * dim,
-                           kv_dtype);
+        if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
+            for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, c->eps, dim, row + hd * dim);
+            for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
+                rms_norm(row + hd * dim, layer->k_norm, c->eps, dim, row + hd * dim);
         }
-        project(attn, m, o, s, delta);
-        if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < m; ++t) {
-                add_to_residual(hidden + t * h, delta + t * h, layer->post_attn_norm, eps, h);
-                /* MLP block */
-                rms_norm(hidden + t * h, norm2, eps, h, x + t * h);
-            }
-            project(x, m, gate_up, s, gu);
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < m; ++t) {
-                const float *g = gu + t * 2 * inter, *u = g + inter;
-                float *a = x + t * inter;
-                if (activation == TM_GELU_TANH) {
+        for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
+            rope_head(row + hd * dim, c->cos_full + t * dim, c->sin_signed + t * dim, dim);
+        char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
+        kv_store_row(k_cache + c->slot_mapping[t] * kv_size * element, row + q_size, kv_size, (int)layer->kv_dtype);
+        kv_store_row(v_cache + c->slot_mapping[t] * kv_size * element, row + q_size + kv_size, kv_size,
+                     (int)layer->kv_dtype);
+    }
+}
+
+/* (row, head) pairs [th0, th1): attention over the row's context in the caches */
+static void pairs_attention(void *p, int64_t th0, int64_t th1) {
+    const step_ctx *c = p;
+    const tm_llama_layer *layer = c->layer;
+    const int64_t dim = c->dim, heads = c->heads, group = heads / c->kv_heads, kv_size = c->kv_heads * dim;
+    const int64_t qkv_n = tm_weight_n(&layer->qkv), element = tm_kv_element_bytes(layer->kv_dtype);
+    const char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
+    for (int64_t th = th0; th < th1; ++th) {
+        const int64_t t = th / heads, hd = th % heads, kvh = hd / group, ctx_len = c->ctx_lens[t];
+        /* a local layer's query sees the last `window` slots of its context (its own position last) */
+        const int64_t skip = layer->window > 0 && ctx_len > layer->window ? ctx_len - layer->window : 0;
+        const float *q = c->s.qkv_out + t * qkv_n + hd * dim;
+        float *sc = c->s.scores + th * c->max_ctx;
+        const int64_t *slots = c->ctx_slots + t * c->max_ctx + skip;
+        qk_scores(q, k_cache + kvh * dim * element, kv_size, slots, ctx_len - skip, dim, c->scale, sc,
+                  layer->kv_dtype);
+        softmax_values(sc, v_cache + kvh * dim * element, kv_size, slots, ctx_len - skip, dim,
+                       c->s.attn + t * heads * dim + hd * dim, layer->kv_dtype);
+    }
+}
+
+/* rows [t0, t1): the attention block's output into the residual, then the MLP block's input norm */
+static void rows_residual1(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    const int64_t h = c->h;
+    for (int64_t t = t0; t < t1; ++t) {
+        add_to_residual(c->hidden + t * h, c->s.delta + t * h, c->layer->post_attn_norm, c->eps, h);
+        rms_norm(c->hidden + t * h, c->layer->norm2, c->eps, h, c->s.x + t * h);
+    }
+}
+
+/* rows [t0, t1): act(gate) * up */
+static void rows_gate(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    const int64_t inter = tm_weight_n(&c->layer->gate_up) / 2;
+    for (int64_t t = t0; t < t1; ++t) {
+        const float *g = c->s.gu + t * 2 * inter, *u = g + inter;
+        float *a = c->s.x + t * inter;
+        if (c->activation == TM_GELU_TANH) {
 #pragma omp simd
-                    for (int64_t i = 0; i < inter; ++i) {
-                        const float v = g[i];
-                        a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
-                    }
-                } else {
+            for (int64_t i = 0; i < inter; ++i) {
+                const float v = g[i];
+                a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+            }
+        } else {
 #pragma omp simd
-                    for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-                }
-            }
-            project(x, m, down, s, delta);
-            if (sum_over_ranks(reduce, reduce_ctx, delta, m * h, &rc) == 0) {
-#pragma omp for schedule(static)
-                for (int64_t t = 0; t < m; ++t)
-                    add_to_residual(hidden + t * h, delta + t * h, layer->post_mlp_norm, eps, h);
-            }
+            for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         }
     }
-    return rc;
+}
+
+/* rows [t0, t1): the MLP block's output into the residual */
+static void rows_residual2(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    for (int64_t t = t0; t < t1; ++t)
+        add_to_residual(c->hidden + t * c->h, c->s.delta + t * c->h, c->layer->post_mlp_norm, c->eps, c->h);
+}
+
+/* Under tensor parallelism, the sum of a block's output over the ranks (on the calling thread). 0, or -3 when the
+ * sum failed. */
+static int sum_over_ranks(const step_ctx *c) {
+    return c->reduce && c->reduce(c->reduce_ctx, c->s.delta, c->m * c->h) ? -3 : 0;
+}
+
+/* One decoder layer (c->layer). hidden [m, h] is updated in place (both residual additions). The K/V of each
+ * token go to its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed
+ * in ctx_slots[t * max_ctx ...] (its own position last). The calling thread runs the steps in order; each is one
+ * job of the team (pool.c): rows, (row, head) pairs of attention, activation blocks and weight groups. */
+static int decode_layer(step_ctx *c) {
+    const tm_llama_layer *layer = c->layer;
+    const int64_t m = c->m, rows_pieces = m;
+    tm_pool_for(rows_norm1, c, m, rows_pieces);
+    project(c->s.x, m, &layer->qkv, &c->s, c->s.qkv_out);
+    tm_pool_for(rows_qkv, c, m, rows_pieces);
+    tm_pool_for(pairs_attention, c, m * c->heads, m * c->heads);
+    project(c->s.attn, m, &layer->o, &c->s, c->s.delta);
+    if (sum_over_ranks(c)) return -3;
+    tm_pool_for(rows_residual1, c, m, rows_pieces);
+    project(c->s.x, m, &layer->gate_up, &c->s, c->s.gu);
+    tm_pool_for(rows_gate, c, m, rows_pieces);
+    project(c->s.x, m, &layer->down, &c->s, c->s.delta);
+    if (sum_over_ranks(c)) return -3;
+    tm_pool_for(rows_residual2, c, m, rows_pieces);
+    return 0;
+}
+
+typedef struct {
+    step_ctx *c;
+    const tm_llama_layer *layers;
+    int64_t n_layers;
+    const float *cos_full, *sin_signed, *local_cos_full, *local_sin_signed;
+    const int64_t *slot_mapping, *ctx_slots, *local_slot_mapping, *local_ctx_slots;
+    int rc;
+} layers_args;
+
+/* every layer in order: the body of the step's one team */
+static void layers_body(void *p) {
+    layers_args *a = p;
+    step_ctx *c = a->c;
+    for (int64_t l = 0; a->rc == 0 && l < a->n_layers; ++l) {
+        const tm_llama_layer *layer = &a->layers[l];
+        c->layer = layer;
+        c->cos_full = layer->local_rope ? a->local_cos_full : a->cos_full;
+        c->sin_signed = layer->local_rope ? a->local_sin_signed : a->sin_signed;
+        c->slot_mapping = layer->window > 0 ? a->local_slot_mapping : a->slot_mapping;
+        c->ctx_slots = layer->window > 0 ? a->local_ctx_slots : a->ctx_slots;
+        a->rc = decode_layer(c);
+    }
 }
 
 /* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
@@ -276,10 +333,10 @@ static int decode_layer(float *hidden, int64_t m, int64_t h, const tm_llama_laye
  * local_sin_signed those of the layers with local_rope set (may be the same). The layers with a window read
  * local_slot_mapping and local_ctx_slots (their own pool's slots; may be the same as the others').
  * activation: TM_SILU or TM_GELU_TANH; passes: the projections' activation quantization (1 or 2 int8 passes,
- * products.c; 2 for generated tokens). Each layer's weights may be of any of the products' types, in parts
- * (kernels.h's tm_weight): qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h],
- * down [h, inter], every part's rows a multiple of 16; qkv_bias, where not NULL, is added to qkv's outputs.
- * Returns 0, or a negative code on bad sizes (-1) or exhausted memory (-2) or a failed reduce (-3). */
+ * products.c). Each layer's weights may be of any of the products' types, in parts (kernels.h's tm_weight):
+ * qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h], down [h, inter], every part's
+ * rows a multiple of 16; qkv_bias, where not NULL, is added to qkv's outputs. One team of threads for the whole
+ * step (pool.c). Returns 0, or a negative code on bad sizes (-1) or exhausted memory (-2) or a failed reduce (-3). */
 int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
                     const float *cos_full, const float *sin_signed, const float *local_cos_full,
                     const float *local_sin_signed, const int64_t *slot_mapping, const int64_t *ctx_slots,
@@ -301,24 +358,27 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
     }
     int64_t widest = h > inter ? h : inter;
     widest = widest > heads * dim ? widest : heads * dim;
-    tm_scratch s;
-    s.x = malloc(sizeof(float) * m * (h > inter ? h : inter));
-    s.qkv_out = malloc(sizeof(float) * m * qkv_n);
-    s.attn = malloc(sizeof(float) * m * heads * dim);
-    s.gu = malloc(sizeof(float) * m * 2 * inter);
-    s.delta = malloc(sizeof(float) * m * h);
-    s.scores = malloc(sizeof(float) * m * heads * (max_ctx > 0 ? max_ctx : 1));
-    s.passes = passes;
-    int rc = tm_qx_alloc(&s.qx, m, widest, passes);
-    if (!s.x || !s.qkv_out || !s.attn || !s.gu || !s.delta || !s.scores) rc = -2;
-    for (int64_t l = 0; rc == 0 && l < n_layers; ++l)
-        rc = decode_layer(hidden, m, h, &layers[l], eps, layers[l].local_rope ? local_cos_full : cos_full,
-                          layers[l].local_rope ? local_sin_signed : sin_signed,
-                          layers[l].window > 0 ? local_slot_mapping : slot_mapping,
-                          layers[l].window > 0 ? local_ctx_slots : ctx_slots, ctx_lens, max_ctx, heads, kv_heads,
-                          dim, scale, activation, reduce, reduce_ctx, &s);
-    free(s.x); free(s.qkv_out); free(s.attn); free(s.gu); free(s.delta); free(s.scores);
-    tm_qx_free(&s.qx);
+    step_ctx c = {.hidden = hidden, .m = m, .h = h, .heads = heads, .kv_heads = kv_heads, .dim = dim,
+                  .max_ctx = max_ctx, .activation = activation, .eps = eps, .scale = scale, .ctx_lens = ctx_lens,
+                  .reduce = reduce, .reduce_ctx = reduce_ctx};
+    tm_scratch *s = &c.s;
+    s->x = malloc(sizeof(float) * m * (h > inter ? h : inter));
+    s->qkv_out = malloc(sizeof(float) * m * qkv_n);
+    s->attn = malloc(sizeof(float) * m * heads * dim);
+    s->gu = malloc(sizeof(float) * m * 2 * inter);
+    s->delta = malloc(sizeof(float) * m * h);
+    s->scores = malloc(sizeof(float) * m * heads * (max_ctx > 0 ? max_ctx : 1));
+    s->passes = passes;
+    int rc = tm_qx_alloc(&s->qx, m, widest, passes);
+    if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores) rc = -2;
+    if (rc == 0) {
+        layers_args a = {&c, layers, n_layers, cos_full, sin_signed, local_cos_full, local_sin_signed,
+                         slot_mapping, ctx_slots, local_slot_mapping, local_ctx_slots, 0};
+        tm_team_run(layers_body, &a);
+        rc = a.rc;
+    }
+    free(s->x); free(s->qkv_out); free(s->attn); free(s->gu); free(s->delta); free(s->scores);
+    tm_qx_free(&s->qx);
     return rc;
 }
 

@@ -5,7 +5,7 @@
 
 /* Q4_1: per block of 20 bytes, half floats d and m, then byte i = q[i] | q[i + 16] << 4; w = q * d + m */
 void tm_dequantize_q4_1(const uint8_t *blocks, int64_t n_blocks, float *out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(tm_threads())
     for (int64_t b = 0; b < n_blocks; ++b) {
         const uint8_t *block = blocks + b * 20;
         uint16_t dm[2];
@@ -21,7 +21,7 @@ void tm_dequantize_q4_1(const uint8_t *blocks, int64_t n_blocks, float *out) {
 
 /* Q8_0: per block of 34 bytes, half float d, then 32 int8 codes q; w = q * d */
 void tm_dequantize_q8_0(const uint8_t *blocks, int64_t n_blocks, float *out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(tm_threads())
     for (int64_t b = 0; b < n_blocks; ++b) {
         const uint8_t *block = blocks + b * 34;
         uint16_t dh;

@@ -3,8 +3,8 @@
  * step), dequantize.c (whole tensors at load).
  *
  * Vector paths: AVX-512 VNNI, AVX2 with FMA and F16C, and portable C; the compiler picks with -march=native.
- * Threads: OpenMP (tokenmill loads this library after torch, so `libgomp.so.1` resolves to torch's copy and both
- * share one thread pool).
+ * Threads: teams of OpenMP threads whose jobs are claimed piece by piece (pool.c; tokenmill loads this library
+ * after torch, so `libgomp.so.1` resolves to torch's copy and both share one thread pool).
  */
 #ifndef TM_KERNELS_H
 #define TM_KERNELS_H
@@ -135,8 +135,6 @@ typedef struct {
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
     int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
                                          * sub-blocks are 16), where its integer chains start */
-    int64_t *claims;              /* [2] prompt products' work items: the next one to take, threads done (0 between
-                                   * products; tm_weight_matmul) */
 } tm_qx;
 
 /* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */
@@ -149,11 +147,26 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-/* products.c, for the decoder's parallel regions: both are called by every thread of a region (or outside one) */
+/* ---- pool.c: a team of threads and its jobs ---------------------------------------------------------------
+ * tm_team_run(body, ctx) runs body(ctx) on the calling thread while the team's other threads serve the jobs it
+ * starts; tm_pool_for(fn, ctx, n, items) is one job: fn(ctx, begin, end) over [0, n) in `items` contiguous
+ * pieces, claimed by whichever thread is free, complete on return (outside a team body it makes a team for
+ * itself). fn must not start jobs itself. */
+typedef void (*tm_range_fn)(void *ctx, int64_t begin, int64_t end);
+void tm_team_run(void (*body)(void *), void *ctx);
+void tm_pool_for(tm_range_fn fn, void *ctx, int64_t n, int64_t items);
+void tm_set_threads(int n); /* threads of a team, the caller included */
+int tm_threads(void);
+int64_t tm_pool_stalls(void); /* waits for a descheduled helper so far (each starts a while of solo jobs) */
+int tm_pool_solo(void);       /* 1 while jobs run on their caller alone after a stall */
+/* for the tests: jobs whose pieces take caller_us on the caller and helper_us on a helper */
+void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t helper_us, int64_t *caller_pieces);
+
+/* products.c, for the decoder: jobs of the calling team */
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
 void tm_qx_free(tm_qx *a);
 void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a);
-/* y [m, tm_weight_n(w)] = x @ w.T over a's quantized rows; ends with a barrier (y is complete on return) */
+/* y [m, tm_weight_n(w)] = x @ w.T over a's quantized rows (y is complete on return) */
 void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y);
 
 #endif

@@ -55,8 +55,6 @@
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #define ROW_BLOCK_BYTES (384 * 1024)
 
-void tm_set_threads(int n) { omp_set_num_threads(n); }
-
 /* which vector path this build runs */
 const char *tm_vector_path(void) {
 #if defined(TM_AVX512_VNNI)
@@ -80,8 +78,7 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
     a->sum = alloc_or_dummy(sizeof(float) * blocks);
     a->sum_hi = alloc_or_dummy(sizeof(int32_t) * blocks);
     a->q6_start_hi = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
-    a->claims = calloc(2, sizeof(int64_t));
-    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->q6_start_hi && a->claims;
+    int ok = a->hi && a->scale && a->sum && a->sum_hi && a->q6_start_hi;
     if (passes == 2) {
         /* lo 2 KiB on from where its buffer starts: a row's hi and lo codes in other L1 sets than each other */
         a->lo_buffer = alloc_or_dummy(values + LO_SHIFT);
@@ -95,7 +92,7 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
 
 void tm_qx_free(tm_qx *a) {
     free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
-    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo); free(a->claims);
+    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo);
     memset(a, 0, sizeof *a);
 }
 
@@ -150,13 +147,19 @@ static inline float block_amax(const float *xb) {
 }
 #endif
 
-/* x [m, k] -> a (codes interleaved as tm_qx_code says). Called by every thread of a parallel region (the
- * blocks are shared out; the loop's end waits for all), or outside one (one thread does all). The first pass's
- * codes are the same with one pass or two. */
-void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
-    const int64_t nb = k / QK;
-#pragma omp for schedule(static)
-    for (int64_t tb = 0; tb < m * nb; ++tb) {
+typedef struct {
+    const float *x;
+    int64_t k, passes;
+    const tm_qx *a;
+} quantize_job;
+
+/* blocks [b0, b1) of the rows' blocks of 32, in row order */
+static void quantize_blocks(void *p, int64_t b0, int64_t b1) {
+    const quantize_job *q = p;
+    const float *x = q->x;
+    const int64_t k = q->k, passes = q->passes, nb = k / QK;
+    const tm_qx *a = q->a;
+    for (int64_t tb = b0; tb < b1; ++tb) {
         const float *xb = x + tb * QK;
 
         const float amax = block_amax(xb);
@@ -181,6 +184,14 @@ void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, cons
             a->q6_start_lo[2 * tb + 1] = -Q6_OFFSET * sum_lo[1];
         }
     }
+}
+
+/* x [m, k] -> a (codes interleaved as tm_qx_code says), as one job of the calling team (pool.c) in pieces of at
+ * least 256 blocks. The first pass's codes are the same with one pass or two. */
+void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a) {
+    quantize_job q = {x, k, passes, a};
+    const int64_t blocks = m * (k / QK);
+    tm_pool_for(quantize_blocks, &q, blocks, blocks / 256 < 4 * tm_threads() ? blocks / 256 : 4 * tm_threads());
 }
 
 /* ---- per type: what the kernels ask of it -------------------------------------------------------------------- */
@@ -707,57 +718,81 @@ static int64_t row_block(int64_t m, int64_t k, int64_t passes) {
     return rows < m ? rows : m;
 }
 
-/* Decode rows (m <= MAX_ROWS): the groups of all parts, in order, are shared out to the threads as contiguous runs
- * of about equal bytes (each thread streams one run from memory; the prefetches stay within it). */
-static void matmul_runs(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y, int64_t ldy) {
-    const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
-    int64_t total = 0;
-    for (int64_t p = 0; p < w->n_parts; ++p) total += w->parts[p].n / GROUP * tm_group_bytes(&w->parts[p]);
-    int64_t before = 0, col = 0; /* bytes of the groups before this one; its first output */
-    for (int64_t pi = 0; pi < w->n_parts; ++pi) {
-        const tm_part *p = &w->parts[pi];
-        const int64_t group_bytes = tm_group_bytes(p);
-        for (int64_t g = 0; g < p->n / GROUP; ++g, before += group_bytes, col += GROUP)
-            if ((before + group_bytes / 2) * threads / total == thread) /* the share that holds its middle byte */
-                run_tile(p, g, a, 0, (int)m, passes, y + col, ldy);
+typedef struct {
+    const tm_qx *a;
+    int64_t m, passes, groups, row_block;
+    const tm_weight *w;
+    float *y;
+    int64_t ldy;
+} matmul_job;
+
+/* the part of global group g (the parts' groups in order), its group there and its first output */
+static const tm_part *locate(const tm_weight *w, int64_t g, int64_t *group, int64_t *col) {
+    int64_t pi = 0;
+    *col = 0;
+    for (; g >= w->parts[pi].n / GROUP; ++pi) {
+        g -= w->parts[pi].n / GROUP;
+        *col += w->parts[pi].n;
+    }
+    *group = g;
+    *col += g * GROUP;
+    return &w->parts[pi];
+}
+
+/* Decode rows (m <= MAX_ROWS): groups [g0, g1) of all parts, in order, one tile each (a contiguous run of the
+ * weights: each thread streams its pieces from memory, the prefetches within them) */
+static void matmul_groups(void *p, int64_t g0, int64_t g1) {
+    const matmul_job *j = p;
+    for (int64_t g = g0; g < g1; ++g) {
+        int64_t group, col;
+        const tm_part *part = locate(j->w, g, &group, &col);
+        run_tile(part, group, j->a, 0, (int)j->m, j->passes, j->y + col, j->ldy);
     }
 }
 
-/* Prompt rows: work items of one block of rows (row_block) times one group, taken from a counter that the region's
- * threads share, block after block: a thread that runs slower or later (a machine shared with other work: a static
- * split waited for the descheduled thread's half; Q6_K's groups cost more per byte than Q4_K's) leaves its items to
- * the others. The last thread out resets the counter, before the barrier that ends tm_weight_matmul. */
-static void matmul_claimed(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y, int64_t ldy) {
-    const int64_t k = w->parts[0].k, rb = row_block(m, k, passes);
+/* Prompt rows: work items [i0, i1) of one block of rows (row_block) times one group, block after block. A thread
+ * that runs slower or later (a machine shared with other work; Q6_K's groups cost more per byte than Q4_K's)
+ * leaves its items to the others (pool.c). */
+static void matmul_items(void *p, int64_t i0, int64_t i1) {
+    const matmul_job *j = p;
+    for (int64_t item = i0; item < i1; ++item) {
+        const int64_t rb0 = item / j->groups * j->row_block;
+        const int64_t rb1 = rb0 + j->row_block < j->m ? rb0 + j->row_block : j->m;
+        int64_t group, col;
+        const tm_part *part = locate(j->w, item % j->groups, &group, &col);
+        const int64_t tr = tile_rows(part->type, j->passes);
+        for (int64_t r0 = rb0; r0 < rb1; r0 += tr)
+            run_tile(part, group, j->a, r0, (int)(rb1 - r0 < tr ? rb1 - r0 : tr), j->passes, j->y + col, j->ldy);
+    }
+}
+
+/* One job of the calling team (pool.c); y is complete on return. A row's output does not depend on which thread
+ * computes it. Decode rows: 8 pieces per thread (a thread that is descheduled holds up at most one). */
+void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y) {
+    const int64_t k = w->parts[0].k;
     int64_t groups = 0;
     for (int64_t p = 0; p < w->n_parts; ++p) groups += w->parts[p].n / GROUP;
-    const int64_t items = (m + rb - 1) / rb * groups;
-    for (int64_t item; (item = __atomic_fetch_add(&a->claims[0], 1, __ATOMIC_RELAXED)) < items;) {
-        const int64_t rb0 = item / groups * rb, rb1 = rb0 + rb < m ? rb0 + rb : m;
-        int64_t g = item % groups, pi = 0, col = 0;
-        for (; g >= w->parts[pi].n / GROUP; ++pi) { /* the part and group of the item, its first output */
-            g -= w->parts[pi].n / GROUP;
-            col += w->parts[pi].n;
-        }
-        col += g * GROUP;
-        const int64_t tr = tile_rows(w->parts[pi].type, passes);
-        for (int64_t r0 = rb0; r0 < rb1; r0 += tr)
-            run_tile(&w->parts[pi], g, a, r0, (int)(rb1 - r0 < tr ? rb1 - r0 : tr), passes, y + col, ldy);
-    }
-    if (__atomic_add_fetch(&a->claims[1], 1, __ATOMIC_ACQ_REL) == omp_get_num_threads()) {
-        a->claims[0] = 0; /* every thread has taken its last item: none reads the counter until the barrier */
-        a->claims[1] = 0;
+    matmul_job j = {a, m, passes, groups, row_block(m, k, passes), w, y, tm_weight_n(w)};
+    if (m <= MAX_ROWS)
+        tm_pool_for(matmul_groups, &j, groups, 8 * tm_threads());
+    else {
+        const int64_t items = (m + j.row_block - 1) / j.row_block * groups;
+        tm_pool_for(matmul_items, &j, items, items);
     }
 }
 
-/* Called by every thread of a parallel region (or outside one); a row's output does not depend on which thread
- * computes it. */
-void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y) {
-    if (m <= MAX_ROWS)
-        matmul_runs(a, m, passes, w, y, tm_weight_n(w));
-    else
-        matmul_claimed(a, m, passes, w, y, tm_weight_n(w));
-#pragma omp barrier
+typedef struct {
+    const tm_weight *w;
+    const float *x;
+    int64_t m, passes;
+    float *y;
+    tm_qx a;
+} qmatmul_args;
+
+static void qmatmul_body(void *p) {
+    qmatmul_args *q = p;
+    tm_quantize_rows(q->x, q->m, q->w->parts[0].k, q->passes, &q->a);
+    tm_weight_matmul(&q->a, q->m, q->passes, q->w, q->y);
 }
 
 /* y [m, tm_weight_n(w)] = x [m, k] @ w.T, x float32 row-major, activations quantized in `passes` (1 or 2) int8
@@ -767,15 +802,9 @@ int tm_qmatmul(const tm_weight *w, const float *x, int64_t m, int64_t passes, fl
     if (tm_weight_check(w) || (passes != 1 && passes != 2) || m < 0) return -1;
     if (m == 0) return 0;
     const int64_t k = w->parts[0].k;
-    tm_qx a;
-    int rc = tm_qx_alloc(&a, m, k, passes);
-    if (rc == 0) {
-#pragma omp parallel
-        {
-            tm_quantize_rows(x, m, k, passes, &a);
-            tm_weight_matmul(&a, m, passes, w, y);
-        }
-    }
-    tm_qx_free(&a);
+    qmatmul_args q = {.w = w, .x = x, .m = m, .passes = passes, .y = y};
+    int rc = tm_qx_alloc(&q.a, m, k, passes);
+    if (rc == 0) tm_team_run(qmatmul_body, &q);
+    tm_qx_free(&q.a);
     return rc;
 }

@@ -129,15 +129,21 @@ static void repack_unit(int64_t type, const uint8_t *src, int j, uint8_t *qs, ui
     }
 }
 
-/* raw: n rows of a GGUF tensor of `type` ([n, k / unit * file bytes], as stored) -> out: tm_repack_bytes(type, n,
- * k) bytes in the products' layout, rows past n zero (their outputs are 0). Returns 0, or -1 as tm_repack_bytes. */
-int tm_repack(int64_t type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) {
-    if (tm_repack_bytes(type, n, k) < 0) return -1;
-    const int64_t groups = (n + GROUP - 1) / GROUP, units = k / tm_unit_values(type);
+typedef struct {
+    int64_t type, n, k;
+    const uint8_t *raw;
+    uint8_t *out;
+} repack_job;
+
+/* groups [g0, g1) */
+static void repack_groups(void *p, int64_t g0, int64_t g1) {
+    const repack_job *r = p;
+    const int64_t type = r->type, n = r->n, units = r->k / tm_unit_values(type);
+    const uint8_t *raw = r->raw;
+    uint8_t *out = r->out;
     const int64_t row_bytes = units * tm_file_bytes(type), unit_bytes = tm_unit_bytes(type);
     const int64_t qs_bytes = tm_qs_bytes(type), qh_bytes = tm_qh_bytes(type), sc_bytes = tm_sc_bytes(type);
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t g = g0; g < g1; ++g) {
         uint8_t *base = out + g * units * unit_bytes;
         uint8_t *qs = base, *qh = base + units * qs_bytes, *sc = qh + units * qh_bytes;
         if ((g + 1) * GROUP > n) memset(base, 0, (size_t)(units * unit_bytes)); /* the padded last group */
@@ -146,6 +152,16 @@ int tm_repack(int64_t type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *o
                 repack_unit(type, raw + (g * GROUP + j) * row_bytes + u * tm_file_bytes(type), j, qs + u * qs_bytes,
                             qh + u * qh_bytes, sc + u * sc_bytes);
     }
+}
+
+/* raw: n rows of a GGUF tensor of `type` ([n, k / unit * file bytes], as stored) -> out: tm_repack_bytes(type, n,
+ * k) bytes in the products' layout, rows past n zero (their outputs are 0), in pieces of 16 groups shared by the
+ * threads (pool.c). Returns 0, or -1 as tm_repack_bytes. */
+int tm_repack(int64_t type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *out) {
+    if (tm_repack_bytes(type, n, k) < 0) return -1;
+    const int64_t groups = (n + GROUP - 1) / GROUP;
+    repack_job r = {type, n, k, raw, out};
+    tm_pool_for(repack_groups, &r, groups, (groups + 15) / 16);
     return 0;
 }
 
@@ -206,15 +222,19 @@ static void unit_row(int64_t type, const uint8_t *qs, const uint8_t *qh, const u
     }
 }
 
-/* out [count, k] = rows ids (0 .. tm_weight_n(w) - 1: the parts' rows in order, padding included) of w. Returns 0,
- * or -1 for a malformed weight or an id out of range. */
-int tm_weight_rows(const tm_weight *w, const int64_t *ids, int64_t count, float *out) {
-    if (tm_weight_check(w)) return -1;
-    const int64_t n = tm_weight_n(w), k = w->parts[0].k;
-    for (int64_t r = 0; r < count; ++r)
-        if (ids[r] < 0 || ids[r] >= n) return -1;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < count; ++r) {
+typedef struct {
+    const tm_weight *w;
+    const int64_t *ids;
+    float *out;
+} rows_job;
+
+/* rows [r0, r1) of the ids */
+static void weight_rows(void *p, int64_t r0, int64_t r1) {
+    const rows_job *j = p;
+    const tm_weight *w = j->w;
+    const int64_t *ids = j->ids, k = w->parts[0].k;
+    float *out = j->out;
+    for (int64_t r = r0; r < r1; ++r) {
         int64_t row = ids[r], p = 0;
         while (row >= w->parts[p].n) row -= w->parts[p++].n;
         const tm_part *part = &w->parts[p];
@@ -225,5 +245,16 @@ int tm_weight_rows(const tm_weight *w, const int64_t *ids, int64_t count, float 
             unit_row(type, qs + u * tm_qs_bytes(type), qh + u * tm_qh_bytes(type), sc + u * tm_sc_bytes(type),
                      (int)(row % GROUP), out + r * k + u * tm_unit_values(type));
     }
+}
+
+/* out [count, k] = rows ids (0 .. tm_weight_n(w) - 1: the parts' rows in order, padding included) of w, in pieces
+ * of 16 rows shared by the threads (pool.c). Returns 0, or -1 for a malformed weight or an id out of range. */
+int tm_weight_rows(const tm_weight *w, const int64_t *ids, int64_t count, float *out) {
+    if (tm_weight_check(w)) return -1;
+    const int64_t n = tm_weight_n(w);
+    for (int64_t r = 0; r < count; ++r)
+        if (ids[r] < 0 || ids[r] >= n) return -1;
+    rows_job j = {w, ids, out};
+    tm_pool_for(weight_rows, &j, count, (count + 15) / 16);
     return 0;
 }

@@ -23,6 +23,7 @@ from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.model_source import ModelSource
 from tokenmill.model import ModelConfig, build_model
 from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.native.threads import follow_contention
 from tokenmill.runner.kv_cache import resolve_kv_cache_dtype
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
+        follow_contention(native.load())  # torch on one thread while the kernels' helpers are off the CPU
         prompt_parts: list[StepChunk] = []  # through the torch path (every token, without the native decoder)
         generated: list[StepChunk] = []  # through the native decoder: one token each
         routes: list[tuple[int, int, int]] = []  # per chunk: (its prompt part or -1, first generated row, count)
