@@ -358,7 +358,12 @@ class LLMEngine:
             if self._grammars is None:
                 from tokenmill.structured.grammars import GrammarCompiler
 
-                self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+                self._grammars = GrammarCompiler(
+                    self.tokenizer,
+                    self.model_config.vocab_size,
+                    self.config.max_constraint_bytes,
+                    self.config.max_constraint_compile_seconds,
+                )
             return self._grammars
 
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> int:
@@ -597,13 +602,21 @@ class LLMEngine:
             return
         if masks is not None:
             allowed = masks.result()
+            kept = []
             for row, (request, sample) in zip(rows, row_samples, strict=True):
-                if sample.grammar is None:
-                    continue
-                # a sample forked this step starts where its parent, the request's first, is: the parent's mask
-                mask = allowed.get(sample.seq.seq_id)
-                row.allowed = mask if mask is not None else allowed[request.samples[0].seq.seq_id]
-                sample.allowed_tokens = int(row.allowed.sum())
+                if sample.grammar is not None:
+                    # a sample forked this step starts where its parent, the request's first, is: the parent's mask
+                    mask = allowed.get(sample.seq.seq_id)
+                    row.allowed = mask if mask is not None else allowed[request.samples[0].seq.seq_id]
+                    sample.allowed_tokens = int(row.allowed.sum())
+                    if sample.grammar.is_error() or not sample.allowed_tokens:  # nothing may be sampled
+                        self._fail_constraint(request, sample)
+                        touched[request.request_id] = request
+                        continue
+                kept.append((row, (request, sample)))
+            rows, row_samples = [r for r, _ in kept], [rs for _, rs in kept]
+            if not rows:
+                return
         sampled = self.sampler.sample(logits, rows)
         self.generation_tokens_total += len(sampled)
         now = time.monotonic()
@@ -770,7 +783,12 @@ class LLMEngine:
         can_stop = n_out >= p.min_tokens
         grammar_done = False
         if sample.grammar is not None:
-            grammar_done = not sample.grammar.consume_token(token.token_id) or sample.grammar.is_stopped()
+            accepted = sample.grammar.consume_token(token.token_id)
+            if sample.grammar.is_error():  # a limit hit mid-way: the output cannot be finished as constrained
+                sample.detokenizer.add_token(token.token_id, check_stop=False)  # the mask allowed it
+                self._fail_constraint(request, sample)
+                return
+            grammar_done = not accepted or sample.grammar.is_stopped()
         if grammar_done and token.token_id in self.tokenizer.stop_token_ids:
             self._finish(seq, "stop", None)
         elif can_stop and not p.ignore_eos and token.token_id in self.tokenizer.stop_token_ids:
@@ -787,6 +805,24 @@ class LLMEngine:
             elif n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 sample.detokenizer.flush()
                 self._finish(seq, "length", None)
+
+    def _fail_constraint(self, request: Request, sample: SampleState) -> None:
+        """End a constrained sequence whose matcher failed (llguidance's limits, met mid-way): finish_reason
+        "error" with the matcher's reason, never "stop" (its text so far does not satisfy the constraint)."""
+        from tokenmill.structured.grammars import clean_reason
+
+        error = sample.grammar.get_error() if sample.grammar.is_error() else "it allows no token here"
+        sample.error = f"the structured-output constraint cannot be followed further: {clean_reason(error)}"
+        seq = sample.seq
+        logger.error(
+            "request %s (sample %d) ends with an error after %d tokens: %s",
+            request.request_id,
+            seq.sample_index,
+            seq.num_output_tokens,
+            sample.error,
+        )
+        sample.detokenizer.flush()
+        self._finish(seq, "error", None)
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.finish_reason = reason
