@@ -65,10 +65,13 @@ class Generation:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._pending: set[str] = set()
         self._claimed = False  # whether this call holds its api id (released when it closes)
+        self._status = "200"  # for the access line
 
     async def start(self) -> None:
         engine = self.state.require_engine()
-        engine.engine.check_params(self.params)  # a request that can never run is a 400, not a 503
+        # a request that can never run is a 400, not a 503; in a worker thread, as its constraint may take a while
+        # to compile (bounded by max_constraint_compile_seconds), which must stall no other client
+        await asyncio.to_thread(engine.engine.check_params, self.params)
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
@@ -106,7 +109,7 @@ class Generation:
             self.state.api_ids.discard(self.api_id)
         if not self._logged and self.request_ids and self.state.settings.log_requests:
             self._logged = True
-            self._log_access("aborted" if aborted else "200")
+            self._log_access(self._status if self._status != "200" or not aborted else "aborted")
 
     def _log_access(self, status: str) -> None:
         finals = list(self._finals.values())
@@ -136,6 +139,15 @@ class Generation:
                     self._pending.discard(item.request_id)
                     self._finals[item.request_id] = item
                     self.state.metrics.observe(item)
+                failed = next((o for o in item.outputs if o.finish_reason == "error"), None)
+                if failed is not None:  # its constraint could not be followed: the call fails, never "stop"s
+                    self._status = "500"
+                    raise APIError(
+                        500,
+                        f"request {self.api_id} failed after {len(failed.token_ids)} tokens: {failed.error}",
+                        "server_error",
+                        code="constraint_failed",
+                    )
                 yield self._index[item.request_id], item
         finally:
             self.close()
