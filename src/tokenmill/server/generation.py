@@ -49,9 +49,16 @@ class GenerationStream(StreamingResponse):
 
 class Generation:
     def __init__(
-        self, state: ServerState, prompts: list[PromptInput], params: SamplingParams, api_id: str, endpoint: str = ""
+        self,
+        state: ServerState,
+        prompts: list[PromptInput],
+        params: SamplingParams,
+        api_id: str,
+        endpoint: str = "",
+        drop_generated: bool = False,
     ):
         self.state = state
+        self.drop_generated = drop_generated  # echo with max_tokens 0: the one token generated is not output
         self.endpoint = endpoint  # for the access line
         self.started = time.monotonic()
         self._finals: dict[str, RequestOutput] = {}
@@ -138,7 +145,7 @@ class Generation:
                 if item.finished:
                     self._pending.discard(item.request_id)
                     self._finals[item.request_id] = item
-                    self.state.metrics.observe(item)
+                    self.state.metrics.observe(item, count_generated=not self.drop_generated)
                 failed = next((o for o in item.outputs if o.finish_reason == "error"), None)
                 if failed is not None:  # its constraint could not be followed: the call fails, never "stop"s
                     self._status = "500"
