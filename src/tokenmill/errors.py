@@ -28,3 +28,7 @@ class PromptTooLongError(InvalidParameterError):
 class ConstraintError(InvalidParameterError):
     """A structured-output constraint cannot be compiled or followed: llguidance's reason, or the limit it is over
     (its size, its compile time, the matcher's limits)."""
+
+
+class EngineClosedError(TokenmillError):
+    """The engine (or the LLM holding it) was closed; it takes no more requests."""

@@ -21,7 +21,7 @@ from tokenmill.distributed.launcher import RankSpec
 from tokenmill.distributed.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.request import Request, SampleState
-from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.errors import EngineClosedError, InvalidParameterError, PromptTooLongError
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
@@ -63,6 +63,8 @@ class LLMEngine:
         prefetched: ModelPrefetch | None = None,
     ):
         start = time.monotonic()
+        self.closed = False
+        self._grammars: GrammarCompiler | None = None  # made at first use (grammars)
         bound_onednn_cache()  # before the first matrix product
         self.config = config or EngineConfig()
         if quantization == "none":
@@ -142,7 +144,6 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.device)
         self.requests: dict[str, Request] = {}
-        self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._mask_pool: ThreadPoolExecutor | None = None  # computes constrained rows' masks during the forward
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
@@ -229,9 +230,13 @@ class LLMEngine:
             self.tensor_parallel.ping()
 
     def close(self) -> None:
-        """Stop the other ranks of a tensor-parallel model (nothing to do for one process)."""
+        """Stop the other ranks of a tensor-parallel model and the constraint compiler's threads; the engine takes
+        no more requests (EngineClosedError)."""
+        self.closed = True
         if self.tensor_parallel is not None:
             self.tensor_parallel.close()
+        if self._grammars is not None:
+            self._grammars.close()
 
     def _max_model_len(self, cache_tokens: int) -> int:
         trained = self.model_config.max_position
@@ -314,6 +319,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> str:
         """Validate and queue a request; raises InvalidParameterError / PromptTooLongError when it cannot run."""
+        if self.closed:
+            raise EngineClosedError("this engine was closed (close()); it takes no more requests: make a new one")
         params = params or SamplingParams()
         self.check_params(params)
         request_id = request_id if request_id is not None else self.new_request_id()
