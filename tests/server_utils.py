@@ -28,6 +28,7 @@ class ServerProcess:
     group: bool = False  # the process leads a process group of its own (signals go to the whole group)
     health_codes: list[int] = field(default_factory=list)  # /health answers seen while starting
     lines: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)  # about when the process started
 
     def __post_init__(self) -> None:
         self._reader = threading.Thread(target=self._read, daemon=True)

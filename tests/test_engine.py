@@ -9,7 +9,7 @@ import pytest
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.bench.workload import make_workload
-from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.errors import EngineClosedError, InvalidParameterError, PromptTooLongError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -301,3 +301,17 @@ def test_tokenizer_api(llm: LLM) -> None:
     assert tok.encode("How do GPUs work?") == [2020, 536, 45742, 746, 47]
     assert tok.encode("<|im_start|>user", add_special_tokens=False)[0] == 1
     assert tok.decode([19556, 905]) == "Hello world"
+
+
+def test_a_prompt_of_the_wrong_type_and_a_closed_llm_get_typed_errors() -> None:
+    """`LLM.generate(5)` raised a bare TypeError; after `close()`, generate still ran."""
+    llm = LLM(num_kv_blocks=32)
+    with pytest.raises(InvalidParameterError, match="prompts must be a string") as info:
+        llm.generate(5)  # type: ignore[arg-type]
+    assert info.value.param == "prompts"
+    assert llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    llm.close()
+    with pytest.raises(EngineClosedError, match="closed"):
+        llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)
+    with pytest.raises(EngineClosedError):
+        next(llm.generate_stream("Hi"))

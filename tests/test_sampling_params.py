@@ -27,6 +27,7 @@ from tokenmill.errors import InvalidParameterError
         ({"stop": 5}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+        ({"stop_token_ids": [2, -1]}, "stop_token_ids"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"logit_bias": {5: 500}}, "logit_bias"),
         ({"seed": "abc"}, "seed"),

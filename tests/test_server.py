@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server_utils import ServerProcess, start_server
+from tests.test_constraint_limits import TWO_BRANCHES
 from tests.test_structured_output import PERSON, SCORES
 from tokenmill import LLM, SamplingParams
 
@@ -321,6 +322,125 @@ def test_constraints_that_cannot_compile_get_400(client: openai.OpenAI, model: s
     assert message in info.value.message
     if param is not None:
         assert info.value.body["param"] == param
+
+
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ({"structured_outputs": {"regex": "a{1000000}"}}, "too many expressions constructed"),
+        ({"guided_regex": "[^\\x00-\\U0010FFFF]"}, "no output can satisfy it"),
+        ({"structured_outputs": {"grammar": "start: " + " ".join('"t"' for _ in range(66_000))}}, "grammar symbols"),
+        ({"structured_outputs": {"choice": [f"option{i}" for i in range(100_000)]}}, "(max_constraint_bytes)"),
+    ],
+    ids=["huge-repeat", "empty-class", "too-many-symbols", "over-the-size-bound"],
+)
+def test_constraints_the_matcher_cannot_follow_get_400_with_a_clean_reason(
+    client: openai.OpenAI, model: str, extra: dict, reason: str
+) -> None:
+    """Each was answered 200 with finish_reason "stop" and text that broke it, or a 400 quoting a Rust panic."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model, prompt="Hi", max_tokens=5, extra_body=extra)
+    assert reason in info.value.message
+    assert not any(part in info.value.message for part in ("panic", "backtrace", "<unknown>", "<state>"))
+
+
+def test_a_constraint_failing_mid_way_is_a_500_naming_the_request_or_an_error_event(
+    server: ServerProcess, model: str, llm: LLM
+) -> None:
+    hash_token = llm.get_tokenizer().encode("#", add_special_tokens=False)[0]
+    body = {"prompt": "Go:", "max_tokens": 12, "temperature": 0, "structured_outputs": {"grammar": TWO_BRANCHES}}
+    body["logit_bias"] = {str(hash_token): 100}  # onto the branch whose limit only a request meets
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 500, r.text
+    error = r.json()["error"]
+    assert error["code"] == "constraint_failed" and "max is 2000" in error["message"]
+    request_id = re.search(r"request (cmpl-\S+) failed", error["message"]).group(1)
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+        events = [line.removeprefix("data: ") for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "constraint_failed"
+    assert not any(json.loads(e).get("choices", [{}])[0].get("finish_reason") == "stop" for e in events[:-2])
+    deadline = time.monotonic() + 5
+    while f"{request_id}-0 (sample 0) ends with an error" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"{request_id}-0 (sample 0) ends with an error" in server.output()
+    assert wait_idle(server)["tokenmill:kv_cache_usage_perc"] == 0
+
+
+def test_a_30000_option_choice_stalls_neither_health_nor_another_stream(server: ServerProcess) -> None:
+    """Compiled on the event loop (and, one rule per option, slow to follow), it blocked /health for 2 s and a
+    stream for 8 s on the 2-core VM (benchmarks/constraint_stall.py)."""
+    wait_idle(server)
+    health: list[float] = []
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            start = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+            health.append(time.monotonic() - start)
+            time.sleep(0.02)
+
+    def stream() -> None:
+        free = {"prompt": "Count:", "max_tokens": 60, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=free, timeout=60) as r:
+            last = time.monotonic()
+            for line in r.iter_lines():
+                if line:
+                    gaps.append(time.monotonic() - last)
+                    last = time.monotonic()
+
+    threads = [threading.Thread(target=poll), threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    choices = [f"option{i}" for i in range(30_000)]
+    body = {"prompt": "Pick one:", "max_tokens": 8, "temperature": 0, "structured_outputs": {"choice": choices}}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    done.set()
+    for t in threads:
+        t.join()
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in choices
+    assert max(health) < 0.75, f"/health took {max(health):.2f} s while the choice compiled"
+    assert max(gaps[1:]) < 2, f"the stream stalled for {max(gaps[1:]):.1f} s"
+
+
+def test_the_ready_line_counts_from_the_process_start(server: ServerProcess) -> None:
+    """It said "ready ... 3284.7 s after start": the machine's uptime (uvicorn's Server.started, True, was
+    subtracted)."""
+    seconds = float(re.search(r"ready to serve .* ([\d.]+) s after start", server.output()).group(1))
+    assert 0 < seconds <= time.monotonic() - server.started
+
+
+def test_echo_with_max_tokens_0_counts_no_generated_token(server: ServerProcess, model: str) -> None:
+    before = metrics(server)["tokenmill:generation_tokens_total"]
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi there", "max_tokens": 0, "echo": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0
+    assert metrics(server)["tokenmill:generation_tokens_total"] == before  # was one more
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        (["x"] * 129, "129 prompts in one request; at most 128 are allowed"),
+        (["x", 5], "this list mixes a string and an integer"),
+        ([[1, 2], [-3]], "prompt 1 holds token id -3"),
+        ([[1], ["a"]], "prompt 1 is a list, so it must hold token ids"),
+        (["x", ""], "prompt 1 is empty"),
+        ({"text": "x"}, "not an object"),
+        ([1.5], "this list holds a number"),
+    ],
+)
+def test_a_malformed_prompt_is_told_what_is_wrong(server: ServerProcess, prompt, message: str) -> None:
+    """Every shape used to get "prompt.constrained-str: Input should be a valid string"."""
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert message in r.json()["error"]["message"] and "valid string" not in r.json()["error"]["message"]
+
+
+def test_head_health(server: ServerProcess) -> None:
+    r = httpx.head(f"{server.url}/health")
+    assert r.status_code == 200 and r.content == b""  # was 405
 
 
 def test_logit_bias(client: openai.OpenAI, model: str, llm: LLM) -> None:

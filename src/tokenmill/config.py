@@ -52,10 +52,16 @@ class EngineConfig:
     generation_config: str = "auto"
     # speculative decoding (tokenmill.spec_decode): a SpeculativeConfig, a dict of its fields or their JSON
     speculative_config: Any = None
+    # structured outputs: the largest constraint compiled (bytes of its schema, regex, grammar or choices), and how
+    # long a compile may take; above either, the request is refused (tokenmill/structured/grammars.py)
+    max_constraint_bytes: int = 1024 * 1024
+    max_constraint_compile_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             _positive_int(name, getattr(self, name))
+        _positive_int("max_constraint_bytes", self.max_constraint_bytes)
+        _positive_number("max_constraint_compile_seconds", self.max_constraint_compile_seconds)
         for name in ("num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
@@ -66,11 +72,7 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPE_NAMES)}, got {self.kv_cache_dtype!r}",
                 "kv_cache_dtype",
             )
-        timeout = self.collective_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-            raise InvalidParameterError(
-                f"collective_timeout_s must be a positive number, got {timeout!r}", "collective_timeout_s"
-            )
+        _positive_number("collective_timeout_s", self.collective_timeout_s)
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise InvalidParameterError(
                 "generation_config must be 'auto', 'tokenmill' or a path to a generation_config.json",
@@ -94,3 +96,8 @@ class EngineConfig:
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}", name)
+
+
+def _positive_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidParameterError(f"{name} must be a positive number, got {value!r}", name)

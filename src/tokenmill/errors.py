@@ -23,3 +23,12 @@ class InvalidParameterError(TokenmillError, ValueError):
 
 class PromptTooLongError(InvalidParameterError):
     """The prompt (plus the tokens asked for) does not fit the model's context or the KV cache."""
+
+
+class ConstraintError(InvalidParameterError):
+    """A structured-output constraint cannot be compiled or followed: llguidance's reason, or the limit it is over
+    (its size, its compile time, the matcher's limits)."""
+
+
+class EngineClosedError(TokenmillError):
+    """The engine (or the LLM holding it) was closed; it takes no more requests."""

@@ -21,10 +21,13 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None  # "stop", "length" or "abort"; None while running
+    # "stop", "length", "abort" or "error" (its structured-output constraint failed mid-way: see `error`); None
+    # while running
+    finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     delta_text: str = ""  # text added since the previous output of this request
     delta_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None  # with finish_reason "error": what failed
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -89,6 +89,11 @@ class SamplingParams:
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(_is_int(t) for t in self.stop_token_ids):
                 raise InvalidParameterError("stop_token_ids must be a list of token ids", "stop_token_ids")
+            negative = [t for t in self.stop_token_ids if t < 0]
+            if negative:
+                raise InvalidParameterError(
+                    f"stop_token_ids must be token ids (0 or more), got {negative[0]}", "stop_token_ids"
+                )
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)

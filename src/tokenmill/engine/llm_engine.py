@@ -21,7 +21,7 @@ from tokenmill.distributed.launcher import RankSpec
 from tokenmill.distributed.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.request import Request, SampleState
-from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.errors import EngineClosedError, InvalidParameterError, PromptTooLongError
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
@@ -63,6 +63,8 @@ class LLMEngine:
         prefetched: ModelPrefetch | None = None,
     ):
         start = time.monotonic()
+        self.closed = False
+        self._grammars: GrammarCompiler | None = None  # made at first use (grammars)
         bound_onednn_cache()  # before the first matrix product
         self.config = config or EngineConfig()
         if quantization == "none":
@@ -154,7 +156,6 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.device)
         self.requests: dict[str, Request] = {}
-        self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._mask_pool: ThreadPoolExecutor | None = None  # computes constrained rows' masks during the forward
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
@@ -241,9 +242,13 @@ class LLMEngine:
             self.tensor_parallel.ping()
 
     def close(self) -> None:
-        """Stop the other ranks of a tensor-parallel model (nothing to do for one process)."""
+        """Stop the other ranks of a tensor-parallel model and the constraint compiler's threads; the engine takes
+        no more requests (EngineClosedError)."""
+        self.closed = True
         if self.tensor_parallel is not None:
             self.tensor_parallel.close()
+        if self._grammars is not None:
+            self._grammars.close()
 
     def _max_model_len(self, cache_tokens: int) -> int:
         trained = self.model_config.max_position
@@ -326,6 +331,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> str:
         """Validate and queue a request; raises InvalidParameterError / PromptTooLongError when it cannot run."""
+        if self.closed:
+            raise EngineClosedError("this engine was closed (close()); it takes no more requests: make a new one")
         params = params or SamplingParams()
         self.check_params(params)
         request_id = request_id if request_id is not None else self.new_request_id()
@@ -370,7 +377,12 @@ class LLMEngine:
             if self._grammars is None:
                 from tokenmill.structured.grammars import GrammarCompiler
 
-                self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+                self._grammars = GrammarCompiler(
+                    self.tokenizer,
+                    self.model_config.vocab_size,
+                    self.config.max_constraint_bytes,
+                    self.config.max_constraint_compile_seconds,
+                )
             return self._grammars
 
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> int:
@@ -609,13 +621,21 @@ class LLMEngine:
             return
         if masks is not None:
             allowed = masks.result()
+            kept = []
             for row, (request, sample) in zip(rows, row_samples, strict=True):
-                if sample.grammar is None:
-                    continue
-                # a sample forked this step starts where its parent, the request's first, is: the parent's mask
-                mask = allowed.get(sample.seq.seq_id)
-                row.allowed = mask if mask is not None else allowed[request.samples[0].seq.seq_id]
-                sample.allowed_tokens = int(row.allowed.sum())
+                if sample.grammar is not None:
+                    # a sample forked this step starts where its parent, the request's first, is: the parent's mask
+                    mask = allowed.get(sample.seq.seq_id)
+                    row.allowed = mask if mask is not None else allowed[request.samples[0].seq.seq_id]
+                    sample.allowed_tokens = int(row.allowed.sum())
+                    if sample.grammar.is_error() or not sample.allowed_tokens:  # nothing may be sampled
+                        self._fail_constraint(request, sample)
+                        touched[request.request_id] = request
+                        continue
+                kept.append((row, (request, sample)))
+            rows, row_samples = [r for r, _ in kept], [rs for _, rs in kept]
+            if not rows:
+                return
         sampled = self.sampler.sample(logits, rows)
         self.generation_tokens_total += len(sampled)
         now = time.monotonic()
@@ -782,7 +802,12 @@ class LLMEngine:
         can_stop = n_out >= p.min_tokens
         grammar_done = False
         if sample.grammar is not None:
-            grammar_done = not sample.grammar.consume_token(token.token_id) or sample.grammar.is_stopped()
+            accepted = sample.grammar.consume_token(token.token_id)
+            if sample.grammar.is_error():  # a limit hit mid-way: the output cannot be finished as constrained
+                sample.detokenizer.add_token(token.token_id, check_stop=False)  # the mask allowed it
+                self._fail_constraint(request, sample)
+                return
+            grammar_done = not accepted or sample.grammar.is_stopped()
         if grammar_done and token.token_id in self.tokenizer.stop_token_ids:
             self._finish(seq, "stop", None)
         elif can_stop and not p.ignore_eos and token.token_id in self.tokenizer.stop_token_ids:
@@ -799,6 +824,24 @@ class LLMEngine:
             elif n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 sample.detokenizer.flush()
                 self._finish(seq, "length", None)
+
+    def _fail_constraint(self, request: Request, sample: SampleState) -> None:
+        """End a constrained sequence whose matcher failed (llguidance's limits, met mid-way): finish_reason
+        "error" with the matcher's reason, never "stop" (its text so far does not satisfy the constraint)."""
+        from tokenmill.structured.grammars import clean_reason
+
+        error = sample.grammar.get_error() if sample.grammar.is_error() else "it allows no token here"
+        sample.error = f"the structured-output constraint cannot be followed further: {clean_reason(error)}"
+        seq = sample.seq
+        logger.error(
+            "request %s (sample %d) ends with an error after %d tokens: %s",
+            request.request_id,
+            seq.sample_index,
+            seq.num_output_tokens,
+            sample.error,
+        )
+        sample.detokenizer.flush()
+        self._finish(seq, "error", None)
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.finish_reason = reason

@@ -20,6 +20,7 @@ class SampleState:
     sent_token_count: int = 0
     grammar: Any = None  # an llguidance matcher when the request's output is constrained (structured outputs)
     allowed_tokens: int | None = None  # how many tokens the constraint allowed at the last sampled position
+    error: str | None = None  # why the sequence ended with finish_reason "error" (its constraint failed)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Request:
                     logprobs=None if sample.logprobs is None else list(sample.logprobs),
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,
+                    error=sample.error,
                     delta_text=text[sample.sent_text_len :],
                     delta_token_ids=token_ids[sample.sent_token_count :],
                 )

@@ -80,6 +80,20 @@ def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) 
         "auto): up to K tokens proposed by a smaller model with the same tokenizer. All proposals are verified in "
         "one pass; the output is what it would be without them",
     )
+    g.add_argument(
+        "--max-constraint-bytes",
+        type=int,
+        default=None,
+        help="the largest structured-output constraint compiled, in bytes of its JSON schema, regex, grammar or "
+        "choices (default 1048576); a larger one is refused with 400 before compiling",
+    )
+    g.add_argument(
+        "--max-constraint-compile-seconds",
+        type=float,
+        default=None,
+        help="how long a constraint may take to compile (default 10); a slower one is refused with 400, and so is "
+        "every later request with the same constraint (compiles run off the event loop and the engine's thread)",
+    )
     if request_seed:
         g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
     add_parallel_args(parser)
@@ -119,6 +133,8 @@ ENGINE_OPTIONS = (
     "collective_timeout_s",
     "generation_config",
     "speculative_config",
+    "max_constraint_bytes",
+    "max_constraint_compile_seconds",
 )
 
 

@@ -1,7 +1,7 @@
 """The offline API: `LLM(...).generate(prompts, sampling_params)`, everything run through the batching engine."""
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -32,7 +32,7 @@ class LLM:
         self.engine = LLMEngine(model, dtype, quantization, EngineConfig.from_options(options))
 
     def close(self) -> None:
-        """Stop the other ranks of a tensor-parallel model; nothing to do for one process."""
+        """Stop the other ranks of a tensor-parallel model; later calls to generate raise EngineClosedError."""
         self.engine.close()
 
     def get_default_sampling_params(self, **overrides: Any) -> SamplingParams:
@@ -55,8 +55,14 @@ class LLM:
         """Generate for every prompt (a string or {"prompt_token_ids": [...]}); outputs in prompt order."""
         if isinstance(prompts, str | dict):
             prompt_list: list[PromptInput] = [prompts]
-        else:
+        elif isinstance(prompts, Iterable):
             prompt_list = list(prompts)
+        else:
+            raise InvalidParameterError(
+                "prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them; "
+                f"got {type(prompts).__name__}",
+                "prompts",
+            )
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or self.get_default_sampling_params()] * len(prompt_list)
         else:

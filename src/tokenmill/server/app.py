@@ -73,6 +73,9 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         )
         return JSONResponse({"status": reason}, status_code=503)
 
+    # load balancers and uptime checks ask with HEAD: the same status, no body (not in the schema: HEAD has none)
+    app.head("/health", include_in_schema=False)(health)
+
     @app.get("/v1/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
     async def models() -> dict:
         engine = state.require_engine()

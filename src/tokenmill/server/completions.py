@@ -106,7 +106,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     defaults = engine.engine.generation_defaults.sampling_values()
     params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
-    generation = Generation(state, prompts, params, request_id, "/v1/completions")
+    generation = Generation(state, prompts, params, request_id, "/v1/completions", drop_generated)
     await generation.start()
     tokenizer = engine.engine.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)

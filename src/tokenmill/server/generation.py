@@ -49,9 +49,16 @@ class GenerationStream(StreamingResponse):
 
 class Generation:
     def __init__(
-        self, state: ServerState, prompts: list[PromptInput], params: SamplingParams, api_id: str, endpoint: str = ""
+        self,
+        state: ServerState,
+        prompts: list[PromptInput],
+        params: SamplingParams,
+        api_id: str,
+        endpoint: str = "",
+        drop_generated: bool = False,
     ):
         self.state = state
+        self.drop_generated = drop_generated  # echo with max_tokens 0: the one token generated is not output
         self.endpoint = endpoint  # for the access line
         self.started = time.monotonic()
         self._finals: dict[str, RequestOutput] = {}
@@ -65,10 +72,13 @@ class Generation:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._pending: set[str] = set()
         self._claimed = False  # whether this call holds its api id (released when it closes)
+        self._status = "200"  # for the access line
 
     async def start(self) -> None:
         engine = self.state.require_engine()
-        engine.engine.check_params(self.params)  # a request that can never run is a 400, not a 503
+        # a request that can never run is a 400, not a 503; in a worker thread, as its constraint may take a while
+        # to compile (bounded by max_constraint_compile_seconds), which must stall no other client
+        await asyncio.to_thread(engine.engine.check_params, self.params)
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
@@ -106,7 +116,7 @@ class Generation:
             self.state.api_ids.discard(self.api_id)
         if not self._logged and self.request_ids and self.state.settings.log_requests:
             self._logged = True
-            self._log_access("aborted" if aborted else "200")
+            self._log_access(self._status if self._status != "200" or not aborted else "aborted")
 
     def _log_access(self, status: str) -> None:
         finals = list(self._finals.values())
@@ -135,7 +145,16 @@ class Generation:
                 if item.finished:
                     self._pending.discard(item.request_id)
                     self._finals[item.request_id] = item
-                    self.state.metrics.observe(item)
+                    self.state.metrics.observe(item, count_generated=not self.drop_generated)
+                failed = next((o for o in item.outputs if o.finish_reason == "error"), None)
+                if failed is not None:  # its constraint could not be followed: the call fails, never "stop"s
+                    self._status = "500"
+                    raise APIError(
+                        500,
+                        f"request {self.api_id} failed after {len(failed.token_ids)} tokens: {failed.error}",
+                        "server_error",
+                        code="constraint_failed",
+                    )
                 yield self._index[item.request_id], item
         finally:
             self.close()

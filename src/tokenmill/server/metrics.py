@@ -103,8 +103,8 @@ class ServerMetrics:
         r.register(_EngineCollector(stats))
         ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open files
 
-    def observe(self, out: RequestOutput) -> None:
-        """A finished request."""
+    def observe(self, out: RequestOutput, count_generated: bool = True) -> None:
+        """A finished request; `count_generated` False: its tokens were not output (echo with max_tokens 0)."""
         m = out.metrics
         if m.time_to_first_token is not None:
             self.ttft.observe(m.time_to_first_token)
@@ -116,5 +116,6 @@ class ServerMetrics:
             self.queue.observe(m.queue_time)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         for o in out.outputs:
-            self.generation_tokens.inc(len(o.token_ids))
+            if count_generated:
+                self.generation_tokens.inc(len(o.token_ids))
             self.requests.labels(finished_reason=o.finish_reason or "abort").inc()

@@ -8,7 +8,7 @@ valid Unicode: JSON can carry a lone surrogate ("\\ud800", or its bytes in CESU-
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tokenmill.errors import InvalidParameterError
@@ -249,6 +249,64 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # must equal n
     suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "not supported"})] = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        """What is wrong with a malformed prompt, said plainly: the union's own errors all read "Input should be a
+        valid string" (its first member's), whatever the shape (129 prompts never said "at most 128")."""
+        problem = _prompt_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("prompt_shape", problem)
+        return value
+
+
+PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+def _prompt_problem(value: Any) -> str | None:
+    """Why `value` is no valid prompt, or None when it is one."""
+    if isinstance(value, str):
+        return None if value else "the prompt is empty"
+    if not isinstance(value, list):
+        return f"a prompt is {PROMPT_SHAPES}, not {_json_kind(value)}"
+    if not value:
+        return "the prompt list is empty"
+    kinds = sorted({_json_kind(item) for item in value})
+    if len(kinds) > 1:
+        return f"a prompt is {PROMPT_SHAPES}; this list mixes {' and '.join(kinds)}"
+    kind = kinds[0]
+    if kind == "an integer":
+        return _token_ids_problem(value, "the prompt")
+    if kind not in ("a string", "a list"):
+        return f"a prompt is {PROMPT_SHAPES}; this list holds {kind}"
+    if len(value) > MAX_PROMPTS_PER_REQUEST:
+        return f"{len(value)} prompts in one request; at most {MAX_PROMPTS_PER_REQUEST} are allowed"
+    for i, item in enumerate(value):
+        if not item:
+            return f"prompt {i} is empty"
+        if kind == "a list":
+            if any(_json_kind(t) != "an integer" for t in item):
+                return f"prompt {i} is a list, so it must hold token ids (integers)"
+            problem = _token_ids_problem(item, f"prompt {i}")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _token_ids_problem(ids: list[int], what: str) -> str | None:
+    negative = next((t for t in ids if t < 0), None)
+    return None if negative is None else f"{what} holds token id {negative}; token ids are 0 or more"
+
+
+_KINDS = ((bool, "a boolean"), (str, "a string"), (int, "an integer"), (float, "a number"), (list, "a list"))
+
+
+def _json_kind(value: Any) -> str:
+    """A JSON value's kind, in words (for error messages); bool first, as it is an int in Python."""
+    return next(
+        (name for kind, name in _KINDS if isinstance(value, kind)), "an object" if value is not None else "null"
+    )
 
 
 class TextPart(BaseModel):

@@ -31,7 +31,8 @@ class TokenmillServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState, started: float | None = None):
         super().__init__(config)
         self.state = state
-        self.started = started if started is not None else time.monotonic()
+        # not `started`: uvicorn.Server sets that to True once listening, and the ready line subtracted it
+        self.process_started = started if started is not None else time.monotonic()
         self.exit_code = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -55,7 +56,7 @@ class TokenmillServer(uvicorn.Server):
         logger.info(
             "ready to serve %r %.1f s after start%s",
             self.state.model_name,
-            time.monotonic() - self.started,
+            time.monotonic() - self.process_started,
             load if engine is not None else "",
         )
 
