@@ -125,3 +125,11 @@ def test_the_bounds_are_engine_options() -> None:
     for bad in ({"max_constraint_bytes": 0}, {"max_constraint_compile_seconds": -1}):
         with pytest.raises(InvalidParameterError, match=next(iter(bad))):
             EngineConfig.from_options(bad)
+
+
+def test_a_penalty_that_rounds_to_zero_keeps_the_constraint(llm: LLM) -> None:
+    """repetition_penalty 5e-324 is 0 in float32: the disallowed tokens' -inf times it was NaN, which argmax then
+    picked, and the constraint failed after one token (schemathesis found it). They stay disallowed."""
+    params = constrained({"choice": ["yes", "no"]}, repetition_penalty=5e-324)
+    out = llm.generate("Answer yes or no: is the sky blue?", params, use_tqdm=False)[0].outputs[0]
+    assert out.text in ("yes", "no") and out.finish_reason == "stop", (out.text, out.error)

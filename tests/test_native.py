@@ -159,6 +159,15 @@ def test_a_16_bit_kv_cache_takes_half_the_bytes(tmp_path: Path) -> None:
     assert e.value.param == "kv_cache_dtype"
 
 
+def test_loading_the_kernels_leaves_the_processs_floats_alone() -> None:
+    """The library is compiled with -ffast-math but not linked with it: gcc's crtfastmath.o would turn on
+    flush-to-zero for the whole process, and Python's own floats (a request's repetition_penalty of 5e-324)
+    would read as 0.0."""
+    assert lib is not None
+    tiny = float("5e-324")
+    assert tiny != 0.0 and tiny * 2 > 0 and torch.tensor([1e-40]).item() != 0.0
+
+
 def test_the_pool_runs_its_jobs_alone_while_a_helper_is_off_the_cpu() -> None:
     """A helper whose pieces take 30 ms (as one that another process's slice keeps off its core): the caller,
     waiting for it past the stall bound, counts one stall and runs every piece of the later jobs itself, without

@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import torch
@@ -41,7 +42,10 @@ _SOURCES = [
 ]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
 # into vector lanes; the kernels need neither infinities nor NaNs nor a fixed summation order
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared", "-std=c11"]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
+# Linked in a second command without -ffast-math: linked with it, gcc adds crtfastmath.o, which turns on
+# flush-to-zero for the whole process when the library loads, and Python's own floats then read 5e-324 as 0.0
+_LINK_FLAGS = ["-shared", "-fopenmp"]
 # TOKENMILL_NATIVE_MARCH=haswell (AVX2) or x86-64 (plain C) builds the other code paths, for testing them
 _LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries that earlier objects need
 # tm_reduce_fn(ctx, x, n): sums the n floats at x over the tensor-parallel ranks in place; 0 on success
@@ -78,16 +82,20 @@ def _build(force: bool = False) -> Path:
     compiler = compiler.split()[0]
     march = os.environ.get("TOKENMILL_NATIVE_MARCH")
     flags = [f"-march={march}" if f == "-march=native" and march else f for f in _FLAGS]
-    command = [compiler, *flags, "SOURCES", "-o", "TARGET", *_LIBS]
+    command = [compiler, *flags, "-c", "SOURCES", "&&", compiler, *_LINK_FLAGS, "OBJECTS", "-o", "TARGET", *_LIBS]
     sources = b"".join(source.read_bytes() for source in _SOURCES)
     key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
     target = cache_dir() / f"kernels-{key.hexdigest()[:16]}.so"
     if force or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        compiled = [str(source) for source in _SOURCES if source.suffix == ".c"]
-        command = [compiler, *flags, *compiled, "-o", str(tmp), *_LIBS]
-        subprocess.run(command, check=True, capture_output=True)
+        with tempfile.TemporaryDirectory() as objects:
+            built = []
+            for source in (source for source in _SOURCES if source.suffix == ".c"):
+                built.append(str(Path(objects) / f"{source.stem}.o"))
+                subprocess.run([compiler, *flags, "-c", str(source), "-o", built[-1]], check=True, capture_output=True)
+            command = [compiler, *_LINK_FLAGS, *built, "-o", str(tmp), *_LIBS]
+            subprocess.run(command, check=True, capture_output=True)
         tmp.replace(target)  # atomic: concurrent processes never load a half-written file
     return target
 

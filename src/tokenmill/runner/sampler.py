@@ -136,7 +136,10 @@ class Sampler:
                 seen = torch.tensor(r.prompt_token_ids + r.output_token_ids, dtype=torch.int64, device=dev).unique()
                 values = logits[i, seen]
                 rep = p.repetition_penalty
-                logits[i, seen] = torch.where(values > 0, values / rep, values * rep)
+                # a banned or disallowed token (-inf) stays so: -inf * a penalty that rounds to 0 in float32 (the
+                # smallest doubles do) would be NaN, and argmax would pick it (schemathesis: repetition_penalty 5e-324)
+                penalized = torch.where(values > 0, values / rep, values * rep)
+                logits[i, seen] = torch.where(values == float("-inf"), values, penalized)
             if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and r.output_token_ids:
                 out_ids = torch.tensor(r.output_token_ids, dtype=torch.int64, device=dev)
                 tokens, counts = out_ids.unique(return_counts=True)  # occurrences in the generated text
