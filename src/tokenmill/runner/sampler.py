@@ -136,9 +136,10 @@ class Sampler:
                 seen = torch.tensor(r.prompt_token_ids + r.output_token_ids, dtype=torch.int64, device=dev).unique()
                 values = logits[i, seen]
                 rep = p.repetition_penalty
-                # a banned or disallowed token (-inf) stays so: -inf * a penalty that rounds to 0 in float32 (the
-                # smallest doubles do) would be NaN, and argmax would pick it (schemathesis: repetition_penalty 5e-324)
-                penalized = torch.where(values > 0, values / rep, values * rep)
+                # a banned or disallowed token (-inf) stays so, and a logit stays finite: with a penalty that rounds
+                # to 0 in float32 (the smallest doubles do) -inf * 0 was NaN, which argmax picked, and x / 0 was
+                # inf, which made softmax NaN (schemathesis: repetition_penalty 5e-324)
+                penalized = torch.where(values > 0, values / rep, values * rep).clamp(max=torch.finfo(logits.dtype).max)
                 logits[i, seen] = torch.where(values == float("-inf"), values, penalized)
             if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and r.output_token_ids:
                 out_ids = torch.tensor(r.output_token_ids, dtype=torch.int64, device=dev)
@@ -149,7 +150,7 @@ class Sampler:
     def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         dev = logits.device
         temperature = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
-        logits = logits / temperature
+        logits = (logits / temperature).clamp(max=torch.finfo(logits.dtype).max)  # a huge logit / 0.2: not inf
         top_k = [r.params.top_k for r in rows]
         top_p = [r.params.top_p for r in rows]
         if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
