@@ -1,7 +1,9 @@
 """Where a single-sequence decode step's time goes: the native layers, the LM head, the step tensors, the
-runner and the whole engine step (medians per decoded token, `--quantization auto`, 128-token prompt).
+runner and the whole engine step (medians per decoded token, `--quantization auto`, a 128-token prompt unless
+`--prompt-len` says otherwise; `--kv-cache-dtype` as the engine's option).
 
-    .venv/bin/python benchmarks/decode_breakdown.py [--reps 3] [--model PATH_OR_NAME]
+    .venv/bin/python benchmarks/decode_breakdown.py [--reps 3] [--model PATH_OR_NAME] [--prompt-len 128]
+        [--kv-cache-dtype auto]
 
 Prints one JSON line per repetition (milliseconds).
 """
@@ -32,8 +34,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--model", default=None, help="a GGUF or a name (default: the bundled model)")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--kv-cache-dtype", default="auto")
     args = parser.parse_args()
-    llm = LLM(args.model, quantization="auto", num_kv_blocks=64)
+    llm = LLM(args.model, quantization="auto", num_kv_blocks=64, kv_cache_dtype=args.kv_cache_dtype)
     engine, runner = llm.engine, llm.engine.runner
     if runner.native_decoder is None:
         raise SystemExit("the native kernels are not built here: nothing to break down")
@@ -49,7 +53,7 @@ def main() -> None:
     for _ in range(args.reps):
         for record in times.values():
             record.clear()
-        prompt = rng.integers(100, 10000, size=128).tolist()  # fresh tokens: no prefix-cache help
+        prompt = rng.integers(100, 10000, size=args.prompt_len).tolist()  # fresh tokens: no prefix-cache help
         out = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
         m = out.metrics
         result = {k: round(statistics.median(v[1:]) * 1000, 3) for k, v in times.items()}  # [1:]: not the prefill

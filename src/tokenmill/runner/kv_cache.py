@@ -21,7 +21,7 @@ KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, native_decoder: bool) -> torch.dtype:
     """`auto`: float16 where the native decoder reads the cache (it converts 16 values per instruction, and decode
-    reads half the bytes: faster, benchmarks/README.md "KV cache in 16 bits"), else the model's own dtype (torch's
+    reads half the bytes: faster, benchmarks/README.md "Real sizes"), else the model's own dtype (torch's
     attention would convert every gathered block first). float16 rather than bfloat16: 3 more mantissa bits, and
     llama.cpp's default too."""
     if name == "auto":
