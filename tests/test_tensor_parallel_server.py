@@ -149,6 +149,7 @@ def test_a_killed_worker_fails_requests_and_health_quickly() -> None:
             time.sleep(0.1)
         health = httpx.get(f"{server.url}/health").json()
         assert "engine failed" in health["status"] and f"rank {killed_rank}" in health["status"], health
+        assert running_gauge(server.url) == 0  # the failed request is not counted as running any more
         assert server.stop() == 0
         assert_all_gone(processes)
 
@@ -170,6 +171,74 @@ def test_a_stopped_worker_fails_requests_after_the_collective_timeout() -> None:
             worker.resume()
         assert server.stop() == 0
         assert_all_gone(processes)
+
+
+def running_gauge(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics").text
+    lines = metrics.splitlines()
+    return float(next(line.split()[-1] for line in lines if line.startswith("tokenmill:num_requests_running")))
+
+
+def test_a_worker_stopped_mid_stream_ends_it_and_the_running_count() -> None:
+    """SIGSTOP mid-generation: the stream ends with an error after --collective-timeout, /health turns 503 and
+    the running gauge returns to 0 (it stayed at 1)."""
+    server = start_server("--tensor-parallel-size", "2", "--collective-timeout", "2")
+    with cleaned_up(server) as processes:
+        worker = next(p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline()))
+        body = {"prompt": PROMPT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+        body["model"] = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+        try:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+                lines = (line for line in response.iter_lines() if line.startswith("data: "))
+                assert [next(lines) for _ in range(3)]
+                assert running_gauge(server.url) == 1
+                worker.suspend()
+                stopped = time.monotonic()
+                events = list(lines)
+            assert time.monotonic() - stopped < 15, "the stream went on"
+            assert '"error"' in events[-2] and "collective timeout" in events[-2], events[-2:]
+            assert httpx.get(f"{server.url}/health").status_code == 503
+            assert running_gauge(server.url) == 0
+        finally:
+            worker.resume()
+        assert server.stop() == 0
+        assert_all_gone(processes)
+
+
+def is_worker(process: psutil.Process) -> bool:
+    try:
+        return "tokenmill.distributed.worker" in " ".join(process.cmdline())
+    except psutil.Error:  # gone, or a zombie, since it was listed
+        return False
+
+
+@pytest.mark.parametrize("phase", ["importing", "loading"])
+def test_a_worker_stopped_during_start_up_fails_it(phase: str) -> None:
+    """SIGSTOP of a worker before its first heartbeat (still importing) or while it loads its shard: start-up
+    fails naming the rank within --collective-timeout (it waited for the 30-minute start-up timeout), the server
+    exits, and the stopped worker is not left behind."""
+    port = free_port()
+    command = [sys.executable, "-m", "tokenmill", "serve", "--port", str(port), "-tp", "2", "--collective-timeout", "2"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        worker = None
+        while worker is None:
+            assert server.poll() is None, server.communicate()[0]
+            worker = next((c for c in psutil.Process(server.pid).children(recursive=True) if is_worker(c)), None)
+        if phase == "loading":  # the shard's file is mapped once loading has begun
+            while not any(m.path.endswith(".gguf") for m in worker.memory_maps()):
+                assert server.poll() is None, server.communicate()[0]
+                time.sleep(0.01)
+        worker.suspend()
+        stopped = time.monotonic()
+        out, _ = server.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        server.kill()
+    assert server.returncode != 0
+    assert "rank 1 did not answer within the collective timeout (2 s) during start-up: its process is stopped" in out
+    assert took < 20, f"start-up failed {took:.1f} s after the stop"
+    assert_all_gone([worker])
 
 
 def exit_output(command: list[str], timeout: float = 120) -> tuple[int, str]:

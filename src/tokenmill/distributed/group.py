@@ -34,19 +34,25 @@ def torchrun_rank() -> int | None:
     return None
 
 
-def torchrun_store() -> dist.Store:
-    """The rendezvous store torchrun's environment names (its agent's own store when it has one, as env:// does)."""
+def torchrun_store(client: bool = False) -> dist.Store:
+    """The rendezvous store torchrun's environment names (its agent's own store when it has one, as env:// does).
+    `client`: another connection to it, never the one that serves it (a thread's own, heartbeat.py)."""
     rank = int(os.environ["RANK"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         int(os.environ["WORLD_SIZE"]),
-        rank == 0 and not agent_store,
+        rank == 0 and not agent_store and not client,
         STARTUP_TIMEOUT,
         wait_for_workers=False,
     )
     return dist.PrefixStore(f"tokenmill/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+
+
+def local_store_client(port: int, world_size: int) -> dist.Store:
+    """Another connection to the TCPStore that a self-launching rank 0 serves on 127.0.0.1:`port`."""
+    return dist.TCPStore("127.0.0.1", port, world_size, False, STARTUP_TIMEOUT, wait_for_workers=False)
 
 
 @dataclass

@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
@@ -77,12 +78,13 @@ class WorkerProcesses:
             self.processes[rank] = subprocess.Popen(command)
         atexit.register(self.stop)
 
-    def wait_joined(self) -> None:
-        """Until every worker has reached the process group's rendezvous; a worker that exits first fails it."""
+    def wait_joined(self, check_alive: Callable[[], None]) -> None:
+        """Until every worker has reached the process group's rendezvous; `check_alive` raises for a worker that
+        exited or stopped answering first."""
         keys = [f"joined/{rank}" for rank in self.processes]
         deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
         while not self.store.check(keys):
-            self.check_alive()
+            check_alive()
             if time.monotonic() > deadline:
                 raise RankStartupError("the worker ranks did not start within the start-up timeout")
             time.sleep(0.02)

@@ -10,12 +10,15 @@ that died or hangs is found within the collective timeout, not at the next reque
 import logging
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 
 from tokenmill.distributed import step_message
-from tokenmill.distributed.group import ParallelGroup, join_group, torchrun_rank, torchrun_store
+from tokenmill.distributed.group import ParallelGroup, join_group, local_store_client, torchrun_rank, torchrun_store
+from tokenmill.distributed.heartbeat import StartupWatch
 from tokenmill.distributed.launcher import STOP_GRACE_S, RankSpec, RankStartupError, WorkerProcesses
 from tokenmill.distributed.shard import ShardPlan
 from tokenmill.distributed.shm import CollectiveError
@@ -131,6 +134,32 @@ class TensorParallelRunner:
             split_cpu_threads(1, self._threads_before)  # the process may go on with other engines
 
 
+def join_while_watched(
+    spec: RankSpec, store: torch.distributed.Store, local_rank: int, check_alive: Callable[[], None]
+) -> ParallelGroup:
+    """Rank 0's side of join_group, in a thread while this one checks the ranks: gloo's rendezvous waits for a
+    rank's address as long as the control group's timeout (a year), so a rank that stops answering before it
+    publishes one is found here. Such a thread stays blocked; start-up fails and the process normally exits."""
+    device = select_device(spec.device, local_rank)
+    result: list[ParallelGroup | BaseException] = []
+
+    def join() -> None:
+        try:
+            result.append(join_group(0, spec.tensor_parallel_size, device, spec.collective_timeout_s, store))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            result.append(exc)
+
+    # a daemon thread: one left blocked must not hold the interpreter's exit (an executor's would)
+    thread = threading.Thread(target=join, name="tokenmill-join", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        check_alive()
+        thread.join(timeout=0.05)
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
 def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
     """Rank 0: check that the model splits, start (or, under torchrun, meet) the other ranks, load every shard.
     Raises ShardingError when the sizes do not divide, RankStartupError naming the rank that failed."""
@@ -143,7 +172,8 @@ def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
     rank = torchrun_rank()
     if rank is None:
         workers: WorkerProcesses | None = WorkerProcesses(spec)
-        store, check_alive, local_rank = workers.store, workers.check_alive, 0
+        store, local_rank = workers.store, 0
+        watch_store, pids = local_store_client(workers.store.port, n), {r: p.pid for r, p in workers.processes.items()}
     else:
         world = int(os.environ["WORLD_SIZE"])
         if rank != 0 or world != n:
@@ -152,22 +182,36 @@ def start_tensor_parallel(spec: RankSpec) -> TensorParallelRunner:
                 f"equal the tensor-parallel size, and only rank 0 runs the engine"
             )
         workers, store, local_rank = None, torchrun_store(), int(os.environ.get("LOCAL_RANK", 0))
+        watch_store, pids = torchrun_store(client=True), {}  # torchrun watches its own processes
 
-        def check_alive() -> None:  # torchrun watches its own processes
-            pass
+    def kill(rank: int) -> None:  # a worker of ours that stopped answering: its end ends every wait for it
+        if workers is not None:
+            workers.processes[rank].kill()
+
+    watch = StartupWatch(watch_store, n, spec.collective_timeout_s, pids, kill)
+
+    def check_alive() -> None:
+        if watch.failure is not None:
+            raise RankStartupError(watch.failure)
+        if workers is not None:
+            workers.check_alive()
 
     group = None
     try:
         if workers is not None:
-            workers.wait_joined()
-        group = join_group(0, n, select_device(spec.device, local_rank), spec.collective_timeout_s, store)
+            workers.wait_joined(check_alive)
+        group = join_while_watched(spec, store, local_rank, check_alive)
         runner = load_and_collect(spec, group, check_alive)
-    except BaseException:
+    except BaseException as exc:
         if workers is not None:
             workers.stop()
         if group is not None:
             group.destroy()
         split_cpu_threads(1, threads_before)
+        if watch.failure is not None and not isinstance(exc, RankStartupError):
+            raise RankStartupError(watch.failure) from exc  # what broke the wait, not how it broke
         raise
+    finally:
+        watch.stop()
     logger.info("%d ranks joined and loaded their shards in %.2f s", n, time.monotonic() - start)
     return TensorParallelRunner(runner, group, workers, threads_before)

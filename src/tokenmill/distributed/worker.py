@@ -17,7 +17,14 @@ import torch
 import torch.distributed as dist
 
 from tokenmill.distributed import step_message
-from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup, join_group, torchrun_store
+from tokenmill.distributed.group import (
+    STARTUP_TIMEOUT,
+    ParallelGroup,
+    join_group,
+    local_store_client,
+    torchrun_store,
+)
+from tokenmill.distributed.heartbeat import Heartbeat
 from tokenmill.distributed.launcher import RankSpec
 from tokenmill.distributed.startup import load_and_report
 from tokenmill.distributed.step_message import Kind
@@ -48,9 +55,10 @@ def serve_steps(runner: ModelRunner, group: ParallelGroup) -> int:
             return 0
 
 
-def run_rank(spec: RankSpec, group: ParallelGroup) -> int:
+def run_rank(spec: RankSpec, group: ParallelGroup, heartbeat: Heartbeat) -> int:
     bound_onednn_cache()  # before the first matrix product, as LLMEngine does on rank 0
     runner = load_and_report(spec, group)
+    heartbeat.stop()  # from here on, the steps' collectives and rank 0's pings tell whether this rank answers
     if runner is None:
         return 1
     code = serve_steps(runner, group)
@@ -63,9 +71,10 @@ def run_torchrun_worker(spec: RankSpec) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = select_device(spec.device, local_rank)
+    heartbeat = Heartbeat(torchrun_store(client=True), rank)
     group = join_group(rank, world, device, spec.collective_timeout_s, torchrun_store())
     logger.info("rank %d of %d joined", rank, world)
-    return run_rank(spec, group)
+    return run_rank(spec, group, heartbeat)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -89,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     _exit_with_parent(os.getppid())
     spec = RankSpec.from_json(args.spec)
     store = dist.TCPStore("127.0.0.1", args.store_port, spec.tensor_parallel_size, False, STARTUP_TIMEOUT)
+    heartbeat = Heartbeat(local_store_client(args.store_port, spec.tensor_parallel_size), args.rank)
     store.set(f"joined/{args.rank}", "1")
     device = select_device(spec.device, args.rank)
     group = join_group(args.rank, spec.tensor_parallel_size, device, spec.collective_timeout_s, store)
     try:
-        return run_rank(spec, group)
+        return run_rank(spec, group, heartbeat)
     except Exception:
         logger.exception("rank %d stopped", args.rank)
         return 1

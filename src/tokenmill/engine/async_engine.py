@@ -81,6 +81,8 @@ class AsyncEngine:
         except BaseException as exc:  # the engine is broken: fail every stream, refuse new work
             logger.exception("engine step loop failed")
             self.error = exc
+            # every request it held ends here with the error: none runs or waits any more (the gauges say so)
+            self._stats = {**self._stats, "num_running": 0, "num_waiting": 0}
             for request_id in list(self._streams):
                 self._deliver(request_id, EngineDeadError(f"the engine failed: {exc!r}"))
             self._drain_commands()
