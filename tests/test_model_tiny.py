@@ -96,3 +96,31 @@ def test_block_copy(tmp_path: Path) -> None:
     on_original = runner.execute([StepChunk(ids[9:10], 9, [1, 2, 3])]).last_logits[0]
     on_copy = runner.execute([StepChunk(ids[9:10], 9, [1, 2, 7])]).last_logits[0]
     assert torch.equal(on_original, on_copy)
+
+
+def test_a_prompt_longer_than_the_mlp_pieces_matches_hf_and_its_own_unsplit_mlp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """250 prompt tokens: the MLP runs in pieces of MLP_ROWS (model/llama.py). Dense float32 logits still match
+    HF's; with the native products (Q8_0 under `auto`) they are the same bits as one MLP over all rows."""
+    from tokenmill.model import llama
+
+    model = TinyLlama(seed=3)
+    ids = list(np.random.default_rng(2).integers(0, model.vocab_size, size=250))
+    assert len(ids) > 1.5 * llama.MLP_ROWS
+    path = write_tiny_llama(tmp_path / "tiny.gguf", model, "F32")
+    with torch.no_grad():
+        expected = hf_model(model, "F32")(torch.tensor([ids])).logits[0]  # [T, V]
+    out = runner_for(path).execute([StepChunk(ids, 0, list(range(63)), want_all_logits=True)])
+    assert torch.allclose(out.all_logits[0], expected, atol=2e-4), (out.all_logits[0] - expected).abs().max()
+
+    path = write_tiny_llama(tmp_path / "tiny-q8.gguf", model, "Q8_0")
+
+    def native_logits() -> torch.Tensor:
+        runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, "auto")
+        runner.allocate_kv_cache(64)
+        return runner.execute([StepChunk(ids, 0, list(range(63)), want_all_logits=True)]).all_logits[0]
+
+    split = native_logits()
+    monkeypatch.setattr(llama, "MLP_ROWS", 10**9)
+    assert torch.equal(split, native_logits())

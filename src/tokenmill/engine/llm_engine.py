@@ -134,6 +134,9 @@ class LLMEngine:
         cache_tokens = num_blocks * self.config.block_size
         try:
             self.max_model_len = self._max_model_len(cache_tokens)
+            # what loading freed goes back first (glibc keeps it, about 140 MiB at 1.7B): else the cache's pages
+            # come on top of it, and that is the peak of the whole start-up
+            release_free_memory()
             self.runner.allocate_kv_cache(num_blocks, num_local_blocks)
             if self.drafter is not None:
                 self.drafter.allocate_kv_cache(num_blocks)  # indexed by the same block tables

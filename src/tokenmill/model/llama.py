@@ -84,6 +84,13 @@ class LlamaAttention(nn.Module):
         return self.o_proj.forward(out.reshape(tokens, self.q_size))
 
 
+# A prompt chunk's MLP runs over this many tokens at a time. Its intermediates are the step's largest tensors
+# ([T, 2 * I] and [T, I] float32: 64 MiB at 512 tokens of SmolLM2-1.7B); in pieces they take a quarter of that,
+# and glibc's heap holds correspondingly less after them (peak RSS of a 512-token prefill at 1.7B: file + 649 MiB
+# against + 700-730, at the same speed). The native products compute each row on its own: the same bits.
+MLP_ROWS = 128
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
@@ -92,7 +99,13 @@ class LlamaMLP(nn.Module):
         self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(self.activation(self.gate_up_proj.forward(x)))
+        """x [T, hidden] -> [T, hidden]; on the CPU in pieces of MLP_ROWS tokens (a GPU wants all rows at once)."""
+        if x.shape[0] <= MLP_ROWS or x.device.type != "cpu":
+            return self.down_proj.forward(self.activation(self.gate_up_proj.forward(x)))
+        pieces = range(0, x.shape[0], MLP_ROWS)
+        return torch.cat(
+            [self.down_proj.forward(self.activation(self.gate_up_proj.forward(x[i : i + MLP_ROWS]))) for i in pieces]
+        )
 
 
 class LlamaDecoderLayer(nn.Module):
