@@ -110,8 +110,8 @@ def _causal_in_query_blocks(
     start = ctx - q_len  # the chunk's first position in its sequence
     first, last = start // QUERY_BLOCK, (ctx - 1) // QUERY_BLOCK  # the blocks it touches
     span = (last + 1) * QUERY_BLOCK  # every position up to the end of its last block
-    padded_keys = F.pad(keys, (0, 0, 0, span - ctx))  # [1, KVH, span, D]
-    padded_values = F.pad(values, (0, 0, 0, span - ctx))
+    padded_keys = F.pad(keys, (0, 0, 0, span - ctx)) if span > ctx else keys  # [1, KVH, span, D]
+    padded_values = F.pad(values, (0, 0, 0, span - ctx)) if span > ctx else values
     base = first * QUERY_BLOCK  # the first block's first position
     positions = torch.arange(span, device=q.device)
     # [span - base, span]: which key each of the blocks' rows may see
@@ -120,8 +120,11 @@ def _causal_in_query_blocks(
         allowed[start - base : ctx - base, :ctx] &= mask[0, 0]
     allowed[: start - base, 0] = True  # rows outside the chunk (padding) attend to something: no NaN
     allowed[ctx - base :, 0] = True
-    queries = q.new_zeros(1, heads, span - base, dim)  # the blocks' rows, the chunk's in place
-    queries[:, :, start - base : ctx - base] = q
+    if start == base and ctx == span:  # the chunk fills its blocks: its own rows
+        queries = q
+    else:
+        queries = q.new_zeros(1, heads, span - base, dim)  # the blocks' rows, the chunk's in place
+        queries[:, :, start - base : ctx - base] = q
     outs = []
     for block in range(first, last + 1):
         rows = slice(block * QUERY_BLOCK - base, (block + 1) * QUERY_BLOCK - base)

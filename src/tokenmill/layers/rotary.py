@@ -93,8 +93,8 @@ class RotaryEmbedding(nn.Module):
     def forward(self, tables: RopeTables, x: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D] (Q and K heads together) -> rotated copy."""
         cos, sin = tables
-        if self.rotary_dim == x.shape[-1]:
-            return torch.addcmul(x * cos.to(x.dtype), x.roll(self.half, dims=-1), sin.to(x.dtype))
+        if self.rotary_dim == x.shape[-1]:  # (in place on x * cos: one fewer [T, heads, D] temporary)
+            return (x * cos.to(x.dtype)).addcmul_(x.roll(self.half, dims=-1), sin.to(x.dtype))
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         rotated = torch.addcmul(rot * cos.to(x.dtype), rot.roll(self.half, dims=-1), sin.to(x.dtype))
         return torch.cat([rotated, rest], dim=-1)
