@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,26 @@ def test_the_pool_runs_its_jobs_alone_while_a_helper_is_off_the_cpu() -> None:
         assert lib.tm_pool_solo() == 1
         follow_contention(lib)
         assert torch.get_num_threads() == 1
+    finally:
+        set_threads(usable_cpus(), lib)
+
+
+def test_the_pool_tries_its_team_again_within_a_body_once_the_while_alone_is_over() -> None:
+    """One body of 400 jobs (a decode step is one body): after the first stall the caller runs the next jobs alone
+    (about 0.1 ms each), and once its while alone (20 ms) is over it publishes jobs to the team again in the same
+    body (before, the rest of the body ran alone: at 8B a whole step); the helper, still slow, stalls it again,
+    each time after a longer while alone (doubled)."""
+    caller_pieces = np.zeros(400, dtype=np.int64)
+    try:
+        set_threads(2, lib)
+        time.sleep(0.1)  # an earlier while alone is long past: this body's first one is the shortest
+        stalls = lib.tm_pool_stalls()
+        lib.tm_pool_probe(400, 16, 100, 30_000, caller_pieces.ctypes.data)
+        shared = [job for job, pieces in enumerate(caller_pieces.tolist()) if pieces < 16]
+        assert len(shared) >= 2 and shared[0] == 0 and shared[1] > 20, shared
+        if len(shared) > 2:  # the second while alone is the longer one
+            assert shared[2] - shared[1] > shared[1] - shared[0], shared
+        assert lib.tm_pool_stalls() == stalls + len(shared)
     finally:
         set_threads(usable_cpus(), lib)
 

@@ -14,11 +14,12 @@
  *
  * That still waits for a helper that was descheduled holding a piece: when the caller, its own pieces done,
  * waits longer than STALL_PIECES of them (plus STALL_NS) for the others, a helper was off the CPU, and the
- * calling thread runs every job alone (no team, no waits) for a while, then tries the team again. A virtual
- * machine's host stalls both threads alike now and then (one stall, then none for a while: a short while alone,
- * SOLO_MIN_NS); another process on a core stalls a team again and again: each stall soon after a while alone
- * doubles the next one, up to SOLO_MAX_NS. On a busy machine that is one thread's speed, less one stall per
- * SOLO_MAX_NS, instead of a stall per job.
+ * calling thread runs every job alone (no waits) for a while, then tries the team again, within the same body as
+ * well (a body is a whole decode step: at 8B, 180 ms, of which the rest alone cost 10% of decode on a quiet VM).
+ * A virtual machine's host stalls a thread now and then (one stall, then none for a while: a short while alone,
+ * SOLO_MIN_NS); another process on a core stalls a team again and again: each stall soon (SOLO_AGAIN_NS) after a
+ * while alone doubles the next one, up to SOLO_MAX_NS. On a busy machine that is one thread's speed, less one
+ * stall per SOLO_MAX_NS, instead of a stall per job.
  *
  * A piece is claimed by a compare-and-swap of one word that holds the job's number and the next piece: a thread
  * that read a job's description and was descheduled before claiming cannot take a piece of a later job. */
@@ -33,7 +34,7 @@
 #define STALL_NS 500000   /* (a slice the scheduler gives another process is milliseconds; page faults, microseconds) */
 #define SOLO_MIN_NS 20000000    /* the caller's first while alone after a stall */
 #define SOLO_MAX_NS 2000000000  /* and its longest, when stalls keep coming */
-#define SOLO_AGAIN_NS 200000000 /* a stall this soon after a while alone doubles the next */
+#define SOLO_AGAIN_NS 50000000  /* a stall this soon after a while alone doubles the next */
 
 typedef struct {
     tm_range_fn fn;
@@ -55,8 +56,9 @@ static struct {
     int64_t solo_ns;    /* the last while alone */
 } pool = {.caller = PTHREAD_MUTEX_INITIALIZER, .threads = 1};
 
-/* what this thread's jobs do: make a team of their own, go to the team whose body it runs, or run on it alone */
-enum { NO_TEAM = 0, IN_TEAM = 1, SOLO = 2 };
+/* what this thread's jobs do: make a team of their own, go to the team whose body it runs, or run on it alone
+ * (SOLO: no team; PAUSED: in a team's body, alone until pool.solo_until, then with the team again) */
+enum { NO_TEAM = 0, IN_TEAM = 1, SOLO = 2, PAUSED = 3 };
 static _Thread_local int team_state;
 
 static int64_t now_ns(void) {
@@ -157,7 +159,9 @@ static void for_body(void *p) {
 void tm_pool_for(tm_range_fn fn, void *ctx, int64_t n, int64_t items) {
     if (n <= 0) return;
     items = items < 1 ? 1 : items > n ? n : items;
-    if (pool.threads == 1 || items == 1 || team_state == SOLO) { /* nothing to share, or no one to share with */
+    if (team_state == PAUSED && now_ns() >= __atomic_load_n(&pool.solo_until, __ATOMIC_RELAXED))
+        team_state = IN_TEAM; /* the while alone is over: the team's helpers are still serving */
+    if (pool.threads == 1 || items == 1 || team_state == SOLO || team_state == PAUSED) { /* no one to share with */
         fn(ctx, 0, n);
         return;
     }
@@ -184,14 +188,14 @@ void tm_pool_for(tm_range_fn fn, void *ctx, int64_t n, int64_t items) {
         }
         sched_yield(); /* a helper holding a piece may be waiting for this core */
         const int64_t now = now_ns();
-        if (team_state == IN_TEAM && now - waiting_since > stall_ns) { /* the rest of this body, and a while: alone */
+        if (team_state == IN_TEAM && now - waiting_since > stall_ns) { /* a while alone, from the stall's end */
             __atomic_add_fetch(&pool.stalls, 1, __ATOMIC_RELAXED);
             const int again = pool.solo_until && now - pool.solo_until < SOLO_AGAIN_NS;
             pool.solo_ns = !again ? SOLO_MIN_NS : 2 * pool.solo_ns < SOLO_MAX_NS ? 2 * pool.solo_ns : SOLO_MAX_NS;
-            team_state = SOLO;
+            team_state = PAUSED;
         }
     }
-    if (team_state == SOLO) /* (it was IN_TEAM when this job began): the while alone counts from the stall's end */
+    if (team_state == PAUSED) /* (it was IN_TEAM when this job began): the while alone counts from the stall's end */
         __atomic_store_n(&pool.solo_until, now_ns() + pool.solo_ns, __ATOMIC_RELAXED);
 }
 
