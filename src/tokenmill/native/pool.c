@@ -34,7 +34,7 @@
 #define STALL_NS 500000   /* (a slice the scheduler gives another process is milliseconds; page faults, microseconds) */
 #define SOLO_MIN_NS 20000000    /* the caller's first while alone after a stall */
 #define SOLO_MAX_NS 2000000000  /* and its longest, when stalls keep coming */
-#define SOLO_AGAIN_NS 50000000  /* a stall this soon after a while alone doubles the next */
+#define SOLO_AGAIN_NS 200000000 /* a stall this soon after a while alone doubles the next */
 
 typedef struct {
     tm_range_fn fn;
