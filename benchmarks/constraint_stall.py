@@ -13,34 +13,20 @@ worst gap meanwhile; first the same for a request without a constraint (what the
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from local_server import free_port, wait_healthy
 
 
 def start(port: int, extra: list[str]) -> subprocess.Popen:
     command = [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--port", str(port), *extra]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the server did not become healthy")
+    wait_healthy(proc, f"http://127.0.0.1:{port}")
+    return proc
 
 
 def measure(url: str, body: dict) -> dict:

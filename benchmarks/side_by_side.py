@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-import httpx
+from local_server import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -50,12 +49,6 @@ def run_json(cmd: list[str]) -> dict:
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_run(quantization: str) -> dict:
     """Start `tokenmill serve`, time it to ready, put the streaming load on it, read its peak memory."""
     port = free_port()
@@ -66,16 +59,7 @@ def serve_run(quantization: str) -> dict:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() - start > 120:
-            proc.kill()
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
+    wait_healthy(proc, url)
     try:
         ready_s = time.monotonic() - start
         load = run_json([str(BIN / "tokenmill"), "bench", "serve", "--url", url, "--concurrency", "16", "--json"])

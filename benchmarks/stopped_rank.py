@@ -10,19 +10,13 @@ it, as a loaded machine. Prints one JSON line per case.
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 import psutil
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from local_server import free_port, wait_healthy
 
 
 def serve(port: int, args: argparse.Namespace) -> subprocess.Popen:
@@ -49,13 +43,7 @@ def mid_stream(args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     server = serve(port, args)
     try:
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(server, url)
         worker = worker_of(server)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         body = {"model": model, "prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True, "stream": True}

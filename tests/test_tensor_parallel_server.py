@@ -35,6 +35,13 @@ def family(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def is_worker(process: psutil.Process) -> bool:
+    try:
+        return "tokenmill.distributed.worker" in " ".join(process.cmdline())
+    except psutil.Error:  # gone, or a zombie, since it was listed
+        return False
+
+
 def assert_all_gone(processes: list[psutil.Process], timeout: float = 15) -> None:
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
@@ -125,7 +132,7 @@ def test_a_killed_worker_fails_requests_and_health_quickly() -> None:
     oversubscribed = "tensor parallelism over 3 ranks on" in server.output()
     assert oversubscribed == (3 > (os.cpu_count() or 1)), server.output()
     with cleaned_up(server) as processes:
-        workers = [p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline())]
+        workers = [p for p in processes if is_worker(p)]
         assert len(workers) == 2
         killed_rank = workers[1].cmdline()[workers[1].cmdline().index("--rank") + 1]
         body = {"model": "x", "prompt": PROMPT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
@@ -158,7 +165,7 @@ def test_a_stopped_worker_fails_requests_after_the_collective_timeout() -> None:
     """SIGSTOP (alive, not answering): the step fails after --collective-timeout, not never."""
     server = start_server("--tensor-parallel-size", "2", "--collective-timeout", "2")
     with cleaned_up(server) as processes:
-        worker = next(p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline()))
+        worker = next(p for p in processes if is_worker(p))
         worker.suspend()
         stopped = time.monotonic()
         try:
@@ -184,7 +191,7 @@ def test_a_worker_stopped_mid_stream_ends_it_and_the_running_count() -> None:
     the running gauge returns to 0 (it stayed at 1)."""
     server = start_server("--tensor-parallel-size", "2", "--collective-timeout", "2")
     with cleaned_up(server) as processes:
-        worker = next(p for p in processes if "tokenmill.distributed.worker" in " ".join(p.cmdline()))
+        worker = next(p for p in processes if is_worker(p))
         body = {"prompt": PROMPT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
         body["model"] = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
         try:
@@ -203,13 +210,6 @@ def test_a_worker_stopped_mid_stream_ends_it_and_the_running_count() -> None:
             worker.resume()
         assert server.stop() == 0
         assert_all_gone(processes)
-
-
-def is_worker(process: psutil.Process) -> bool:
-    try:
-        return "tokenmill.distributed.worker" in " ".join(process.cmdline())
-    except psutil.Error:  # gone, or a zombie, since it was listed
-        return False
 
 
 @pytest.mark.parametrize("phase", ["importing", "loading"])

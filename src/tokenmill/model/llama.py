@@ -100,12 +100,9 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; on the CPU in pieces of MLP_ROWS tokens (a GPU wants all rows at once)."""
-        if x.shape[0] <= MLP_ROWS or x.device.type != "cpu":
-            return self.down_proj.forward(self.activation(self.gate_up_proj.forward(x)))
-        pieces = range(0, x.shape[0], MLP_ROWS)
-        return torch.cat(
-            [self.down_proj.forward(self.activation(self.gate_up_proj.forward(x[i : i + MLP_ROWS]))) for i in pieces]
-        )
+        pieces = x.split(MLP_ROWS) if x.device.type == "cpu" else (x,)
+        outs = [self.down_proj.forward(self.activation(self.gate_up_proj.forward(piece))) for piece in pieces]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 class LlamaDecoderLayer(nn.Module):
