@@ -27,10 +27,15 @@ def reference(raw: np.ndarray, type_name: str, rows: int, k: int) -> torch.Tenso
     return torch.from_numpy(gguf.quants.dequantize(raw, GGMLQuantizationType[type_name])).reshape(rows, k)
 
 
-def quantized_activations(x: torch.Tensor, passes: int) -> torch.Tensor:
-    """The values the kernels compute with (products.c's header), as float64: per row and block of 32,
+def activation_group(type_name: str, passes: int) -> int:
+    """Values per activation scale: 256 with one pass into a K-quant (as llama.cpp's Q8_K), else 32."""
+    return 256 if passes == 1 and type_name.endswith("_K") else 32
+
+
+def quantized_activations(x: torch.Tensor, passes: int, group: int = 32) -> torch.Tensor:
+    """The values the kernels compute with (products.c's header), as float64: per row and group of values,
     s = max|x| / 127, hi = round(x / s), lo = round((x / s - hi) * 254); s * hi (one pass) or s * (hi + lo / 254)."""
-    blocks = x.reshape(x.shape[0], -1, 32)
+    blocks = x.reshape(x.shape[0], -1, group)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
     v = blocks * torch.where(amax > 0, 127.0 / amax, 0.0)
     hi = v.round().clamp(-127, 127)
@@ -45,10 +50,12 @@ def activations(rows: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, k, generator=g) * torch.linspace(0.1, 4.0, k)  # blocks of different ranges
 
 
-def assert_exact_up_to_activations(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, passes: int) -> None:
+def assert_exact_up_to_activations(
+    out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, passes: int, group: int
+) -> None:
     """out is the float64 product of W with x's quantized values, up to float32 rounding of the sums: within
     1e-5 of sum |w| |x| per output."""
-    values = quantized_activations(x, passes)
+    values = quantized_activations(x, passes, group)
     bound = 1e-5 * (values.abs() @ w.double().abs().T) + 1e-6
     assert ((out.double() - values @ w.double().T).abs() <= bound).all()
 
@@ -71,7 +78,8 @@ def test_rows_are_the_reference_dequantization_exactly(type_name: str) -> None:
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("type_name", TYPES)
 def test_products_are_exact_up_to_the_activations_quantization(type_name: str, passes: int) -> None:
-    """y = x @ W.T with W the reference dequantization: the only error is the activations' (1 or 2 int8 passes)."""
+    """y = x @ W.T with W the reference dequantization: the only error is the activations' (1 or 2 int8 passes;
+    one pass into a K-quant with a scale per 256 values, else per 32)."""
     rows, k = 48, 512
     raw = random_blocks(type_name, rows, k, np.random.default_rng(2))
     w = reference(raw, type_name, rows, k)
@@ -81,10 +89,13 @@ def test_products_are_exact_up_to_the_activations_quantization(type_name: str, p
         x = activations(m, k, seed=m)
         out = layer(x)
         assert out.shape == (m, rows) and out.dtype == torch.float32
-        assert_exact_up_to_activations(out, x, w, passes)
-    # the check tells the passes apart: one pass is off by far more than float32 rounding
-    values_other = quantized_activations(x, 3 - passes)
-    assert ((out.double() - values_other @ w.double().T).abs() > 1e-4).any()
+        assert_exact_up_to_activations(out, x, w, passes, activation_group(type_name, passes))
+    # the check tells the passes and the groups apart: each other is off by far more than float32 rounding
+    group = activation_group(type_name, passes)
+    others = [(3 - passes, activation_group(type_name, 3 - passes)), (passes, 256 + 32 - group)]
+    for other_passes, other_group in others:
+        values_other = quantized_activations(x, other_passes, other_group)
+        assert ((out.double() - values_other @ w.double().T).abs() > 1e-4).any(), (other_passes, other_group)
     assert torch.equal(layer(x, passes=3 - passes), NativeLinear.from_gguf(layer_parts, k, passes=3 - passes)(x))
 
 
@@ -125,8 +136,10 @@ def test_parts_of_different_types_are_outputs_side_by_side() -> None:
     w = torch.cat([reference(raws[0][0], "Q8_0", 24, k), reference(raws[1][0], "Q5_K", 8, k)])
     out = fused(x)
     assert out.shape == (7, 32)
-    assert_exact_up_to_activations(out, x, w, passes=2)
+    assert_exact_up_to_activations(out, x, w, passes=2, group=32)
     assert torch.equal(fused.rows(torch.arange(32)), w)
+    # one pass into a weight with a K-quant part: a scale per 256 values for all of its parts
+    assert_exact_up_to_activations(NativeLinear.from_gguf(raws, k, passes=1)(x), x, w, passes=1, group=256)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -173,7 +186,7 @@ def test_float_weights_become_q8_0_and_q4_1_rows() -> None:
     )
     layer = NativeLinear.from_gguf([(raw4, GGMLQuantizationType.Q4_1)], 128, passes=2)
     x = activations(3, 128, seed=10)
-    assert_exact_up_to_activations(layer(x), x, reference(raw4.numpy(), "Q4_1", 32, 128), passes=2)
+    assert_exact_up_to_activations(layer(x), x, reference(raw4.numpy(), "Q4_1", 32, 128), passes=2, group=32)
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ typedef struct {
 
 /* y = x @ w.T through the scratch's quantized activations: two jobs of the step's team */
 static void project(const float *x, int64_t m, const tm_weight *w, const tm_scratch *s, float *y) {
-    tm_quantize_rows(x, m, w->parts[0].k, s->passes, &s->qx);
+    tm_quantize_rows(x, m, w->parts[0].k, s->passes, tm_activation_group(w, s->passes), &s->qx);
     tm_weight_matmul(&s->qx, m, s->passes, w, y);
 }
 

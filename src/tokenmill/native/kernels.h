@@ -114,7 +114,8 @@ int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or
 
 /* ---- activations ---------------------------------------------------------------------------------------------
  * Quantized per row and block of 32, in one or two int8 passes: x ~ s * hi (one), x ~ s * (hi + lo / 254) (two),
- * s = max|x| / 127 (products.c's header says why). The codes of each QX_ROWS rows are interleaved by 4-byte word:
+ * s = max|x| / 127 over the block, or over `group` blocks (a K-quant super-block of 256: one pass into K-quants,
+ * as llama.cpp's Q8_K; tm_activation_group, products.c's header says why). The codes of each QX_ROWS rows are interleaved by 4-byte word:
  * word w (codes 4w .. 4w + 3) of the rows r0 .. r0 + 7 (r0 a multiple of 8) are 32 contiguous bytes, so that a
  * tile (its rows within one such group) reads all its rows' codes from one pointer with constant offsets: with a
  * pointer per row the AVX-512 tiles ran out of general registers (8 rows: ~50 moves to and from vector registers
@@ -135,6 +136,7 @@ typedef struct {
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
     int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
                                          * sub-blocks are 16), where its integer chains start */
+    int16_t *bsum;                /* [m, k/32] sum_hi in 16 bits (|sum| <= 32 * 127): K-quants' minimums by pairs */
 } tm_qx;
 
 /* IEEE half -> float (dequantization and the portable path; the vector paths convert with vcvtph2ps) */
@@ -165,7 +167,10 @@ void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t help
 /* products.c, for the decoder: jobs of the calling team */
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
 void tm_qx_free(tm_qx *a);
-void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, const tm_qx *a);
+/* the activations' group for a product with w: 8 (a scale per 256) with one pass into a weight with a K-quant
+ * part, else 1 */
+int64_t tm_activation_group(const tm_weight *w, int64_t passes);
+void tm_quantize_rows(const float *x, int64_t m, int64_t k, int64_t passes, int64_t group, const tm_qx *a);
 /* y [m, tm_weight_n(w)] = x @ w.T over a's quantized rows (y is complete on return) */
 void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight *w, float *y);
 
