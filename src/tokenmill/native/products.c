@@ -17,7 +17,7 @@
  * llama.cpp's Q8_K; tm_activation_group): the AVX-512 path then sums each block's integer dot times the weight's
  * integer sub-block scale exactly over the super-block and takes one float step per super-block (tile_k256),
  * +3-10% on Q4_K, -3 to +7% on Q6_K on one core (paired against per-32 scales). The cost is accuracy where
- * activations have outliers: Gemma 3 270M's median top-10 drift 0.16 -> 0.30 (llama.cpp 0.18), greedy tokens
+ * activations have outliers: Gemma 3 270M's median top-10 drift 0.17 -> 0.30 (llama.cpp 0.18), greedy tokens
  * agreeing with HF float32 as long as llama.cpp's (benchmarks/README.md). The other paths compute the same
  * values with their per-block steps.
  *
