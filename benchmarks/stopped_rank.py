@@ -29,7 +29,7 @@ def worker_of(server: subprocess.Popen) -> psutil.Process:
     while True:
         for child in psutil.Process(server.pid).children(recursive=True):
             try:
-                if "tokenmill.distributed.worker" in " ".join(child.cmdline()):
+                if "tokenmill.executor.worker" in " ".join(child.cmdline()):
                     return child
             except psutil.Error:
                 pass

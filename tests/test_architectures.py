@@ -22,7 +22,7 @@ from tokenmill.errors import UnsupportedModelError
 from tokenmill.layers.rotary import inverse_frequencies, llama3_frequency_factors
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
-from tokenmill.model.config import model_config_from_source
+from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.model.registry import build_model
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer

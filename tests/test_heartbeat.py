@@ -1,4 +1,4 @@
-"""Start-up liveness (distributed/heartbeat.py) on a real TCPStore in this process: a worker's heartbeat keeps
+"""Start-up liveness (executor/heartbeat.py) on a real TCPStore in this process: a worker's heartbeat keeps
 rank 0's watch quiet, a heartbeat that stops fails it after the timeout, and a stopped child process is seen in
 /proc before any beat."""
 
@@ -10,7 +10,7 @@ import time
 
 import torch.distributed as dist
 
-from tokenmill.distributed.heartbeat import BEAT_S, WATCH_S, Heartbeat, StartupWatch, process_stopped
+from tokenmill.executor.heartbeat import BEAT_S, WATCH_S, Heartbeat, StartupWatch, process_stopped
 
 
 def store_pair() -> tuple[dist.TCPStore, dist.TCPStore]:

@@ -9,12 +9,13 @@ from gguf import GGMLQuantizationType
 from tests.test_engine import token_lists
 from tests.test_golden import agreeing_prefix
 from tokenmill import LLM, SamplingParams
-from tokenmill.distributed import step_message
 from tokenmill.distributed.shard import ShardedGGUF, ShardingError, ShardPlan
-from tokenmill.distributed.step_message import Kind, Message
+from tokenmill.executor import step_message
+from tokenmill.executor.step_message import Kind, Message
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
-from tokenmill.model import build_model, model_config_from_gguf
+from tokenmill.model.config import model_config_from_gguf
+from tokenmill.model.registry import build_model
 from tokenmill.runner.model_runner import StepChunk
 
 

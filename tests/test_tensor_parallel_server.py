@@ -37,7 +37,7 @@ def family(pid: int) -> list[psutil.Process]:
 
 def is_worker(process: psutil.Process) -> bool:
     try:
-        return "tokenmill.distributed.worker" in " ".join(process.cmdline())
+        return "tokenmill.executor.worker" in " ".join(process.cmdline())
     except psutil.Error:  # gone, or a zombie, since it was listed
         return False
 

@@ -32,3 +32,7 @@ class ConstraintError(InvalidParameterError):
 
 class EngineClosedError(TokenmillError):
     """The engine (or the LLM holding it) was closed; it takes no more requests."""
+
+
+class CollectiveError(TokenmillError):
+    """A collective of a step failed: a tensor-parallel rank died or stopped answering."""

@@ -1,7 +1,4 @@
-"""Tensor parallelism on torch.distributed: one model's weights split over several ranks (processes, one per
-device), rank 0 scheduling and sampling, the others computing their shards of every step it describes.
-
-shard.py (which part of each weight a rank holds), group.py (joining the ranks, the collectives), step_message.py
-(rank 0's step descriptions), worker.py (the loop of the other ranks), runner.py (rank 0's side), launcher.py
-(starting the workers when torchrun did not).
+"""Tensor parallelism's base on torch.distributed: which part of each weight a rank holds (shard.py), joining the
+ranks and their collectives (group.py), and the shared-memory sum of ranks on one machine (shm.py). The model and
+the runner see it only as a plan and a `reduce`; running the ranks is executor/'s job, above the runner.
 """

@@ -17,17 +17,13 @@ import torch
 import torch.distributed as dist
 
 from tokenmill import native
-from tokenmill.errors import TokenmillError
+from tokenmill.errors import CollectiveError
 
 logger = logging.getLogger(__name__)
 
 CAPACITY_FLOATS = 1 << 20  # per slot (4 MiB): a larger sum or gather goes in parts
 SHM_DIR = "/dev/shm"
 _ERRORS = {-4: "its process is gone", -5: "it did not answer within the collective timeout"}
-
-
-class CollectiveError(TokenmillError):
-    """A collective of a step failed: a rank died or stopped answering."""
 
 
 class _Group(ctypes.Structure):

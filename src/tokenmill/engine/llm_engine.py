@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tokenmill.config import EngineConfig
-from tokenmill.distributed.launcher import RankSpec
-from tokenmill.distributed.runner import TensorParallelRunner, start_tensor_parallel
+from tokenmill.config import EngineConfig, SpeculativeConfig
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.request import Request, SampleState
 from tokenmill.errors import EngineClosedError, InvalidParameterError, PromptTooLongError
+from tokenmill.executor.launcher import RankSpec
+from tokenmill.executor.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
@@ -37,7 +37,6 @@ from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 from tokenmill.spec_decode.acceptance import AcceptanceTracker
-from tokenmill.spec_decode.config import SpeculativeConfig
 from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_model
 from tokenmill.spec_decode.ngram import propose_ngram
 from tokenmill.spec_decode.stats import SpecDecodeStats

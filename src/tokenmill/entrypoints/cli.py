@@ -486,14 +486,14 @@ def run_serve(args: argparse.Namespace) -> int:
         rank = "" if torchrun_rank() is None else "rank 0: "
         print(f"tokenmill: error: {rank}cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
         return 1
-    from tokenmill.loader.prefetch import ModelPrefetch
+    from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
 
     if args.log_level is not None:
         setup_logging(args.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
     quantization = None if args.quantization == "none" else args.quantization
-    prefetched = ModelPrefetch(args.model)
+    prefetched = EnginePrefetch(args.model)
     prefetched.start_engine(args.dtype, quantization, engine_options(args))
     from tokenmill.server.serve import serve
     from tokenmill.server.state import ServerSettings
@@ -520,8 +520,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def run_torchrun_worker(args: argparse.Namespace) -> int:
     from tokenmill.config import EngineConfig
-    from tokenmill.distributed.launcher import RankSpec
-    from tokenmill.distributed.worker import run_torchrun_worker as run_worker
+    from tokenmill.executor.launcher import RankSpec
+    from tokenmill.executor.worker import run_torchrun_worker as run_worker
 
     quantization = None if args.quantization == "none" else args.quantization
     config = EngineConfig.from_options(engine_options(args))

@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from tokenmill.distributed.shm import CollectiveError
+from tokenmill.errors import CollectiveError
 from tokenmill.layers.attention import AttentionMetadata
 from tokenmill.layers.quantized_linear import NATIVE_GROUP, NativeLinear
 from tokenmill.native import REDUCE_FN, Weight

@@ -1,6 +1,7 @@
-"""Model architectures. Each knows its layers and how to read its weights, nothing of batching or HTTP."""
+"""Model architectures. Each knows its layers and how to read its weights, nothing of batching or HTTP.
 
-from tokenmill.model.config import ModelConfig, model_config_from_gguf
-from tokenmill.model.registry import SUPPORTED_ARCHITECTURES, build_model
-
-__all__ = ["ModelConfig", "model_config_from_gguf", "SUPPORTED_ARCHITECTURES", "build_model"]
+config.py: what a GGUF's metadata says of the model (below tensor parallelism's plan, which reads it);
+hf_config.py: the same from a Hugging Face config.json; config_from_source.py: either; llama.py: the one decoder
+for every architecture; weights.py: its weights from the file; registry.py: which architectures build it. This
+package's __init__ imports none of them, so that reading a config does not import the model.
+"""

@@ -8,7 +8,6 @@ from gguf import GGMLQuantizationType
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFFile
-from tokenmill.loader.hf_checkpoint import HFCheckpoint
 
 
 @dataclass(frozen=True)
@@ -51,15 +50,6 @@ class ModelConfig:
     @property
     def softmax_scale(self) -> float:
         return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim)
-
-
-def model_config_from_source(source: "GGUFFile | HFCheckpoint") -> ModelConfig:
-    """The config of a GGUF file or a Hugging Face checkpoint (model/hf_config.py)."""
-    if isinstance(source, HFCheckpoint):
-        from tokenmill.model.hf_config import model_config_from_hf
-
-        return model_config_from_hf(source)
-    return model_config_from_gguf(source)
 
 
 def _int(gguf: GGUFFile, key: str, default: int | None = None) -> int:

@@ -9,7 +9,8 @@ from torch import nn
 from tokenmill.distributed.shard import ShardedGGUF, ShardPlan
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.model_source import ModelSource
-from tokenmill.model.config import ModelConfig, model_config_from_source
+from tokenmill.model.config import ModelConfig
+from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.model.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:

@@ -21,8 +21,9 @@ from tokenmill import native
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
 from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.model_source import ModelSource
-from tokenmill.model import ModelConfig, build_model
+from tokenmill.model.config import ModelConfig
 from tokenmill.model.llama import LlamaForCausalLM
+from tokenmill.model.registry import build_model
 from tokenmill.native.threads import follow_contention
 from tokenmill.runner.kv_cache import resolve_kv_cache_dtype
 

@@ -13,10 +13,8 @@ No torch here.
 
 from dataclasses import dataclass
 
-# a verified row's extra time as a share of a one-row decode step: 4 more rows cost 0.67 of a step under `auto`
-# (benchmarks/verify_cost.py, 2026-12-01); for the float32 model with a 4-bit draft a proposal costs a draft row
-# (about a tenth of the float32 step) and a verified row
-ROW_COST = 0.17
+from tokenmill.config.speculative import ROW_COST
+
 DECAY = 0.8  # weight of the older verifications at each new one
 IDLE_DECAY = 0.95  # ... at each step the sequence does not propose: its rate drifts back to the prior
 PRIOR_ACCEPTED, PRIOR_REJECTED = 0.5, 0.5  # a new sequence starts at a rate of one half

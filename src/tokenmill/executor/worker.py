@@ -1,6 +1,6 @@
 """A rank other than 0: load its shard, then run every step rank 0 describes until told to stop.
 
-Started by tokenmill itself (`python -m tokenmill.distributed.worker --spec ... --rank R --store-port P`, see
+Started by tokenmill itself (`python -m tokenmill.executor.worker --spec ... --rank R --store-port P`, see
 launcher.py) or by torchrun (`tokenmill serve` on a rank other than 0 comes here). A worker never schedules or
 samples: it builds the step's tensors from rank 0's description, runs its shard (the collectives join the
 ranks' parts), sends its logits' columns to rank 0 and waits for the next message.
@@ -16,7 +16,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from tokenmill.distributed import step_message
 from tokenmill.distributed.group import (
     STARTUP_TIMEOUT,
     ParallelGroup,
@@ -24,10 +23,11 @@ from tokenmill.distributed.group import (
     local_store_client,
     torchrun_store,
 )
-from tokenmill.distributed.heartbeat import Heartbeat
-from tokenmill.distributed.launcher import RankSpec
-from tokenmill.distributed.startup import load_and_report
-from tokenmill.distributed.step_message import Kind
+from tokenmill.executor import step_message
+from tokenmill.executor.heartbeat import Heartbeat
+from tokenmill.executor.launcher import RankSpec
+from tokenmill.executor.startup import load_and_report
+from tokenmill.executor.step_message import Kind
 from tokenmill.runner.device import select_device
 from tokenmill.runner.memory import MemoryTrimmer, bound_onednn_cache
 from tokenmill.runner.model_runner import ModelRunner

@@ -4,8 +4,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tokenmill.config.speculative import SpeculativeConfig
 from tokenmill.errors import InvalidParameterError
-from tokenmill.spec_decode.config import SpeculativeConfig
 
 KV_CACHE_DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16")  # runner/kv_cache.py resolves them
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2}

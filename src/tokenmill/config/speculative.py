@@ -7,11 +7,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tokenmill.errors import InvalidParameterError
-from tokenmill.spec_decode.acceptance import ROW_COST
 
 METHODS = ("ngram", "draft_model")
 DRAFT_QUANTIZATIONS = (None, "none", "int8", "int4", "auto")
 MAX_SPECULATIVE_TOKENS = 16
+# a verified row's extra time as a share of a one-row decode step: 4 more rows cost 0.67 of a step under `auto`
+# (benchmarks/verify_cost.py, 2026-12-01); for the float32 model with a 4-bit draft a proposal costs a draft row
+# (about a tenth of the float32 step) and a verified row
+ROW_COST = 0.17  # spec_decode/acceptance.py says what it sets
 
 
 @dataclass(frozen=True)

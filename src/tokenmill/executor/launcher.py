@@ -73,7 +73,7 @@ class WorkerProcesses:
         self.store = dist.TCPStore("127.0.0.1", 0, spec.tensor_parallel_size, True, STARTUP_TIMEOUT, False)
         self.processes: dict[int, subprocess.Popen] = {}
         for rank in range(1, spec.tensor_parallel_size):
-            command = [sys.executable, "-m", "tokenmill.distributed.worker", "--spec", spec.to_json()]
+            command = [sys.executable, "-m", "tokenmill.executor.worker", "--spec", spec.to_json()]
             command += ["--rank", str(rank), "--store-port", str(self.store.port)]
             self.processes[rank] = subprocess.Popen(command)
         atexit.register(self.stop)

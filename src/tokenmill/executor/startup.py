@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 from tokenmill import native
 from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup
-from tokenmill.distributed.launcher import RankSpec, RankStartupError
 from tokenmill.distributed.shard import ShardPlan
+from tokenmill.executor.launcher import RankSpec, RankStartupError
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import open_model_source
-from tokenmill.model.config import model_config_from_source
+from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.native.threads import set_threads, usable_cpus
 from tokenmill.runner.device import parse_dtype
 from tokenmill.runner.model_runner import ModelRunner

@@ -1,0 +1,150 @@
+"""The arrows point down: every import inside tokenmill goes to its own layer or a lower one, and no modules import
+each other in a circle (lazy imports inside functions and TYPE_CHECKING ones included). Reads the sources with
+ast: no torch, milliseconds.
+
+entry points -> server -> engine -> executor / speculation -> scheduler / runner -> model -> layers
+-> loader, tokenizer, grammars, tensor parallelism's base -> native kernels, config -> errors, logging, outputs.
+"""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# the longest matching prefix decides a module's layer; higher numbers are higher layers
+LAYERS = {
+    "tokenmill": 10,  # the package itself: `from tokenmill import LLM`
+    "tokenmill.__main__": 10,
+    "tokenmill.entrypoints.cli": 10,
+    "tokenmill.bench": 9,
+    "tokenmill.server": 9,
+    "tokenmill.entrypoints": 8,  # LLM, the terminal, serve's start-up
+    "tokenmill.engine": 7,
+    "tokenmill.executor": 6,
+    "tokenmill.spec_decode": 6,
+    "tokenmill.scheduler": 5,
+    "tokenmill.runner": 5,
+    "tokenmill.model": 4,
+    "tokenmill.model.config": 2,  # what a GGUF's metadata says of the model: tensor parallelism's plan reads it
+    "tokenmill.layers": 3,
+    "tokenmill.distributed": 2,
+    "tokenmill.loader": 2,
+    "tokenmill.tokenizer": 2,
+    "tokenmill.structured": 2,
+    "tokenmill.sampling_params": 2,
+    "tokenmill.native": 1,
+    "tokenmill.config": 1,
+    "tokenmill.errors": 0,
+    "tokenmill.log": 0,
+    "tokenmill.cache": 0,
+    "tokenmill.outputs": 0,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The tokenmill modules `path` imports (a `from package import module` names the module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module_name(path).split(".")
+                package = package if path.name == "__init__.py" else package[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
+    return {name for name in found if name in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module's imports; importing a module runs its packages' __init__ first, so those that import
+    anything are arrows too, but not the importer's own packages (already running) nor tokenmill's (any import of
+    tokenmill runs it)."""
+    paths = {module_name(p): p for p in (SRC / "tokenmill").rglob("*.py")}
+    direct = {name: imports_of(path, set(paths)) for name, path in paths.items()}
+    graph = {}
+    for name, targets in direct.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        parents = {".".join(t.split(".")[:i]) for t in targets for i in range(2, t.count(".") + 1)}
+        graph[name] = (targets | {p for p in parents if p in direct and direct[p]}) - own
+    return graph
+
+
+def layer(module: str) -> int | None:
+    prefixes = [p for p in LAYERS if module == p or module.startswith(p + ".")]
+    return LAYERS[max(prefixes, key=len)] if prefixes else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if layer(b) > layer(a)
+    )
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in import_graph() if layer(m) is None] == []
+
+
+def test_no_import_goes_to_a_higher_layer() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_an_arrow_up_and_a_circle() -> None:
+    graph = {
+        "tokenmill.model.llama": {"tokenmill.engine.llm_engine"},
+        "tokenmill.engine.llm_engine": {"tokenmill.loader.prefetch"},
+        "tokenmill.loader.prefetch": {"tokenmill.engine.llm_engine"},
+    }
+    assert upward_imports(graph) == [
+        "tokenmill.loader.prefetch (layer 2) imports tokenmill.engine.llm_engine (layer 7)",
+        "tokenmill.model.llama (layer 4) imports tokenmill.engine.llm_engine (layer 7)",
+    ]
+    assert cycles(graph) == [["tokenmill.engine.llm_engine", "tokenmill.loader.prefetch"]]
+    # and the real graph is read: the engine imports the scheduler
+    assert "tokenmill.scheduler.scheduler" in import_graph()["tokenmill.engine.llm_engine"]
