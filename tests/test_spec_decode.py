@@ -208,6 +208,27 @@ def test_a_mixed_batch_is_unchanged(llm: LLM, method: str, smollm2_reference: di
     spec_llm.engine.check_integrity()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_constrained_requests_speculate_and_keep_their_tokens(llm: LLM, method: str, request) -> None:
+    """A constrained request proposes as others do: each verified row is masked where its grammar is after the
+    tokens before it, so the output is what the constrained request gives without proposals, and the copy the
+    grammar allows is accepted in runs."""
+    spec_llm = request.getfixturevalue("spec_llm" if method == "ngram" else "draft_llm")
+    prompt = {"prompt_token_ids": llm.engine.encode_chat(COPY)}
+    constraints = [{"regex": "The river [a-z ,.]{10,300}"}, {"choice": [PASSAGE[:60], PASSAGE[:90]]}]
+    params = [SamplingParams(temperature=0, max_tokens=48, structured_outputs=c) for c in constraints]
+    params.append(SamplingParams(temperature=0.7, seed=4, max_tokens=32, structured_outputs=constraints[0]))
+    plain = llm.generate([prompt] * len(params), params, use_tqdm=False)
+    before = spec_llm.stats()
+    fast = spec_llm.generate([prompt] * len(params), params, use_tqdm=False)
+    assert _outputs(fast) == _outputs(plain)
+    assert fast[0].outputs[0].text.startswith("The river") and fast[1].outputs[0].text in (PASSAGE[:60], PASSAGE[:90])
+    after = spec_llm.stats()
+    assert after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"] > 10
+    spec_llm.engine.check_integrity()
+
+
 @pytest.fixture(scope="module")
 def auto_pair() -> tuple[LLM, LLM]:
     """`auto` engines without and with proposals (verified by the native decoder, as generated tokens are)."""

@@ -54,3 +54,24 @@ def num_kv_blocks_for(config: EngineConfig, bytes_per_block: int, device: torch.
         budget = int(available_memory_bytes(device) * DEFAULT_CPU_SHARE)
         return max(1, min(budget // bytes_per_block, -(-DEFAULT_CPU_CACHE_TOKENS // config.block_size)))
     return max(1, budget // bytes_per_block)
+
+
+def split_kv_pools(
+    config: EngineConfig, num_blocks: int, layers: int, local: int, window: int | None
+) -> tuple[int, int]:
+    """num_blocks blocks for every layer -> (blocks of the full-attention layers' pool, blocks of the
+    sliding-window layers' own pool, or 0 without such layers).
+
+    The memory is what one pool for every layer would take. With sliding-window layers, their pool holds what
+    max_num_seqs sequences read in their windows plus a step's new tokens (at least one sequence's), since their
+    blocks go back once they leave the window; the rest of the memory goes to the full-attention layers, whose
+    blocks every position keeps."""
+    if not local:
+        return num_blocks, 0
+    bs = config.block_size
+    assert window is not None  # local layers have a window
+    step_blocks = -(-config.max_num_batched_tokens // bs)  # a step's new tokens, all in one sequence
+    one = -(-window // bs) + 2 + step_blocks  # what one sequence may hold during a step
+    want = config.max_num_seqs * (-(-window // bs) + 1) + step_blocks
+    num_local = max(one, min(num_blocks, want))
+    return max(1, (num_blocks * layers - num_local * local) // (layers - local)), num_local

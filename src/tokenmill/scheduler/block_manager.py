@@ -90,6 +90,10 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_unreferenced(self, blocks: list[int]) -> int:
+        """How many of these (cached) blocks no sequence holds: taking them takes them from the free pool."""
+        return sum(1 for b in blocks if self.blocks[b].ref_count == 0)
+
     def usage(self) -> BlockUsage:
         in_use = sum(1 for b in self.blocks if b.ref_count > 0)
         return BlockUsage(self.num_blocks, len(self._free), len(self._evictable), in_use)

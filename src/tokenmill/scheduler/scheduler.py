@@ -145,12 +145,12 @@ class Scheduler:
             num_new = min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget)
             start, end = seq.num_computed_tokens + hit_tokens, seq.num_computed_tokens + hit_tokens + num_new
             needed = bm.blocks_needed(end)
-            newly_taken = sum(1 for b in prefix_blocks if bm.blocks[b].ref_count == 0)
+            newly_taken = bm.num_unreferenced(prefix_blocks)
             if needed - len(prefix_blocks) + newly_taken > bm.num_free_blocks:
                 break
             if wm is not None:
                 local_taken = window_hit[1]
-                newly_taken = sum(1 for b in local_taken if wm.blocks[b].ref_count == 0)
+                newly_taken = wm.num_unreferenced(local_taken)
                 if wm.blocks_to_admit(start, end) - len(local_taken) + newly_taken > wm.num_free_blocks:
                     break
             if seq.num_computed_tokens == 0:

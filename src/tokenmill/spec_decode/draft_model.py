@@ -1,5 +1,5 @@
 """Draft-model proposals: a smaller model with the target's tokenizer runs K greedy steps ahead of each speculating
-sequence, and the target verifies the K tokens in one pass (engine/llm_engine.py, _verify_drafts).
+sequence, and the target verifies the K tokens in one pass (spec_decode/speculator.py, verify).
 
 The draft's K/V live in a cache of its own, indexed by the target's block tables: the block manager that gives a
 sequence its blocks gives them for both models (a block's memory is sized for both), and its copy-on-write copies

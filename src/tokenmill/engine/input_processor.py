@@ -1,0 +1,129 @@
+"""Requests in: a prompt's validation and tokenization and a request's parameter checks, against this engine's
+vocabulary, max_model_len and KV cache. Every check raises a typed error that names the parameter (the server's
+400). Safe from any thread: it reads the engine's fixed settings only."""
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.tokenizer import ChatTemplate
+from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from tokenmill.structured.grammars import GrammarCompiler
+
+PromptInput = str | dict[str, Any] | list[int]
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: ChatTemplate,
+        vocab_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_manager: BlockManager,
+        grammars: Callable[[], "GrammarCompiler"],
+    ):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.vocab_size = vocab_size
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.block_manager = block_manager  # for how many blocks a request may take (read only)
+        self._grammars = grammars  # the engine's compiler, made at first use
+
+    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.encode_prompt(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            text = prompt.get("prompt")
+        elif isinstance(prompt, list):
+            ids, text = prompt, None
+        else:
+            raise InvalidParameterError("a prompt is a string or {'prompt_token_ids': [...]}", "prompt")
+        if not isinstance(ids, list):
+            raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
+        self.check_prompt_length(len(ids))  # before looking at each id of a list that may be huge
+        vocab = self.vocab_size
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidParameterError(f"prompt token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", "prompt")
+        return text, list(ids)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A text prompt -> token ids (BOS added as the model wants). A text too long for max_model_len by its
+        length alone is refused before it is tokenized."""
+        self.check_text_length(text)
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
+        """Render the chat template and tokenize it (special tokens in the template are parsed as special); the
+        rendered text is checked against max_model_len as encode_prompt checks a prompt. `tools` (OpenAI's
+        `tools` list) reach a template that takes them."""
+        extra = {"tools": tools} if tools else {}
+        text = self.chat_template.render(messages, add_generation_prompt, **extra)
+        self.check_text_length(text)
+        # a real template writes its own BOS; the plain fallback gets it the usual way
+        return self.tokenizer.encode(text, add_special_tokens=self.chat_template.is_fallback)
+
+    def check_text_length(self, text: str) -> None:
+        at_least = self.tokenizer.min_tokens(text)
+        if at_least >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(text):,} characters, so at least {at_least:,} tokens; this engine allows at "
+                f"most {self.max_model_len - 1} prompt tokens (max_model_len {self.max_model_len})",
+                "prompt",
+            )
+
+    def check_prompt_length(self, prompt_len: int) -> None:
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise PromptTooLongError(
+                f"the prompt has {prompt_len} tokens; this engine allows at most {limit - 1} prompt tokens "
+                f"(max_model_len {limit}, which also counts the output)",
+                "prompt",
+            )
+
+    def check_params(self, params: SamplingParams) -> None:
+        """What a request's parameters must satisfy on this engine, whatever its prompt."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameterError("sampling_params must be a SamplingParams", "sampling_params")
+        if params.n > self.max_num_seqs:
+            # the n samples of a request run together: more than fit in a step could never be scheduled
+            raise InvalidParameterError(
+                f"n={params.n} samples run together, but this engine runs at most {self.max_num_seqs} "
+                f"sequences at a time (max_num_seqs); ask for at most {self.max_num_seqs}",
+                "n",
+            )
+        params.validate_token_ids(self.vocab_size)
+        if params.structured_outputs is not None:
+            self._grammars().compile(params.structured_outputs)  # a constraint that cannot compile: 400 now
+
+    def check_fits(self, prompt_len: int, params: SamplingParams) -> int:
+        """The request's max_tokens, once its prompt and output fit max_model_len and the whole KV cache."""
+        limit = self.max_model_len
+        self.check_prompt_length(prompt_len)
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise PromptTooLongError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} is more "
+                f"than max_model_len {limit}; lower max_tokens to at most {limit - prompt_len}",
+                "max_tokens",
+            )
+        blocks = self.block_manager.blocks_needed(prompt_len + max_tokens)
+        if blocks > self.block_manager.num_blocks:
+            raise PromptTooLongError(
+                f"prompt + max_tokens needs {blocks} KV blocks, "
+                f"more than the whole cache ({self.block_manager.num_blocks})",
+                "max_tokens",
+            )
+        return max_tokens

@@ -1,0 +1,327 @@
+"""The `tokenmill` command's arguments: every subcommand's parser (cli.py runs them)."""
+
+import argparse
+
+from tokenmill import __version__
+from tokenmill.config import KV_CACHE_DTYPE_NAMES
+from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
+
+DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="a .gguf file, a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a "
+        "name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled SmolLM2-135M",
+    )
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available, else CPU)")
+    g.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "int4", "int8", "none"],
+        help="auto (default): the fastest kernels measured for each batch size (4-bit weights for decode); "
+        "none: weights dequantized to --dtype, exact float32 results; int4 / int8: those weights everywhere",
+    )
+    g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) -> None:
+    """The engine's options; `request_seed`: its --seed (the benchmarks' --seed seeds their workload instead)."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block (default 16)")
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
+    g.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        help="KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, at most a quarter of available "
+        "memory; 70%% of free GPU memory on CUDA)",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPE_NAMES,
+        default=None,
+        help="the KV cache's element type (default auto: float16 under the native CPU decoder, else the model's)",
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV blocks of shared prompt prefixes (default: on)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (default 64)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default 512)")
+    g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
+    g.add_argument(
+        "--generation-config",
+        default=None,
+        help="sampling defaults for what a request leaves unset: auto (default: the model's recommended settings, "
+        "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's), "
+        "tokenmill (temperature 1, no top-p/top-k/penalty), or a generation_config.json (or its folder)",
+    )
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K} (optional: '
+        '"prompt_lookup_max" 4, "prompt_lookup_min" 2, "disable_by_batch_size" 8, "verify_row_cost" 0.17): up to '
+        "K tokens proposed from the sequence's own earlier tokens, as many as pay by its acceptance rate; or "
+        '{"method": "draft_model", "model": PATH_OR_NAME, "num_speculative_tokens": K} (optional: "quantization" '
+        "auto): up to K tokens proposed by a smaller model with the same tokenizer. All proposals are verified in "
+        "one pass; the output is what it would be without them",
+    )
+    g.add_argument(
+        "--max-constraint-bytes",
+        type=int,
+        default=None,
+        help="the largest structured-output constraint compiled, in bytes of its JSON schema, regex, grammar or "
+        "choices (default 1048576); a larger one is refused with 400 before compiling",
+    )
+    g.add_argument(
+        "--max-constraint-compile-seconds",
+        type=float,
+        default=None,
+        help="how long a constraint may take to compile (default 10); a slower one is refused with 400, and so is "
+        "every later request with the same constraint (compiles run off the event loop and the engine's thread)",
+    )
+    if request_seed:
+        g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
+    add_parallel_args(parser)
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("tensor parallelism")
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=None,
+        help="split the model over this many ranks, one per device (default 1). Without torchrun, tokenmill starts "
+        "the other ranks itself; under torchrun, the world size must equal it",
+    )
+    g.add_argument(
+        "--collective-timeout",
+        dest="collective_timeout_s",
+        type=float,
+        default=None,
+        help="seconds a rank may take to answer a step's collective before it counts as failed (default 15)",
+    )
+
+
+ENGINE_OPTIONS = (
+    "block_size",
+    "num_kv_blocks",
+    "kv_cache_memory",
+    "kv_cache_dtype",
+    "enable_prefix_caching",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "seed",
+    "device",
+    "tensor_parallel_size",
+    "collective_timeout_s",
+    "generation_config",
+    "speculative_config",
+    "max_constraint_bytes",
+    "max_constraint_compile_seconds",
+)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ENGINE_OPTIONS if getattr(args, k, None) is not None}
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = parser.add_argument_group("sampling (default: the model's recommended settings, see --generation-config)")
+    g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"stop after this many tokens ({max_tokens})")
+    g.add_argument("--temperature", type=float, default=None, help="0 is greedy")
+    g.add_argument(
+        "--top-p", type=float, default=None, help="sample from the fewest tokens whose probability reaches this"
+    )
+    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens only (0: all)")
+    g.add_argument("--min-p", type=float, default=None, help="drop tokens less likely than this times the top one")
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="above 1, tokens already in the prompt or the output become less likely (1: off)",
+    )
+    g.add_argument("--sampling-seed", type=int, default=None, help="seed of this generation")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmill", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"tokenmill {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible HTTP server",
+        description="Serve the model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), "
+        "with /health, /metrics (Prometheus), /tokenize, /detokenize and /tokenizer_info. "
+        "Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--served-model-name", default=None, help="model name clients use (default: from the file)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or TOKENMILL_API_KEY)")
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        help="answer 503 with Retry-After when more requests than this are waiting",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="seconds requests in flight may finish after SIGTERM (default 30)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="answer 413 to request bodies larger than this, before parsing them "
+        f"(default {DEFAULT_MAX_REQUEST_BYTES:,}; 0: no limit)",
+    )
+    serve.add_argument(
+        "--no-explorer",
+        dest="explorer",
+        action="store_false",
+        help="do not serve the request explorer (/ and /explorer/*)",
+    )
+    serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
+    serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
+    serve.add_argument(
+        "--max-tokens-default",
+        type=int,
+        default=None,
+        help="output tokens of a request that names no max_tokens (default: the whole context for chat, 16 for "
+        "completions, as OpenAI's API)",
+    )
+    serve.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="the most output tokens a request may ask for (400 above it); it also caps the default",
+    )
+    serve.add_argument(
+        "--disable-log-requests",
+        dest="log_requests",
+        action="store_false",
+        help="no line per API call (id, endpoint, status, tokens, finish reason, TTFT, duration)",
+    )
+    serve.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        help="seconds between throughput lines while busy (default 10; 0: none)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="tokenmill's and uvicorn's log level (default: info, or TOKENMILL_LOG_LEVEL)",
+    )
+    add_model_args(serve)
+    add_engine_args(serve)
+
+    gen = sub.add_parser(
+        "generate",
+        help="stream an answer to one prompt",
+        description="Stream the model's answer to PROMPT, then print time to first token and tokens/s. "
+        "The prompt is wrapped in the model's chat template unless --raw is given.",
+    )
+    gen.add_argument("prompt", help='the prompt, e.g. "How do GPUs work?"')
+    gen.add_argument("--raw", action="store_true", help="send the text as is, without the chat template")
+    gen.add_argument("--system", default=None, help="a system message (chat mode)")
+    add_model_args(gen)
+    add_engine_args(gen)
+    add_sampling_args(gen, 256)
+
+    chat = sub.add_parser(
+        "chat",
+        help="talk with the model in the terminal",
+        description="An interactive, multi-turn chat: type a message and press Enter; the answer streams, "
+        "followed by its time to first token and tokens/s. Commands: /reset forgets the conversation, "
+        "/system TEXT sets the system message, /help lists them, /exit (or Ctrl-D) quits; a message that starts "
+        "with / is sent as //message. Lines typed while an answer streams are sent after it, in turn.",
+    )
+    chat.add_argument("--system", default=None, help="a system message for the whole conversation")
+    add_model_args(chat)
+    add_engine_args(chat)
+    add_sampling_args(chat, 512)
+    models = sub.add_parser(
+        "models",
+        help="list the models it can find",
+        description="The models --model NAME finds (bundled and installed packages) and the GGUF files and "
+        "Hugging Face checkpoint directories in tokenmill's cache (~/.cache/tokenmill/models, or "
+        "$TOKENMILL_CACHE_DIR/models): architecture, "
+        "parameters, quantization and size.",
+    )
+    models.add_argument("--json", action="store_true", help="print one JSON line")
+    bench = sub.add_parser(
+        "bench",
+        help="measure throughput and latency",
+        description="Benchmarks that print one JSON line with --json (a readable summary otherwise).",
+    )
+    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    offline = bench_sub.add_parser(
+        "offline",
+        help="the offline workload through LLM.generate",
+        description="All requests at once; generation time excludes load and warm-up.",
+    )
+    latency = bench_sub.add_parser(
+        "latency",
+        help="one request at a time: TTFT, prefill and decode tokens/s",
+        description="Median over --runs requests of --input-len random tokens.",
+    )
+    structured = bench_sub.add_parser(
+        "structured",
+        help="decode tokens/s with and without a JSON-schema constraint, at 1 and 32 concurrent requests",
+        description="Alternating constrained and free requests in one process (tokenmill/bench/structured.py); also "
+        "a typical schema's compile time and the time spent computing masks.",
+    )
+    structured.add_argument(
+        "--concurrency", default="1,32", help="comma-separated request counts run together (default 1,32)"
+    )
+    structured.add_argument("--output-len", type=int, default=128, help="tokens each request samples (default 128)")
+    structured.add_argument("--reps", type=int, default=3, help="alternating repetitions, medians (default 3)")
+    serve_bench = bench_sub.add_parser(
+        "serve",
+        help="a streaming load generator against a running server",
+        description="Sends the offline workload to --url over /v1/completions.",
+    )
+    soak = bench_sub.add_parser(
+        "soak",
+        help="mixed traffic against a running server for a while, its memory sampled",
+        description="Completions and chat, streamed or not, n > 1, log-probabilities, clients that leave early and "
+        "requests that must fail, from --concurrency clients for --duration seconds; every answer is checked, and "
+        "the server's resident memory is read from its /metrics every --sample seconds.",
+    )
+    soak.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
+    soak.add_argument("--duration", type=float, default=300.0, help="seconds (default 300)")
+    soak.add_argument("--concurrency", type=int, default=8, help="clients at once (default 8)")
+    soak.add_argument("--sample", type=float, default=5.0, help="seconds between memory samples (default 5)")
+    soak.add_argument("--api-key", default=None, help="the server's API key, if it has one")
+    for p in (offline, serve_bench):
+        p.add_argument("--num-prompts", type=int, default=32, help="requests in the workload (default 32)")
+        p.add_argument("--input-len", default="32:256", help="prompt length range, inclusive (default 32:256)")
+        p.add_argument("--output-len", default="16:128", help="output length range, inclusive (default 16:128)")
+    for p in (offline, latency, structured, serve_bench, soak):
+        p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+        p.add_argument("--json", action="store_true", help="print one JSON line")
+    latency.add_argument("--input-len", type=int, default=128, help="prompt tokens (default 128)")
+    latency.add_argument("--output-len", type=int, default=128, help="generated tokens (default 128)")
+    latency.add_argument("--runs", type=int, default=5, help="requests, one after the other; medians (default 5)")
+    serve_bench.add_argument(
+        "--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)"
+    )
+    serve_bench.add_argument("--concurrency", type=int, default=16, help="clients at once (default 16)")
+    for p in (offline, latency, structured):
+        add_model_args(p)
+        add_engine_args(p, request_seed=False)
+    return parser
