@@ -53,10 +53,8 @@ class FakeTokenizer:
         return "".join(f"<{i}>" for i in ids if not (skip_special_tokens and i == EOS))
 
 
-def make_core(speculative: SpeculativeConfig | None = None, **options) -> tuple[EngineCore, FakeRunner]:
+def make_core(speculative: SpeculativeConfig | None = None) -> tuple[EngineCore, FakeRunner]:
     config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=16, speculative_config=speculative)
-    for name, value in options.items():
-        setattr(config, name, value)
     runner = FakeRunner()
     max_model_len = 64
     core = EngineCore(
