@@ -6,10 +6,11 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tokenmill.config.quantization import QUANTIZATIONS
 from tokenmill.errors import InvalidParameterError
 
 METHODS = ("ngram", "draft_model")
-DRAFT_QUANTIZATIONS = (None, "none", "int8", "int4", "auto")
+DRAFT_QUANTIZATIONS = (None, *QUANTIZATIONS)
 MAX_SPECULATIVE_TOKENS = 16
 # a verified row's extra time as a share of a one-row decode step: 4 more rows cost 0.67 of a step under `auto`
 # (benchmarks/verify_cost.py, 2026-12-01); for the float32 model with a 4-bit draft a proposal costs a draft row

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.config.quantization import parse_quantization, quantization_on
 from tokenmill.engine.core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptInput
 from tokenmill.errors import EngineClosedError, InvalidParameterError
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_MODES = (None, "int8", "int4", "auto")
-
 
 class LLMEngine(EngineCore):
     """Loads a model and builds the engine core's parts around it; requests come in through its input
@@ -56,14 +55,7 @@ class LLMEngine(EngineCore):
         self._grammars: GrammarCompiler | None = None  # close() may run before the core's parts are built
         bound_onednn_cache()  # before the first matrix product
         self.config = config or EngineConfig()
-        if quantization == "none":
-            quantization = None
-        if quantization not in QUANTIZATION_MODES:
-            raise InvalidParameterError(
-                f"quantization {quantization!r} is not supported (use None to dequantize, 'int8', 'int4' or 'auto')",
-                "quantization",
-            )
-        self.quantization = quantization
+        quantization = self.quantization = parse_quantization(quantization)
         path = resolve_model_path(model)
         self.model_path = path
         self.model_name = BUNDLED_NAME if model is None else path.stem
@@ -79,13 +71,7 @@ class LLMEngine(EngineCore):
         self.base_model_note = None if own_template else base_model_note(self.model_name, template is not None)
         self.generation_defaults = read_generation_defaults(gguf, self.config.generation_config)
         self.device = select_device(self.config.device)
-        if quantization == "auto" and self.device.type != "cpu":
-            quantization = self.quantization = None  # the quantized kernels are CPU kernels: dense weights there
-        if quantization is not None and self.device.type != "cpu":
-            raise InvalidParameterError(
-                f"quantization {quantization!r} uses CPU kernels; on {self.device.type} use quantization=None",
-                "quantization",
-            )
+        quantization = self.quantization = quantization_on(quantization, self.device.type)
         spec = self.config.speculative_config
         draft_source = None
         if spec is not None and spec.method == "draft_model":

@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 
+from tokenmill.config.quantization import parse_quantization
 from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
@@ -169,7 +170,7 @@ def run_serve(args: argparse.Namespace) -> int:
         setup_logging(args.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
-    quantization = None if args.quantization == "none" else args.quantization
+    quantization = parse_quantization(args.quantization)
     prefetched = EnginePrefetch(args.model)
     prefetched.start_engine(args.dtype, quantization, engine_options(args))
     from tokenmill.server.serve import serve
@@ -200,7 +201,7 @@ def run_torchrun_worker(args: argparse.Namespace) -> int:
     from tokenmill.executor.launcher import RankSpec
     from tokenmill.executor.worker import run_torchrun_worker as run_worker
 
-    quantization = None if args.quantization == "none" else args.quantization
+    quantization = parse_quantization(args.quantization)
     config = EngineConfig.from_options(engine_options(args))
     # the model file is found after joining the ranks: a rank that cannot load it is named in rank 0's error
     spec = RankSpec.for_engine(args.model, args.dtype, quantization, config)

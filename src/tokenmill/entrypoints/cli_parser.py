@@ -4,6 +4,7 @@ import argparse
 
 from tokenmill import __version__
 from tokenmill.config import KV_CACHE_DTYPE_NAMES
+from tokenmill.config.quantization import QUANTIZATIONS
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
@@ -22,7 +23,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantization",
         default="auto",
-        choices=["auto", "int4", "int8", "none"],
+        choices=QUANTIZATIONS,
         help="auto (default): the fastest kernels measured for each batch size (4-bit weights for decode); "
         "none: weights dequantized to --dtype, exact float32 results; int4 / int8: those weights everywhere",
     )

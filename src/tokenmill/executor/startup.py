@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from tokenmill import native
+from tokenmill.config.quantization import quantization_on
 from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup
 from tokenmill.distributed.shard import ShardPlan
 from tokenmill.executor.launcher import RankSpec, RankStartupError
@@ -58,8 +59,7 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
             )
     gguf = open_model_source(resolve_model_path(spec.model))
     plan = ShardPlan.for_rank(model_config_from_source(gguf), group.rank, group.world_size)
-    # the quantized kernels are CPU kernels: `auto` means dense weights on a GPU (as LLMEngine decides)
-    quantization = None if spec.quantization == "auto" and device.type != "cpu" else spec.quantization
+    quantization = quantization_on(spec.quantization, device.type)  # as LLMEngine decides on rank 0
     return ModelRunner(
         gguf,
         parse_dtype(spec.dtype),

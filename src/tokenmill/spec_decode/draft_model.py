@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenmill.config import SpeculativeConfig
+from tokenmill.config.quantization import parse_quantization, quantization_on
 from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import ModelSource, load_tokenizer, open_model_source
@@ -99,9 +100,7 @@ class DraftModelProposer:
         kv_cache_dtype: str = "auto",
     ):
         """`source`: from open_draft_model; `kv_cache_dtype`: the engine's (EngineConfig)."""
-        quantization = None if spec.quantization == "none" else spec.quantization
-        if device.type != "cpu":
-            quantization = None  # the quantized kernels are CPU kernels (as for the target)
+        quantization = quantization_on(parse_quantization(spec.quantization), device.type)  # as for the target
         self.runner = ModelRunner(source, dtype, device, block_size, quantization, kv_cache_dtype=kv_cache_dtype)
         self.name = source.path.name
         self.quantization = quantization
