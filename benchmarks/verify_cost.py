@@ -2,7 +2,7 @@
 `--quantization auto`: the runner's execute() for one generated row against a chunk of 5 generated rows (the
 last token and 4 proposals, with the logits after each, as LLMEngine.step builds it), alternating, broken down
 into the native decoder, the LM head (compute_logits) and sampling (one greedy row, against the up to 5 rounds
-of one row that LLMEngine._verify_drafts samples); then the native decoder and the products alone for 1 to 8
+of one row that Speculator.verify samples); then the native decoder and the products alone for 1 to 8
 rows. With --baseline-ref, every measure alternates between the native library built from that git revision's
 C sources and the working tree's (same flags, same process, same weights).
 
@@ -105,7 +105,7 @@ def main() -> None:
     def sample_one(logits: torch.Tensor) -> None:
         sampler.sample(logits, [SamplingRow(0, 0, greedy, prompt, [], [], None)])
 
-    def sample_rounds(logits: torch.Tensor) -> None:  # as _verify_drafts: one position at a time
+    def sample_rounds(logits: torch.Tensor) -> None:  # as Speculator.verify: one position at a time
         for position in range(logits.shape[0]):
             sample_one(torch.stack([logits[position]]))
 
