@@ -61,7 +61,7 @@ def test_a_matcher_that_fails_mid_way_ends_with_an_error_and_a_log_line(
     fine = llm.generate("Go:", constrained({"grammar": TWO_BRANCHES}), use_tqdm=False)[0].outputs[0]
     assert fine.finish_reason == "stop" and fine.text == "Sure"
     toward_failure = constrained({"grammar": TWO_BRANCHES}, logit_bias={hash_token: 100}, n=2, seed=1)
-    with caplog.at_level(logging.ERROR, logger="tokenmill.engine.llm_engine"):
+    with caplog.at_level(logging.ERROR, logger="tokenmill.engine.output_processor"):
         out = llm.generate("Go:", toward_failure, use_tqdm=False)[0]
     for o in out.outputs:
         assert o.finish_reason == "error" and "max is 2000" in o.error and o.text.startswith("#")

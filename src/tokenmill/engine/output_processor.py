@@ -15,7 +15,7 @@ from tokenmill.runner.sampler import SampledToken, prompt_logprobs
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
-logger = logging.getLogger("tokenmill.engine.llm_engine")  # the engine's log, as before the split
+logger = logging.getLogger(__name__)
 
 # finish(seq, finish_reason, stop_reason)
 FinishFn = Callable[[Sequence, str, int | str | None], None]

@@ -30,6 +30,17 @@ class RankStartupError(TokenmillError):
     """A rank could not start or load its shard; the message names the rank."""
 
 
+def wait_for_keys(store: dist.Store, keys: list[str], check_alive: Callable[[], None], what: str) -> None:
+    """Until every key is in the store, within the start-up timeout ("not {what} within the start-up timeout"
+    else); `check_alive` raises for a rank that exited or stopped answering first."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
+    while not store.check(keys):
+        check_alive()
+        if time.monotonic() > deadline:
+            raise RankStartupError(f"{what} within the start-up timeout")
+        time.sleep(0.02)
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """What every rank needs to build its shard (the same on every rank)."""
@@ -82,12 +93,7 @@ class WorkerProcesses:
         """Until every worker has reached the process group's rendezvous; `check_alive` raises for a worker that
         exited or stopped answering first."""
         keys = [f"joined/{rank}" for rank in self.processes]
-        deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
-        while not self.store.check(keys):
-            check_alive()
-            if time.monotonic() > deadline:
-                raise RankStartupError("the worker ranks did not start within the start-up timeout")
-            time.sleep(0.02)
+        wait_for_keys(self.store, keys, check_alive, "the worker ranks did not start")
 
     def check_alive(self) -> None:
         for rank, process in self.processes.items():

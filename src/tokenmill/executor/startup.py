@@ -7,14 +7,13 @@ instead of waiting for the others.
 
 import logging
 import os
-import time
 from collections.abc import Callable
 
 from tokenmill import native
 from tokenmill.config.quantization import quantization_on
 from tokenmill.distributed.group import STARTUP_TIMEOUT, ParallelGroup
 from tokenmill.distributed.shard import ShardPlan
-from tokenmill.executor.launcher import RankSpec, RankStartupError
+from tokenmill.executor.launcher import RankSpec, RankStartupError, wait_for_keys
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import open_model_source
 from tokenmill.model.config_from_source import model_config_from_source
@@ -94,12 +93,7 @@ def load_and_collect(spec: RankSpec, group: ParallelGroup, check_alive: Callable
         runner, status = None, f"{type(exc).__name__}: {exc}"
     group.store.set("loaded/0", status)
     keys = [f"loaded/{rank}" for rank in range(group.world_size)]
-    deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
-    while not group.store.check(keys):
-        check_alive()
-        if time.monotonic() > deadline:
-            raise RankStartupError("not every rank loaded its shard within the start-up timeout")
-        time.sleep(0.02)
+    wait_for_keys(group.store, keys, check_alive, "not every rank loaded its shard")
     statuses = [group.store.get(key).decode() for key in keys]
     failures = [f"rank {rank} could not load its shard: {s}" for rank, s in enumerate(statuses) if s]
     group.store.set(VERDICT, "abort" if failures else "go")

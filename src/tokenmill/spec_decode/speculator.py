@@ -116,7 +116,8 @@ class Speculator:
                         continue
                 needed.append(k)
                 rows.append(row)
-            active = [k for k in active if k in upfront or k in needed]
+            taken = set(needed)
+            active = [k for k in active if k in upfront or k in taken]
             if needed:
                 logits = torch.stack([verifying[k][1][position] for k in needed])  # [needed, vocab]
                 drawn.update(zip(needed, sampler.sample(logits, rows), strict=True))
