@@ -10,6 +10,7 @@ from tokenmill.engine.core import EngineCore
 from tokenmill.runner.model_runner import StepChunk, StepOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.spec_decode.speculator import Speculator
 
 VOCAB = 50
@@ -60,8 +61,7 @@ def make_core(speculative: SpeculativeConfig | None = None) -> tuple[EngineCore,
     core = EngineCore(
         runner,  # type: ignore[arg-type]
         config,
-        BlockManager(64, config.block_size, config.enable_prefix_caching),
-        None,
+        KVCacheManager(BlockManager(64, config.block_size, config.enable_prefix_caching)),
         max_model_len,
         FakeTokenizer(),  # type: ignore[arg-type]
         Speculator(config.speculative_config, None, max_model_len),

@@ -8,12 +8,13 @@ import sys
 sys.modules['torch'] = None  # any `import torch` now fails
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.outputs import RequestOutput
 from tokenmill.config import EngineConfig
 bm = BlockManager(8, 4)
-s = Scheduler(SchedulerConfig(), bm)
+s = Scheduler(SchedulerConfig(), KVCacheManager(bm))
 s.add(Sequence(0, 'r', [1, 2, 3], SamplingParams()))
 assert s.schedule().num_batched_tokens == 3
 print('ok')

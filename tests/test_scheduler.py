@@ -2,6 +2,7 @@
 
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 
@@ -11,7 +12,7 @@ class FakeEngine:
 
     def __init__(self, num_blocks=64, block_size=4, max_num_seqs=8, budget=16, prefix_caching=True):
         self.bm = BlockManager(num_blocks, block_size, prefix_caching)
-        self.sched = Scheduler(SchedulerConfig(max_num_seqs, budget, 4096), self.bm)
+        self.sched = Scheduler(SchedulerConfig(max_num_seqs, budget, 4096), KVCacheManager(self.bm))
         self.next_id = 0
         self.finished: list[Sequence] = []
 
@@ -28,7 +29,7 @@ class FakeEngine:
 
     def step(self) -> SchedulerOutput:
         out = self.sched.schedule()
-        self.sched.update_after_step(out)
+        self.sched.update_from_output(out)
         for s in out.scheduled:
             if s.completes_sequence:
                 s.seq.append_token(1000 + s.seq.num_output_tokens)

@@ -10,6 +10,7 @@ import pytest
 from tokenmill import LLM, SamplingParams
 from tokenmill.errors import InvalidParameterError
 from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.spec_decode import SpeculativeConfig
@@ -72,28 +73,33 @@ def test_a_draft_model_must_share_the_tokenizer() -> None:
 def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> None:
     """A decoding sequence with proposals computes 1 + K tokens in one step (blocks for all of them, within the
     token budget); only the accepted ones then count as computed (and reach the prefix cache)."""
-    bm = BlockManager(8, 4)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=6, max_model_len=32), bm)
-    seq = Sequence(0, "r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=10))
-    sched.add(seq)
-    sched.update_after_step(sched.schedule())  # the prompt
-    seq.append_token(6)
-    seq.num_lookahead_tokens = 6  # more than the budget leaves room for
-    out = sched.schedule()
-    (s,) = out.scheduled
-    assert (s.start, s.num_new_tokens, s.num_draft_tokens, s.completes_sequence) == (5, 6, 5, True)
-    assert len(seq.block_table) == 3  # positions 0 .. 10
-    sched.update_after_step(out)
-    assert seq.num_computed_tokens == 6  # the real token only
-    seq.token_ids += [7, 8, 5]  # two proposals accepted, then a token of the model's own
-    sched.commit_accepted(seq, 2)
-    assert seq.num_computed_tokens == 8 and len(bm.block_hashes(seq, 8)) == 2
+    for accepted in (0, 2):
+        bm = BlockManager(8, 4)
+        sched = Scheduler(
+            SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=6, max_model_len=32), KVCacheManager(bm)
+        )
+        seq = Sequence(0, "r", [1, 2, 3, 4, 5], SamplingParams(max_tokens=10))
+        sched.add(seq)
+        sched.update_from_output(sched.schedule())  # the prompt
+        seq.append_token(6)
+        seq.num_lookahead_tokens = 6  # more than the budget leaves room for
+        out = sched.schedule()
+        (s,) = out.scheduled
+        assert (s.start, s.num_new_tokens, s.num_draft_tokens, s.completes_sequence) == (5, 6, 5, True)
+        assert len(seq.block_table) == 3  # positions 0 .. 10
+        if accepted == 0:
+            sched.update_from_output(out)
+            assert seq.num_computed_tokens == 6  # the real token only
+        else:
+            seq.token_ids += [7, 8, 5]  # two proposals accepted, then a token of the model's own
+            sched.update_from_output(out, {seq.seq_id: 2})
+            assert seq.num_computed_tokens == 8 and len(bm.block_hashes(seq, 8)) == 2
     # out of blocks for the proposals: the step computes the one real token and preempts nobody
-    small = Scheduler(SchedulerConfig(4, 16, 32), BlockManager(3, 4))
+    small = Scheduler(SchedulerConfig(4, 16, 32), KVCacheManager(BlockManager(3, 4)))
     first, second = Sequence(1, "a", list(range(7)), SamplingParams()), Sequence(2, "b", [1, 2, 3], SamplingParams())
     for s in (first, second):
         small.add(s)
-    small.update_after_step(small.schedule())  # 2 + 1 blocks: all of them
+    small.update_from_output(small.schedule())  # 2 + 1 blocks: all of them
     first.append_token(7)
     first.num_lookahead_tokens = 4  # positions 7 .. 11 would need a third block
     out = small.schedule()

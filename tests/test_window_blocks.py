@@ -4,6 +4,7 @@ pools consistent."""
 
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import NULL_BLOCK, BlockManager, WindowBlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.sequence import Sequence
 
@@ -14,7 +15,7 @@ class WindowedEngine:
     def __init__(self, full_blocks=200, local_blocks=64, budget=16, max_num_seqs=8, prefix_caching=True):
         self.bm = BlockManager(full_blocks, BS, prefix_caching)
         self.wm = WindowBlockManager(local_blocks, BS, WINDOW, prefix_caching)
-        self.sched = Scheduler(SchedulerConfig(max_num_seqs, budget, 4096), self.bm, self.wm)
+        self.sched = Scheduler(SchedulerConfig(max_num_seqs, budget, 4096), KVCacheManager(self.bm, self.wm))
         self.ids = iter(range(10**6))
         self.finished: list[Sequence] = []
         self.max_local_held: dict[int, int] = {}
@@ -30,7 +31,7 @@ class WindowedEngine:
             first = self.wm.first_needed_block(s.start)
             table = s.seq.local_block_table
             assert all(b != NULL_BLOCK for b in table[first : self.wm.blocks_needed(s.start + s.num_new_tokens)])
-        self.sched.update_after_step(out)
+        self.sched.update_from_output(out)
         for s in out.scheduled:
             seq = s.seq
             self.max_local_held[seq.seq_id] = max(self.max_local_held.get(seq.seq_id, 0), self.wm.held_blocks(seq))

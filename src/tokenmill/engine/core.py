@@ -25,6 +25,7 @@ from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 from tokenmill.spec_decode.speculator import Speculator
@@ -42,23 +43,19 @@ class EngineCore:
         self,
         runner: ModelRunner | TensorParallelRunner,
         config: EngineConfig,
-        block_manager: BlockManager,
-        window_manager: WindowBlockManager | None,
+        kv: KVCacheManager,
         max_model_len: int,
         tokenizer: Tokenizer,
         speculator: Speculator,
     ):
         self.runner = runner
         self.config = config
-        self.block_manager = block_manager
-        self.window_manager = window_manager
+        self.kv = kv
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.speculator = speculator  # a stage of the step when config.speculative_config is set
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len),
-            block_manager,
-            window_manager,
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len), kv
         )
         self.sampler = Sampler(runner.device)
         self.outputs = OutputProcessor(tokenizer, max_model_len, self._finish)
@@ -76,6 +73,16 @@ class EngineCore:
         self.prompt_tokens_total = 0  # prompt tokens computed (prefix-cache hits are not), for the throughput log
         self.generation_tokens_total = 0  # tokens sampled
         self._seq_ids = itertools.count()
+
+    @property
+    def block_manager(self) -> BlockManager:
+        """The full-attention layers' pool of KV blocks (the manager's)."""
+        return self.kv.pool
+
+    @property
+    def window_manager(self) -> WindowBlockManager | None:
+        """The sliding-window layers' pool, when the model has such layers."""
+        return self.kv.window_pool
 
     @property
     def tensor_parallel(self) -> TensorParallelRunner | None:
@@ -164,7 +171,7 @@ class EngineCore:
                     token_ids=s.seq.token_ids[s.start : s.start + s.num_new_tokens - len(drafts)] + drafts,
                     start_position=s.start,
                     block_table=s.seq.block_table,
-                    local_block_table=s.seq.local_block_table if self.window_manager is not None else None,
+                    local_block_table=s.seq.local_block_table if self.kv.window_pool is not None else None,
                     want_last_logits=s.completes_sequence and not drafts,
                     # with proposals: the logits after each of its tokens, to verify them one by one
                     want_all_logits=bool(drafts) or self.outputs.collects_prompt_logprobs(request, s.seq, s.start),
@@ -179,7 +186,6 @@ class EngineCore:
         for s in sched.scheduled:
             prompt_len = s.seq.num_prompt_tokens
             self.prompt_tokens_total += max(0, min(s.start + s.num_new_tokens, prompt_len) - s.start)
-        self.scheduler.update_after_step(sched)
         self.last_step_summary = {**self._step_header(sched), **step_time(self.num_steps, now, self.tensor_parallel)}
         step = describe_step(sched, self.last_step_summary, self.requests) if self.record_steps else None
         touched: dict[str, Request] = {}
@@ -199,9 +205,10 @@ class EngineCore:
             return self._mask_now(request, self._sample_of(seq))
 
         accepted, emitted = self.speculator.verify(
-            sched, result.all_logits, self.sampler, self._sampling_row, emit, self.scheduler, mask_now
+            sched, result.all_logits, self.sampler, self._sampling_row, emit, mask_now
         )
         self.generation_tokens_total += emitted
+        self.scheduler.update_from_output(sched, accepted)  # computed K/V into the cache; stopped ones leave
         if step is not None:  # with what each constrained row's mask allowed, known once sampled
             for entry, s in zip(step["batch"], sched.scheduled, strict=True):
                 if s.completes_sequence and s.seq.params.structured_outputs is not None:
@@ -313,9 +320,7 @@ class EngineCore:
             child.num_prompt_tokens = parent.num_prompt_tokens
             child.num_cached_tokens = parent.num_cached_tokens
             child.ever_scheduled = True
-            self.block_manager.fork(parent, child)
-            if self.window_manager is not None:
-                self.window_manager.fork(parent, child)
+            self.kv.fork(parent, child, parent.num_prompt_tokens)  # the step computed the whole prompt
             self.scheduler.add_running(child)
             state = self.outputs.sample_state(child, request)
             parent_state = self._sample_of(parent)
@@ -340,15 +345,14 @@ class EngineCore:
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
-        self.scheduler.finish(seq)
+        self.scheduler.stop(seq)  # its blocks go once the step is settled (update_from_output)
         self.sampler.release(seq.seq_id)
         self.speculator.release(seq.seq_id)
 
     # ---- introspection ------------------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        usage = self.block_manager.usage()
-        local = self.window_manager.usage() if self.window_manager is not None else None
+        usage, local = self.kv.usage()
         running = self.scheduler.running
         tp = self.tensor_parallel
         return {
@@ -360,8 +364,8 @@ class EngineCore:
             # the sliding-window layers' own pool (0 when they have none)
             "kv_local_blocks_total": local.total if local is not None else 0,
             "kv_local_blocks_in_use": local.in_use if local is not None else 0,
-            "prefix_cache_query_tokens": self.block_manager.prefix_query_tokens,
-            "prefix_cache_hit_tokens": self.block_manager.prefix_hit_tokens,
+            "prefix_cache_query_tokens": self.kv.prefix_query_tokens,
+            "prefix_cache_hit_tokens": self.kv.prefix_hit_tokens,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_running": len(running),
             "num_waiting": len(self.scheduler.waiting),
@@ -381,12 +385,7 @@ class EngineCore:
 
     def check_integrity(self) -> None:
         """free + cached + in-use blocks == total; when idle, nothing is in use."""
-        for manager in (self.block_manager, self.window_manager):
-            if manager is None:
-                continue
-            manager.check_integrity()
-            if not self.requests and manager.usage().in_use:
-                raise AssertionError(f"idle engine still holds blocks: {manager.usage()}")
+        self.kv.check_integrity(idle=not self.requests)
         for seq in self.scheduler.running:
             if seq.status != SequenceStatus.RUNNING:
                 raise AssertionError(f"{seq} is in the running list")

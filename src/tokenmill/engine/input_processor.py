@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
@@ -25,7 +25,7 @@ class InputProcessor:
         vocab_size: int,
         max_num_seqs: int,
         max_model_len: int,
-        block_manager: BlockManager,
+        kv: KVCacheManager,
         grammars: Callable[[], "GrammarCompiler"],
     ):
         self.tokenizer = tokenizer
@@ -33,7 +33,7 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.block_manager = block_manager  # for how many blocks a request may take (read only)
+        self.kv = kv  # for how many blocks a request may take (read only)
         self._grammars = grammars  # the engine's compiler, made at first use
 
     def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -119,11 +119,10 @@ class InputProcessor:
                 f"than max_model_len {limit}; lower max_tokens to at most {limit - prompt_len}",
                 "max_tokens",
             )
-        blocks = self.block_manager.blocks_needed(prompt_len + max_tokens)
-        if blocks > self.block_manager.num_blocks:
+        blocks = self.kv.blocks_needed(prompt_len + max_tokens)
+        if blocks > self.kv.num_blocks:
             raise PromptTooLongError(
-                f"prompt + max_tokens needs {blocks} KV blocks, "
-                f"more than the whole cache ({self.block_manager.num_blocks})",
+                f"prompt + max_tokens needs {blocks} KV blocks, more than the whole cache ({self.kv.num_blocks})",
                 "max_tokens",
             )
         return max_tokens

@@ -27,6 +27,7 @@ from tokenmill.runner.memory import bound_onednn_cache, release_free_memory
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
+from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_model
 from tokenmill.spec_decode.speculator import Speculator
 from tokenmill.tokenizer import ChatTemplate
@@ -118,20 +119,21 @@ class LLMEngine(EngineCore):
         except BaseException:
             self.close()  # no worker rank outlives an engine that could not be built
             raise
-        self.block_manager = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.window_manager: WindowBlockManager | None = None
+        window_pool = None
         if num_local_blocks:
-            self.window_manager = WindowBlockManager(
+            window_pool = WindowBlockManager(
                 num_local_blocks,
                 self.config.block_size,
                 self.model_config.sliding_window,  # type: ignore[arg-type]
                 self.config.enable_prefix_caching,
             )
+        kv = KVCacheManager(
+            BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching), window_pool
+        )
         super().__init__(
             self.runner,
             self.config,
-            self.block_manager,
-            self.window_manager,
+            kv,
             self.max_model_len,
             self.tokenizer,
             Speculator(spec, self.drafter, self.max_model_len),
@@ -142,7 +144,7 @@ class LLMEngine(EngineCore):
             self.model_config.vocab_size,
             self.config.max_num_seqs,
             self.max_model_len,
-            self.block_manager,
+            kv,
             lambda: self.grammars,
         )
         self._request_ids = itertools.count()

@@ -196,28 +196,38 @@ class BlockManager:
         block.parent = None
         block.generation += 1
 
+    def _needs(self, seq: Sequence, num_new_tokens: int) -> tuple[int, bool]:
+        """(new blocks for num_new_tokens more tokens, whether the write block needs a private copy first: a
+        shared, partly filled last block)."""
+        table = self.table(seq)
+        new_blocks = max(0, self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(table))
+        write_block = seq.num_computed_tokens // self.block_size
+        cow = (
+            num_new_tokens > 0
+            and seq.num_computed_tokens % self.block_size != 0
+            and write_block < len(table)
+            and self.blocks[table[write_block]].ref_count > 1
+        )
+        return new_blocks, cow
+
+    def slots_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Free blocks that allocate_slots(seq, num_new_tokens) would take."""
+        new_blocks, cow = self._needs(seq, num_new_tokens)
+        return new_blocks + int(cow)
+
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]] | None:
         """Make the block table cover num_computed_tokens + num_new_tokens.
 
         Returns the block copies (src, dst) needed first (copy-on-write of a shared, partly filled last block),
         or None, with nothing changed, when there are not enough free blocks.
         """
-        bs = self.block_size
-        table = self.table(seq)
-        needed_total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
-        new_blocks = max(0, needed_total - len(table))
-        # writing into a shared last block that already holds tokens needs a private copy of it
-        write_block = seq.num_computed_tokens // bs
-        cow = (
-            num_new_tokens > 0
-            and seq.num_computed_tokens % bs != 0
-            and write_block < len(table)
-            and self.blocks[table[write_block]].ref_count > 1
-        )
+        new_blocks, cow = self._needs(seq, num_new_tokens)
         if new_blocks + int(cow) > self.num_free_blocks:
             return None
+        table = self.table(seq)
         copies = []
         if cow:
+            write_block = seq.num_computed_tokens // self.block_size
             old = self.blocks[table[write_block]]
             new = self._new_block()
             old.ref_count -= 1

@@ -10,14 +10,17 @@ Each step has a token budget (max_num_batched_tokens) and a sequence cap (max_nu
 2. then waiting sequences, first come first served, while budget, sequence slots and blocks last; a waiting
    sequence first takes whatever prefix of it the prefix cache holds.
 
-With sliding-window layers, a second pool (WindowBlockManager) holds their K/V: every allocation takes blocks of
-both pools, and after each step the blocks that left a sequence's window go back to that pool.
+The KV cache is asked only through its manager (kv_cache_manager.py), over one pool or, with sliding-window
+layers, two. After the step's tokens are sampled, `update_from_output` settles it: every scheduled sequence's
+computed tokens (with the proposals that were accepted) enter the cache, and the sequences that stopped leave the
+batch and free their blocks.
 """
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
+from tokenmill.scheduler.kv_cache_manager import KVAllocation, KVCacheManager, PrefixHit
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
 
 
@@ -62,15 +65,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self, config: SchedulerConfig, block_manager: BlockManager, window_manager: WindowBlockManager | None = None
-    ):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
         self.config = config
-        self.block_manager = block_manager
-        self.window_manager = window_manager
+        self.kv = kv
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._stopped: list[Sequence] = []  # stopped during the step: freed by update_from_output
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -87,7 +88,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        bm, wm = self.block_manager, self.window_manager
+        kv = self.kv
         in_flight: set[int] = set()  # hashes of prompt blocks this step fills (prefix caching only)
 
         # 1. running sequences, oldest first
@@ -98,29 +99,26 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            local_copies: list[tuple[int, int]] = []  # kept across attempts: a copy-on-write happens once
             lookahead = min(seq.num_lookahead_tokens, budget - 1) if num_new == 1 else 0
-            copies = self._allocate(seq, 1 + lookahead, local_copies) if lookahead else None
-            if copies is not None:  # room for the proposals too (never preempt anyone for them)
-                out.block_copies.extend(copies)
-                out.local_block_copies.extend(local_copies)
+            allocation = kv.allocate_slots(seq, 1, lookahead) if lookahead else None
+            if allocation is not None:  # room for the proposals too (never preempt anyone for them)
+                self._add_copies(out, allocation)
                 out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, 1 + lookahead, lookahead))
                 budget -= 1 + lookahead
                 i += 1
                 continue
             while True:
-                copies = self._allocate(seq, num_new, local_copies)
-                if copies is not None:
+                allocation = kv.allocate_slots(seq, num_new)
+                if allocation is not None:
                     break
                 victim = self.running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
-            if seq.status != SequenceStatus.RUNNING:  # preempted itself: nothing more fits
+            if allocation is None:  # preempted itself: nothing more fits
                 break
-            out.block_copies.extend(copies)
-            out.local_block_copies.extend(local_copies)
+            self._add_copies(out, allocation)
             out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             self._note_in_flight(seq, num_new, in_flight)
             budget -= num_new
@@ -132,41 +130,25 @@ class Scheduler:
             slots_needed = seq.params.n if not seq.ever_scheduled else 1
             if len(self.running) + slots_needed > self.config.max_num_seqs:
                 break
-            prefix_blocks: list[int] = []
+            hit = PrefixHit()
             if seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:
-                prefix_blocks = bm.lookup_prefix(seq)
-                if in_flight and self._next_block_in_flight(seq, len(prefix_blocks), in_flight):
+                hit = kv.find_prefix(seq)
+                if in_flight and self._next_block_in_flight(seq, hit.num_found, in_flight):
                     break  # another sequence is computing this prefix right now: hit it next step
-            window_hit: tuple[int, list[int], list[int]] = (0, [], [])
-            if wm is not None and prefix_blocks:  # the hit must also find the window's blocks
-                window_hit = wm.lookup_window_prefix(seq, len(prefix_blocks))
-                prefix_blocks = prefix_blocks[: window_hit[0]]
-            hit_tokens = len(prefix_blocks) * bm.block_size
+            hit_tokens = hit.num_blocks * kv.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget)
-            start, end = seq.num_computed_tokens + hit_tokens, seq.num_computed_tokens + hit_tokens + num_new
-            needed = bm.blocks_needed(end)
-            newly_taken = bm.num_unreferenced(prefix_blocks)
-            if needed - len(prefix_blocks) + newly_taken > bm.num_free_blocks:
+            if not kv.can_admit(seq, hit, num_new):
                 break
-            if wm is not None:
-                local_taken = window_hit[1]
-                newly_taken = wm.num_unreferenced(local_taken)
-                if wm.blocks_to_admit(start, end) - len(local_taken) + newly_taken > wm.num_free_blocks:
-                    break
             if seq.num_computed_tokens == 0:
-                hit = bm.allocate_prefix(seq, prefix_blocks, count_query=not seq.wants_prompt_logprobs)
-                if wm is not None:
-                    wm.allocate_window_prefix(seq, *window_hit)
-                seq.num_computed_tokens = hit
+                tokens = kv.take_prefix(seq, hit, count_query=not seq.wants_prompt_logprobs)
+                seq.num_computed_tokens = tokens
                 if not seq.ever_scheduled:
-                    seq.num_cached_tokens = hit
-            local_copies = []
-            copies = self._allocate(seq, num_new, local_copies)
-            if copies is None:  # cannot happen after the checks above, but never lose a sequence
-                self._free(seq)
+                    seq.num_cached_tokens = tokens
+            allocation = kv.allocate_slots(seq, num_new)
+            if allocation is None:  # cannot happen after can_admit, but never lose a sequence
+                kv.free(seq)
                 break
-            out.block_copies.extend(copies)
-            out.local_block_copies.extend(local_copies)
+            self._add_copies(out, allocation)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
@@ -176,60 +158,55 @@ class Scheduler:
             budget -= num_new
         return out
 
+    @staticmethod
+    def _add_copies(out: SchedulerOutput, allocation: KVAllocation) -> None:
+        out.block_copies.extend(allocation.copies)
+        out.local_block_copies.extend(allocation.local_copies)
+
     def _note_in_flight(self, seq: Sequence, num_new: int, in_flight: set[int]) -> None:
-        bm = self.block_manager
-        if bm.enable_prefix_caching and num_new > 1:
-            first_new_block = seq.num_computed_tokens // bm.block_size
-            in_flight.update(bm.block_hashes(seq, seq.num_computed_tokens + num_new)[first_new_block:])
+        if self.kv.enable_prefix_caching and num_new > 1:
+            first_new_block = seq.num_computed_tokens // self.kv.block_size
+            in_flight.update(self.kv.block_hashes(seq, seq.num_computed_tokens + num_new)[first_new_block:])
 
     def _next_block_in_flight(self, seq: Sequence, num_hit_blocks: int, in_flight: set[int]) -> bool:
-        bs = self.block_manager.block_size
+        bs = self.kv.block_size
         if (num_hit_blocks + 1) * bs > seq.num_tokens - 1:
             return False  # no further full block could be a hit anyway
-        return self.block_manager.block_hashes(seq, (num_hit_blocks + 1) * bs)[-1] in in_flight
-
-    def _allocate(
-        self, seq: Sequence, num_new: int, local_copies: list[tuple[int, int]]
-    ) -> list[tuple[int, int]] | None:
-        """Blocks of both pools for num_new more tokens: the full pool's copies, with the window pool's added to
-        local_copies; None when either pool is short (what one pool took stays in the sequence's table)."""
-        if self.window_manager is not None:
-            local = self.window_manager.allocate_slots(seq, num_new)
-            if local is None:
-                return None
-            local_copies.extend(local)
-        return self.block_manager.allocate_slots(seq, num_new)
-
-    def _free(self, seq: Sequence) -> None:
-        self.block_manager.free(seq)
-        if self.window_manager is not None:
-            self.window_manager.free(seq)
-
-    def commit_accepted(self, seq: Sequence, num_accepted: int) -> None:
-        """num_accepted proposed tokens were right: their K/V, written by the step, now count as computed."""
-        seq.num_computed_tokens += num_accepted
-        self.block_manager.commit_computed(seq)
-        if self.window_manager is not None:
-            self.window_manager.commit_computed(seq)
-            self.window_manager.release_outside_window(seq)
+        return self.kv.block_hashes(seq, (num_hit_blocks + 1) * bs)[-1] in in_flight
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._free(seq)
+        self.kv.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update_after_step(self, out: SchedulerOutput) -> None:
-        """The forward pass wrote the K/V of every scheduled token."""
+    def stop(self, seq: Sequence) -> None:
+        """A sequence's last token was sampled in this step: it is finished now, and leaves the batch (its blocks
+        freed) in update_from_output, once its computed K/V reached the prefix cache. Not running: at once."""
+        if seq.status != SequenceStatus.RUNNING:
+            self.finish(seq)
+            return
+        seq.status = SequenceStatus.FINISHED
+        self._stopped.append(seq)
+
+    def update_from_output(self, out: SchedulerOutput, num_accepted: Mapping[int, int] | None = None) -> None:
+        """After the step: the forward pass wrote the K/V of every scheduled token, and of its proposals the first
+        num_accepted[seq_id] were right (the others' K/V get overwritten); those count as computed. Then the
+        sequences that stopped in the step leave the batch and free their blocks."""
+        accepted = num_accepted or {}
+        stopped = {seq.seq_id for seq in self._stopped}
         for s in out.scheduled:
-            # proposed tokens count once accepted (the engine advances num_computed_tokens over them then)
-            s.seq.num_computed_tokens = s.start + s.num_new_tokens - s.num_draft_tokens
-            self.block_manager.commit_computed(s.seq)
-            if self.window_manager is not None:
-                self.window_manager.commit_computed(s.seq)
-                self.window_manager.release_outside_window(s.seq)
+            seq = s.seq
+            if seq.is_finished and seq.seq_id not in stopped:
+                continue  # aborted, its blocks freed already
+            seq.num_computed_tokens = s.start + s.num_new_tokens - s.num_draft_tokens + accepted.get(seq.seq_id, 0)
+            self.kv.commit(seq)
+        for seq in self._stopped:
+            self.running.remove(seq)
+            self.kv.free(seq)
+        self._stopped.clear()
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks at once."""
@@ -237,5 +214,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self._free(seq)
+        elif seq in self._stopped:  # stopped in this step, then aborted before update_from_output
+            self._stopped.remove(seq)
+            self.running.remove(seq)
+        self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -187,7 +187,7 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
             "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
             "kv_element_bytes": runner.kv_dtype.itemsize,
             "block_size": engine.config.block_size,
-            "kv_blocks_total": engine.block_manager.num_blocks,
+            "kv_blocks_total": engine.kv.num_blocks,
             "kv_bytes_per_block": runner.kv_bytes_per_block(),
             "max_model_len": engine.max_model_len,
             "prefix_caching": engine.config.enable_prefix_caching,

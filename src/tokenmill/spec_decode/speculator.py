@@ -9,7 +9,7 @@ import torch
 
 from tokenmill.config import SpeculativeConfig
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow, is_plain_greedy
-from tokenmill.scheduler.scheduler import Scheduler, SchedulerOutput
+from tokenmill.scheduler.scheduler import SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence
 from tokenmill.spec_decode.acceptance import AcceptanceTracker
 from tokenmill.spec_decode.draft_model import DraftModelProposer
@@ -83,7 +83,6 @@ class Speculator:
         sampler: Sampler,
         row_of: RowFn,
         emit: EmitFn,
-        scheduler: Scheduler,
         mask_of: MaskFn,
     ) -> tuple[dict[int, int], int]:
         """Sample each proposing sequence's rows in order, as plain decoding would sample its next tokens, and
@@ -93,8 +92,8 @@ class Speculator:
         Rows of all proposing sequences are sampled together, one position at a time; plain greedy rows, whose
         token does not depend on the tokens before it, all at once. A constrained sequence's row at each position is
         masked where its grammar is then: after the tokens emitted before it, which are the proposals accepted so
-        far, so its masks cover the proposed tokens. Each sampled token goes to `emit`; accepted proposals are
-        settled with the scheduler. Returns (seq_id -> proposals accepted, tokens emitted)."""
+        far, so its masks cover the proposed tokens. Each sampled token goes to `emit`; the scheduler settles the
+        accepted proposals (Scheduler.update_from_output). Returns (seq_id -> proposals accepted, tokens emitted)."""
         verifying = [(s, logits) for s, logits in zip(sched.scheduled, all_logits, strict=True) if s.draft_token_ids]
         if not verifying:
             return {}, 0
@@ -136,8 +135,6 @@ class Speculator:
         for (s, _), num_accepted in zip(verifying, accepted, strict=True):
             self.stats.record(len(s.draft_token_ids), num_accepted)
             self.acceptance.observe(s.seq.seq_id, len(s.draft_token_ids), num_accepted)
-            if not s.seq.is_finished:
-                scheduler.commit_accepted(s.seq, num_accepted)
         return {s.seq.seq_id: n for (s, _), n in zip(verifying, accepted, strict=True)}, emitted
 
     def _sample_independent_rows(
