@@ -39,13 +39,13 @@ def main() -> None:
     args = parser.parse_args()
     llm = LLM(args.model, quantization="auto", num_kv_blocks=64, kv_cache_dtype=args.kv_cache_dtype)
     engine, runner = llm.engine, llm.engine.runner
-    if runner.native_decoder is None:
+    if runner.decode_backend is None:
         raise SystemExit("the native kernels are not built here: nothing to break down")
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     llm.generate({"prompt_token_ids": rng.integers(100, 10000, size=128).tolist()}, params, use_tqdm=False)  # warm
     times: dict[str, list[float]] = {k: [] for k in ("native_layers", "head", "prepare", "execute", "step")}
-    runner.native_decoder.forward = timed(times["native_layers"], runner.native_decoder.forward)
+    runner.decode_backend.forward = timed(times["native_layers"], runner.decode_backend.forward)
     runner.model.compute_logits = timed(times["head"], runner.model.compute_logits)
     runner._prepare = timed(times["prepare"], runner._prepare)
     runner.execute = timed(times["execute"], runner.execute)

@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=150)
     args = parser.parse_args()
     runner = LLM(quantization="auto").engine.runner
-    decoder = runner.native_decoder
+    decoder = runner.decode_backend
     if decoder is None:
         raise SystemExit("the native kernels are not built here: nothing to compare")
     rng = np.random.default_rng(0)
@@ -43,7 +43,7 @@ def main() -> None:
         for _ in range(args.reps):
             for path in ("native_ms", "dense_ms"):
                 # without the native decoder every token takes the torch path: dense GEMMs, attention in torch
-                runner.native_decoder = decoder if path == "native_ms" else None
+                runner.decode_backend = decoder if path == "native_ms" else None
                 start = time.perf_counter()
                 runner.execute(chunks)
                 times[path].append(time.perf_counter() - start)

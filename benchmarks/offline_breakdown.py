@@ -42,8 +42,8 @@ def main() -> None:
     totals = {"head": 0.0, "head_rows": 0, "native_layers": 0.0, "torch_path": 0.0, "torch_path_rows": 0}
     model.compute_logits = timed(totals, "head", model.compute_logits, lambda a: a[0].shape[0])
     model.forward = timed(totals, "torch_path", model.forward, lambda a: a[0].shape[0])
-    if runner.native_decoder is not None:
-        runner.native_decoder.forward = timed(totals, "native_layers", runner.native_decoder.forward)
+    if runner.decode_backend is not None:
+        runner.decode_backend.forward = timed(totals, "native_layers", runner.decode_backend.forward)
     start = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     total = time.perf_counter() - start

@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     llm = LLM(quantization="auto")
     engine, runner = llm.engine, llm.engine.runner
-    decoder, model = runner.native_decoder, runner.model
+    decoder, model = runner.decode_backend, runner.model
     if decoder is None:
         raise SystemExit("the native kernels are not built here: nothing to measure")
     libs = {"new": decoder.lib}

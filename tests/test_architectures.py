@@ -261,12 +261,12 @@ def test_native_decoder_reads_the_scaled_rope_tables(name: str, tmp_path: Path) 
     path = write_tiny_gguf(tmp_path / f"{name}.gguf", fresh(name))
     runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4")
     runner.allocate_kv_cache(16)
-    assert runner.native_decoder is not None
+    assert runner.decode_backend is not None
     table = list(range(12))
     runner.execute([StepChunk(PROMPT, 0, table, prompt_len=len(PROMPT))])
     step = [StepChunk([7], len(PROMPT), table, prompt_len=len(PROMPT))]
     native_logits = runner.execute(step).last_logits
-    runner.native_decoder = None
+    runner.decode_backend = None
     torch_logits = runner.execute(step).last_logits  # rewrites the same cache slots with the same values
     # the same kernels for the projections; attention and norms sum in other orders (tests/test_native.py)
     assert torch.allclose(native_logits, torch_logits, rtol=1e-3, atol=1e-3), (native_logits - torch_logits).abs().max()

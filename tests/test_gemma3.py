@@ -43,7 +43,7 @@ def test_architecture_traits(gemma: LLM) -> None:
     c = gemma.engine.model_config
     assert (c.activation, c.qk_norm, c.sandwich_norms, c.sliding_window) == ("gelu_tanh", True, True, 512)
     assert [c.is_local(i) for i in range(7)] == [True] * 5 + [False, True]  # one global layer in six
-    assert gemma.engine.runner.native_decoder is None  # float32: the torch path computes every token
+    assert gemma.engine.runner.decode_backend is None  # float32: the torch path computes every token
 
 
 def test_reference_greedy_and_logprobs(gemma: LLM, gemma3_reference: dict) -> None:
@@ -174,7 +174,7 @@ def test_auto_decodes_natively_and_keeps_the_reference_tokens(gemma3_path: Path,
     from tokenmill.layers.quantized_linear import NativeLinear
 
     auto = LLM(str(gemma3_path), quantization="auto")
-    assert auto.engine.runner.native_decoder is not None
+    assert auto.engine.runner.decode_backend is not None
     layer = auto.engine.runner.model.layers[0]
     assert isinstance(layer.mlp.gate_up_proj, NativeLinear)
     assert layer.mlp.gate_up_proj.part_types == [T.Q5_0]  # as in the file
@@ -190,12 +190,12 @@ def test_native_decoder_computes_what_the_torch_path_does(gemma: LLM, gemma3_pat
     """int4 (the same 4-bit kernels on both paths): the native decoder's tokens equal the torch path's, also
     after a prompt longer than two windows, where its local layers must skip what left their window."""
     int4 = LLM(str(gemma3_path), quantization="int4", max_num_batched_tokens=512)
-    native = int4.engine.runner.native_decoder
+    native = int4.engine.runner.decode_backend
     assert native is not None
     prompts = [{"prompt_token_ids": long_prompt(gemma)}, {"prompt_token_ids": long_prompt(gemma)[:40]}]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with_native = token_lists(int4.generate(prompts, params, use_tqdm=False))
-    int4.engine.runner.native_decoder = None
+    int4.engine.runner.decode_backend = None
     assert token_lists(int4.generate(prompts, params, use_tqdm=False)) == with_native
 
 

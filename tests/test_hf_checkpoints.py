@@ -130,13 +130,13 @@ def test_a_checkpoint_under_auto_decodes_natively(tmp_path: Path, tokenizer_file
     """`auto` quantizes a float checkpoint's projections to 4 bits at load for the native decoder, which gives
     the torch path's tokens on the same 4-bit weights (int4)."""
     folder = write_tiny("gemma3", tmp_path, tokenizer_files)
-    assert LLM(str(folder), quantization="auto").engine.runner.native_decoder is not None
+    assert LLM(str(folder), quantization="auto").engine.runner.decode_backend is not None
     int4 = LLM(str(folder), quantization="int4")
-    assert int4.engine.runner.native_decoder is not None
+    assert int4.engine.runner.decode_backend is not None
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = [{"prompt_token_ids": PROMPT}, {"prompt_token_ids": PROMPT[:9]}]
     native = token_lists(int4.generate(prompts, params, use_tqdm=False))
-    int4.engine.runner.native_decoder = None
+    int4.engine.runner.decode_backend = None
     assert token_lists(int4.generate(prompts, params, use_tqdm=False)) == native
 
 

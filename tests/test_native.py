@@ -131,7 +131,7 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path, kv_cache_dtyp
         GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4", kv_cache_dtype=kv_cache_dtype
     )
     runner.allocate_kv_cache(64)
-    assert runner.native_decoder is not None
+    assert runner.decode_backend is not None
     assert runner.kv_caches[0][0].dtype == getattr(torch, kv_cache_dtype)
     assert_decode_steps_match_the_torch_path(runner, model.vocab_size)
 
@@ -238,9 +238,9 @@ def assert_decode_steps_match_the_torch_path(
     runner.execute([StepChunk(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
     step = [StepChunk([int(rng.integers(0, 96))], len(p), t) for p, t in zip(prompts, tables, strict=True)]
     native_logits = runner.execute(step).last_logits
-    decoder, runner.native_decoder = runner.native_decoder, None
+    decoder, runner.decode_backend = runner.decode_backend, None
     torch_logits = runner.execute(step).last_logits  # rewrites the same cache slots with the same values
-    runner.native_decoder = decoder
+    runner.decode_backend = decoder
     # the same kernels for the projections; attention and norms sum in other orders, and a last-bit difference
     # can move an activation across a rounding boundary of its int8 quantization (one step: 1/64,516 of the block)
     # or the step's own K/V across one of a 16-bit cache (a float16 step is 2^-11 of the value, bfloat16's 2^-8)
@@ -259,9 +259,9 @@ def test_the_native_decoder_adds_qwen2s_qkv_biases(tmp_path: Path, tokenizer_fil
     runner = ModelRunner(HFCheckpoint(folder), torch.float32, torch.device("cpu"), 4, quantization="int4")
     assert runner.model.layers[0].self_attn.qkv_bias is not None
     runner.allocate_kv_cache(64)
-    assert runner.native_decoder is not None
+    assert runner.decode_backend is not None
     with_biases, step = assert_decode_steps_match_the_torch_path(runner, runner.config.vocab_size)
-    for layer in runner.native_decoder.table:
+    for layer in runner.decode_backend.table:
         layer.qkv_bias = None
     assert not torch.allclose(runner.execute(step).last_logits, with_biases, rtol=1e-3, atol=1e-3)
 
@@ -283,7 +283,7 @@ def test_the_native_decoder_takes_weights_of_several_types_and_parts(tmp_path: P
         layer.self_attn.o_proj = native_weight([("Q5_K", 256)], 256)
         layer.mlp.gate_up_proj = native_weight([("Q4_0", 512), ("Q5_1", 512)], 256)
         layer.mlp.down_proj = native_weight([("Q8_0", 256)], 512)
-    runner.native_decoder = NativeLlamaDecoder(runner.model, lib)
+    runner.decode_backend = NativeLlamaDecoder(runner.model, lib)
     runner.allocate_kv_cache(64)
     assert_decode_steps_match_the_torch_path(runner, model.vocab_size)
 
@@ -297,7 +297,7 @@ def test_a_tokens_path_depends_on_its_position_not_on_its_neighbours(tmp_path: P
     path = write_tiny_llama(tmp_path / "tiny.gguf", model)
     runner = ModelRunner(GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization=quantization)
     runner.allocate_kv_cache(64)
-    assert runner.native_decoder is not None
+    assert runner.decode_backend is not None
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, model.vocab_size, size=6).tolist()
     table = [3, 4, 5]
@@ -320,7 +320,7 @@ def test_without_native_kernels_torch_kernels_take_over() -> None:
         "from tokenmill import LLM, SamplingParams, native\n"
         "assert native.load() is None\n"
         "llm = LLM(quantization='int4')\n"
-        "assert llm.engine.runner.native_decoder is None\n"
+        "assert llm.engine.runner.decode_backend is None\n"
         "print(len(llm.generate('Hi', SamplingParams(max_tokens=3), use_tqdm=False)[0].outputs[0].token_ids))\n"
     )
     out = subprocess.run(

@@ -43,6 +43,44 @@ class LlamaLayer(ctypes.Structure):
     ]
 
 
+class LlamaModel(ctypes.Structure):
+    """kernels.h's tm_llama_model: what the model is, built once with the KV cache."""
+
+    _fields_ = [
+        ("layers", ctypes.c_void_p),
+        ("n_layers", ctypes.c_int64),
+        ("h", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("dim", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("activation", ctypes.c_int64),
+        ("passes", ctypes.c_int64),
+        ("reduce", REDUCE_FN),
+        ("reduce_ctx", ctypes.c_void_p),
+    ]
+
+
+class DecodeStep(ctypes.Structure):
+    """kernels.h's tm_decode_step: one step's decode rows (tensors' data pointers)."""
+
+    _fields_ = [
+        ("hidden", ctypes.c_void_p),
+        ("m", ctypes.c_int64),
+        ("max_ctx", ctypes.c_int64),
+        ("cos_full", ctypes.c_void_p),
+        ("sin_signed", ctypes.c_void_p),
+        ("local_cos_full", ctypes.c_void_p),
+        ("local_sin_signed", ctypes.c_void_p),
+        ("slot_mapping", ctypes.c_void_p),
+        ("ctx_slots", ctypes.c_void_p),
+        ("local_slot_mapping", ctypes.c_void_p),
+        ("local_ctx_slots", ctypes.c_void_p),
+        ("ctx_lens", ctypes.c_void_p),
+    ]
+
+
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
 # kv_elements.h's TM_KV_F32, TM_KV_F16, TM_KV_BF16: the caches' element types the native attention reads
 KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -78,6 +116,12 @@ def _packed(q: torch.nn.Module) -> Weight:
 
 
 class NativeLlamaDecoder:
+    """The native decode backend (runner/decode_backend.py): every layer of a step's generated tokens in one C
+    call, which reads the model from one description (LlamaModel, its layers' traits as data) and the step's rows
+    from one struct (DecodeStep)."""
+
+    name = "native"
+
     def __init__(self, model: torch.nn.Module, lib: ctypes.CDLL):
         self.model = model
         self.lib = lib
@@ -91,6 +135,7 @@ class NativeLlamaDecoder:
         ]
         self._first_projection = model.layers[0].self_attn.qkv_proj
         self.table: ctypes.Array | None = None  # built when the KV cache exists (bind_kv_cache)
+        self.description: LlamaModel | None = None  # the same, with the model's sizes
         self.eps = c.rms_norm_eps
         self.heads, self.kv_heads, self.dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.scale = c.softmax_scale
@@ -155,6 +200,22 @@ class NativeLlamaDecoder:
             )
         self.table = (LlamaLayer * len(rows))(*rows)
         self._kv = kv_caches  # the table points into these tensors: keep them alive
+        self.description = LlamaModel(
+            ctypes.addressof(self.table),
+            len(rows),
+            c.hidden_size,
+            self.heads,
+            self.kv_heads,
+            self.dim,
+            self.eps,
+            self.scale,
+            self.activation,
+            self.passes,
+            self._reduce,
+            self._reduce_ctx,
+        )
+        if self.lib.tm_llama_check(ctypes.byref(self.description)) != 0:
+            raise ValueError("the native decoder cannot compute this model (sizes or weights disagree)")
 
     @torch.inference_mode()
     def forward(
@@ -167,7 +228,7 @@ class NativeLlamaDecoder:
         """input_ids, positions [M] -> final hidden states [M, hidden] (normed), as the model's forward; `meta` has
         only a decode batch (one query per row); `local_meta` the same through the sliding-window layers' own
         pool, when they have one."""
-        if self.table is None:
+        if self.description is None:
             raise RuntimeError("the native decoder has no KV cache yet (bind_kv_cache)")
         model = self.model
         d = meta.decode
@@ -182,32 +243,22 @@ class NativeLlamaDecoder:
         if local_meta is not None:  # the same rows, contexts and lengths, in the other pool's slots
             local_slots, local_ctx_slots = local_meta.slot_mapping.contiguous(), local_meta.decode.kv_index.contiguous()
         ctx_lens = d.context_lens.contiguous()
-        rc = self.lib.tm_llama_decode(
-            ctypes.c_void_p(hidden.data_ptr()),
-            ctypes.c_int64(hidden.shape[0]),
-            ctypes.c_int64(hidden.shape[1]),
-            self.table,
-            ctypes.c_int64(len(self.table)),
-            ctypes.c_float(self.eps),
-            ctypes.c_void_p(cos.data_ptr()),
-            ctypes.c_void_p(sin.data_ptr()),
-            ctypes.c_void_p(local_cos.data_ptr()),
-            ctypes.c_void_p(local_sin.data_ptr()),
-            ctypes.c_void_p(slots.data_ptr()),
-            ctypes.c_void_p(ctx_slots.data_ptr()),
-            ctypes.c_void_p(local_slots.data_ptr()),
-            ctypes.c_void_p(local_ctx_slots.data_ptr()),
-            ctypes.c_void_p(ctx_lens.data_ptr()),
-            ctypes.c_int64(d.max_context),
-            ctypes.c_int64(self.heads),
-            ctypes.c_int64(self.kv_heads),
-            ctypes.c_int64(self.dim),
-            ctypes.c_float(self.scale),
-            ctypes.c_int64(self.activation),
-            ctypes.c_int64(self.passes),
-            self._reduce,
-            ctypes.c_void_p(self._reduce_ctx),
+        step = DecodeStep(
+            hidden.data_ptr(),
+            hidden.shape[0],
+            d.max_context,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            local_cos.data_ptr(),
+            local_sin.data_ptr(),
+            slots.data_ptr(),
+            ctx_slots.data_ptr(),
+            local_slots.data_ptr(),
+            local_ctx_slots.data_ptr(),
+            ctx_lens.data_ptr(),
         )
+        self.description.passes = self.passes  # a test or benchmark may switch the projections' passes
+        rc = self.lib.tm_llama_decode(ctypes.byref(self.description), ctypes.byref(step))
         if rc != 0:
             if self._reduce_error is not None:
                 error, self._reduce_error = self._reduce_error, None

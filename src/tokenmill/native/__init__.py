@@ -117,7 +117,7 @@ def load() -> ctypes.CDLL | None:
         detail = exc.stderr.decode(errors="replace")[-500:] if isinstance(exc, subprocess.CalledProcessError) else exc
         logger.warning("native kernels unavailable (%s); using torch's int4 kernel", detail)
         return None
-    p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
     weight = ctypes.POINTER(Weight)
     lib.tm_repack_bytes.argtypes = [i64, i64, i64]
     lib.tm_repack_bytes.restype = i64
@@ -127,31 +127,9 @@ def load() -> ctypes.CDLL | None:
     lib.tm_qmatmul.restype = ctypes.c_int
     lib.tm_weight_rows.argtypes = [weight, p, i64, p]
     lib.tm_weight_rows.restype = ctypes.c_int
-    lib.tm_llama_decode.argtypes = [
-        p,
-        i64,
-        i64,
-        p,
-        i64,
-        f32,
-        p,
-        p,
-        p,
-        p,
-        p,
-        p,
-        p,
-        p,
-        p,
-        i64,
-        i64,
-        i64,
-        i64,
-        f32,
-        i64,
-        i64,
-    ]
-    lib.tm_llama_decode.argtypes += [REDUCE_FN, p]
+    lib.tm_llama_check.argtypes = [p]  # const tm_llama_model *
+    lib.tm_llama_check.restype = ctypes.c_int
+    lib.tm_llama_decode.argtypes = [p, p]  # const tm_llama_model *, const tm_decode_step *
     lib.tm_llama_decode.restype = ctypes.c_int
     lib.tm_pool_stalls.argtypes = []
     lib.tm_pool_stalls.restype = i64

@@ -24,24 +24,7 @@ static void rope_head(float *x, const float *cos_full, const float *sin_signed, 
     memcpy(x, tmp, sizeof(float) * dim);
 }
 
-typedef struct {
-    const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
-    tm_weight qkv, o, gate_up, down;             /* projections (gate_up: gate rows, then up rows) */
-    void *k_cache, *v_cache;                     /* [slots, kv_heads, dim] of kv_dtype (kv_elements.h) */
-    /* what other architectures add (NULL / 0: llama's) */
-    const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
-    const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
-    int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
-    int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
-    const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
-    int64_t kv_dtype;                            /* the caches' element type: TM_KV_F32, TM_KV_F16 or TM_KV_BF16 */
-} tm_llama_layer;
-
-enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation */
-
-/* sums the n floats at x over the tensor-parallel ranks in place (ctx: the caller's state, say a shared-memory
- * group); returns 0, or not 0 when the collective failed */
-typedef int (*tm_reduce_fn)(void *ctx, float *x, int64_t n);
+enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation (tm_llama_model.activation) */
 
 typedef struct {
     float *x, *qkv_out, *attn, *gu, *delta, *scores;
@@ -305,10 +288,8 @@ static int decode_layer(step_ctx *c) {
 
 typedef struct {
     step_ctx *c;
-    const tm_llama_layer *layers;
-    int64_t n_layers;
-    const float *cos_full, *sin_signed, *local_cos_full, *local_sin_signed;
-    const int64_t *slot_mapping, *ctx_slots, *local_slot_mapping, *local_ctx_slots;
+    const tm_llama_model *model;
+    const tm_decode_step *step;
     int rc;
 } layers_args;
 
@@ -316,38 +297,28 @@ typedef struct {
 static void layers_body(void *p) {
     layers_args *a = p;
     step_ctx *c = a->c;
-    for (int64_t l = 0; a->rc == 0 && l < a->n_layers; ++l) {
-        const tm_llama_layer *layer = &a->layers[l];
+    const tm_decode_step *st = a->step;
+    for (int64_t l = 0; a->rc == 0 && l < a->model->n_layers; ++l) {
+        const tm_llama_layer *layer = &a->model->layers[l];
         c->layer = layer;
-        c->cos_full = layer->local_rope ? a->local_cos_full : a->cos_full;
-        c->sin_signed = layer->local_rope ? a->local_sin_signed : a->sin_signed;
-        c->slot_mapping = layer->window > 0 ? a->local_slot_mapping : a->slot_mapping;
-        c->ctx_slots = layer->window > 0 ? a->local_ctx_slots : a->ctx_slots;
+        c->cos_full = layer->local_rope ? st->local_cos_full : st->cos_full;
+        c->sin_signed = layer->local_rope ? st->local_sin_signed : st->sin_signed;
+        c->slot_mapping = layer->window > 0 ? st->local_slot_mapping : st->slot_mapping;
+        c->ctx_slots = layer->window > 0 ? st->local_ctx_slots : st->ctx_slots;
         a->rc = decode_layer(c);
     }
 }
 
-/* Every decoder layer for m decode tokens (one call per step). Under tensor parallelism the layers are one rank's
- * shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
- * place, with `reduce_ctx`. cos_full/sin_signed: [m, dim] rope tables of the rows' positions; local_cos_full and
- * local_sin_signed those of the layers with local_rope set (may be the same). The layers with a window read
- * local_slot_mapping and local_ctx_slots (their own pool's slots; may be the same as the others').
- * activation: TM_SILU or TM_GELU_TANH; passes: the projections' activation quantization (1 or 2 int8 passes,
- * products.c). Each layer's weights may be of any of the products' types, in parts (kernels.h's tm_weight):
- * qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h], down [h, inter], every part's
- * rows a multiple of 16; qkv_bias, where not NULL, is added to qkv's outputs. One team of threads for the whole
- * step (pool.c). Returns 0, or a negative code on bad sizes (-1) or exhausted memory (-2) or a failed reduce (-3). */
-int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *layers, int64_t n_layers, float eps,
-                    const float *cos_full, const float *sin_signed, const float *local_cos_full,
-                    const float *local_sin_signed, const int64_t *slot_mapping, const int64_t *ctx_slots,
-                    const int64_t *local_slot_mapping, const int64_t *local_ctx_slots, const int64_t *ctx_lens,
-                    int64_t max_ctx, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int64_t activation,
-                    int64_t passes, tm_reduce_fn reduce, void *reduce_ctx) {
-    if (n_layers < 1 || dim > 512 || dim % 2 || heads % kv_heads) return -1;
-    if ((activation != TM_SILU && activation != TM_GELU_TANH) || (passes != 1 && passes != 2)) return -1;
-    const int64_t inter = tm_weight_n(&layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
-    for (int64_t l = 0; l < n_layers; ++l) {
-        const tm_llama_layer *y = &layers[l];
+/* 0 when the model's description is one the decoder computes (sizes, types and every layer's weights agree),
+ * else -1. tm_llama_decode checks it too; the binding checks it once, where a bad table is built. */
+int tm_llama_check(const tm_llama_model *md) {
+    const int64_t h = md->h, heads = md->heads, kv_heads = md->kv_heads, dim = md->dim;
+    if (md->n_layers < 1 || dim > 512 || dim % 2 || kv_heads < 1 || heads % kv_heads) return -1;
+    if ((md->activation != TM_SILU && md->activation != TM_GELU_TANH) || (md->passes != 1 && md->passes != 2))
+        return -1;
+    const int64_t inter = tm_weight_n(&md->layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
+    for (int64_t l = 0; l < md->n_layers; ++l) {
+        const tm_llama_layer *y = &md->layers[l];
         if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up))
             return -1;
         if (tm_weight_check(&y->down) || !tm_kv_dtype_ok(y->kv_dtype)) return -1;
@@ -356,24 +327,33 @@ int tm_llama_decode(float *hidden, int64_t m, int64_t h, const tm_llama_layer *l
             y->down.parts[0].k != inter || tm_weight_n(&y->down) != h)
             return -1;
     }
+    return 0;
+}
+
+/* Every decoder layer of `md` for the step's m decode tokens (one call per step): see tm_llama_model and
+ * tm_decode_step in kernels.h. One team of threads for the whole step (pool.c). Returns 0, or a negative code on
+ * a bad description (-1) or exhausted memory (-2) or a failed reduce (-3). */
+int tm_llama_decode(const tm_llama_model *md, const tm_decode_step *st) {
+    if (tm_llama_check(md) || st->m < 0) return -1;
+    const int64_t h = md->h, heads = md->heads, kv_heads = md->kv_heads, dim = md->dim, m = st->m;
+    const int64_t inter = tm_weight_n(&md->layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
     int64_t widest = h > inter ? h : inter;
     widest = widest > heads * dim ? widest : heads * dim;
-    step_ctx c = {.hidden = hidden, .m = m, .h = h, .heads = heads, .kv_heads = kv_heads, .dim = dim,
-                  .max_ctx = max_ctx, .activation = activation, .eps = eps, .scale = scale, .ctx_lens = ctx_lens,
-                  .reduce = reduce, .reduce_ctx = reduce_ctx};
+    step_ctx c = {.hidden = st->hidden, .m = m, .h = h, .heads = heads, .kv_heads = kv_heads, .dim = dim,
+                  .max_ctx = st->max_ctx, .activation = md->activation, .eps = md->eps, .scale = md->scale,
+                  .ctx_lens = st->ctx_lens, .reduce = md->reduce, .reduce_ctx = md->reduce_ctx};
     tm_scratch *s = &c.s;
     s->x = malloc(sizeof(float) * m * (h > inter ? h : inter));
     s->qkv_out = malloc(sizeof(float) * m * qkv_n);
     s->attn = malloc(sizeof(float) * m * heads * dim);
     s->gu = malloc(sizeof(float) * m * 2 * inter);
     s->delta = malloc(sizeof(float) * m * h);
-    s->scores = malloc(sizeof(float) * m * heads * (max_ctx > 0 ? max_ctx : 1));
-    s->passes = passes;
-    int rc = tm_qx_alloc(&s->qx, m, widest, passes);
+    s->scores = malloc(sizeof(float) * m * heads * (st->max_ctx > 0 ? st->max_ctx : 1));
+    s->passes = md->passes;
+    int rc = tm_qx_alloc(&s->qx, m, widest, md->passes);
     if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores) rc = -2;
     if (rc == 0) {
-        layers_args a = {&c, layers, n_layers, cos_full, sin_signed, local_cos_full, local_sin_signed,
-                         slot_mapping, ctx_slots, local_slot_mapping, local_ctx_slots, 0};
+        layers_args a = {&c, md, st, 0};
         tm_team_run(layers_body, &a);
         rc = a.rc;
     }

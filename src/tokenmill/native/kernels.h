@@ -165,6 +165,56 @@ int tm_pool_solo(void);       /* 1 while jobs run on their caller alone after a 
 void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t helper_us, int64_t *caller_pieces);
 
 /* products.c, for the decoder: jobs of the calling team */
+/* ---- the decoder (decoder.c) ------------------------------------------------------------------------------ */
+/* One layer of a llama-family model as the decoder reads it: its weights, its caches, and the traits other
+ * architectures add, as data (NULL / 0: llama's). Built once, from the model, by layers/native_decode.py. */
+typedef struct {
+    const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
+    tm_weight qkv, o, gate_up, down;             /* projections (gate_up: gate rows, then up rows) */
+    void *k_cache, *v_cache;                     /* [slots, kv_heads, dim] of kv_dtype (kv_elements.h) */
+    /* what other architectures add (NULL / 0: llama's) */
+    const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
+    int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
+    int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
+    const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
+    int64_t kv_dtype;                            /* the caches' element type: TM_KV_F32, TM_KV_F16 or TM_KV_BF16 */
+} tm_llama_layer;
+
+
+/* sums the n floats at x over the tensor-parallel ranks in place (ctx: the caller's state, say a shared-memory
+ * group); returns 0, or not 0 when the collective failed */
+typedef int (*tm_reduce_fn)(void *ctx, float *x, int64_t n);
+
+/* What the model is, for every step (built once with the KV cache). Under tensor parallelism the layers are one
+ * rank's shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
+ * place, with `reduce_ctx`. Each layer's weights may be of any of the products' types, in parts (tm_weight):
+ * qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h], down [h, inter], every part's
+ * rows a multiple of 16; activation: TM_SILU or TM_GELU_TANH (decoder.c); passes: the projections' activation
+ * quantization (1 or 2 int8 passes). */
+typedef struct {
+    const tm_llama_layer *layers;
+    int64_t n_layers, h, heads, kv_heads, dim;
+    float eps, scale; /* RMSNorm's epsilon; attention's softmax scale */
+    int64_t activation, passes;
+    tm_reduce_fn reduce;
+    void *reduce_ctx;
+} tm_llama_model;
+
+/* One step's m decode rows (one query each). cos_full/sin_signed: [m, dim] rope tables of the rows' positions;
+ * local_cos_full and local_sin_signed those of the layers with local_rope set (may be the same). slot_mapping [m]:
+ * where each row's K/V go; ctx_slots [m, max_ctx]: the slots of each row's context, ctx_lens [m] long; the layers
+ * with a window read local_slot_mapping and local_ctx_slots (their own pool's slots; may be the same). */
+typedef struct {
+    float *hidden; /* [m, h], updated in place */
+    int64_t m, max_ctx;
+    const float *cos_full, *sin_signed, *local_cos_full, *local_sin_signed;
+    const int64_t *slot_mapping, *ctx_slots, *local_slot_mapping, *local_ctx_slots, *ctx_lens;
+} tm_decode_step;
+
+int tm_llama_check(const tm_llama_model *model);
+int tm_llama_decode(const tm_llama_model *model, const tm_decode_step *step);
+
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
 void tm_qx_free(tm_qx *a);
 /* the activations' group for a product with w: 8 (a scale per 256) with one pass into a weight with a K-quant

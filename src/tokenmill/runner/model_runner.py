@@ -19,12 +19,11 @@ import torch
 
 from tokenmill import native
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
-from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.loader.model_source import ModelSource
 from tokenmill.model.config import ModelConfig
-from tokenmill.model.llama import LlamaForCausalLM
 from tokenmill.model.registry import build_model
 from tokenmill.native.threads import follow_contention
+from tokenmill.runner.decode_backend import choose_decode_backend
 from tokenmill.runner.kv_cache import resolve_kv_cache_dtype
 
 if TYPE_CHECKING:
@@ -84,24 +83,15 @@ class ModelRunner:
         self.block_size = block_size
         self.model, self._model_config = build_model(gguf, dtype, device, quantization, parallel)
         self.config = self.model.config  # the part held here: sizes the KV cache
-        self.native_decoder = self._native_decoder(quantization)
-        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype, self.native_decoder is not None)
+        # what computes generated tokens (runner/decode_backend.py); None: the model's forward, with the prompts
+        self.decode_backend = choose_decode_backend(self.model, quantization)
+        native_decode = self.decode_backend is not None and self.decode_backend.name == "native"
+        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype, native_decode)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.num_local_blocks = 0  # > 0: the sliding-window layers have their own pool of this many blocks
         c = self.config
         self.local_layers = [i for i in range(c.num_layers) if c.is_local(i)]
-
-    def _native_decoder(self, quantization: str | None) -> NativeLlamaDecoder | None:
-        """Whole decoder layers in native code for generated tokens, where the projections are 4-bit ones."""
-        lib = native.load()
-        if lib is None or quantization not in ("int4", "auto") or not isinstance(self.model, LlamaForCausalLM):
-            return None
-        try:
-            decoder = NativeLlamaDecoder(self.model, lib)
-        except ValueError:
-            return None
-        return decoder if decoder.ok else None
 
     @property
     def model_config(self) -> ModelConfig:
@@ -141,8 +131,8 @@ class ModelRunner:
         local_caches = iter(pool(len(local), num_local_blocks)) if local else iter(())
         self.kv_caches = [next(local_caches) if i in local else next(full_caches) for i in range(c.num_layers)]
         self.num_blocks, self.num_local_blocks = num_blocks, num_local_blocks
-        if self.native_decoder is not None:
-            self.native_decoder.bind_kv_cache(self.kv_caches)
+        if self.decode_backend is not None:
+            self.decode_backend.bind_kv_cache(self.kv_caches)
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]], local_copies: list[tuple[int, int]] = ()) -> None:
@@ -167,7 +157,7 @@ class ModelRunner:
         generated: list[StepChunk] = []  # through the native decoder: one token each
         routes: list[tuple[int, int, int]] = []  # per chunk: (its prompt part or -1, first generated row, count)
         for c in chunks:
-            num_prompt = c.num_prompt_tokens() if self.native_decoder is not None else len(c.token_ids)
+            num_prompt = c.num_prompt_tokens() if self.decode_backend is not None else len(c.token_ids)
             part = -1
             if num_prompt:
                 part = len(prompt_parts)
@@ -190,7 +180,7 @@ class ModelRunner:
         num_prompt_rows = hidden_parts[0].shape[0] if hidden_parts else 0
         if generated:
             input_ids, positions, meta, local_meta = self._prepare(generated)
-            hidden_parts.append(self.native_decoder.forward(input_ids, positions, meta, local_meta))  # [G, hidden]
+            hidden_parts.append(self.decode_backend.forward(input_ids, positions, meta, local_meta))  # [G, hidden]
         hidden = hidden_parts[0] if len(hidden_parts) == 1 else torch.cat(hidden_parts)  # [T, hidden]
 
         def rows(i: int) -> list[int]:
