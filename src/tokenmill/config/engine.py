@@ -1,7 +1,7 @@
 """Engine options (the names `LLM(...)` and `tokenmill serve` accept), validated when made. No torch here."""
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tokenmill.config.speculative import SpeculativeConfig
@@ -31,31 +31,86 @@ def parse_memory(value: str | int | float) -> int:
     return size
 
 
+def option(default: Any, help: str, type: type | None = None, group: str = "engine", **cli: Any) -> Any:
+    """A dataclass field that is also a command-line option: `tokenmill serve --<name-with-dashes>` (or cli's
+    flags) of `type` (None: a switch, --x / --no-x), in the help's `group`; cli may add choices, flags and dest.
+    The option's own default is None (unset: the field's default applies), so a config file or LLM(...) and the
+    command line mean the same."""
+    return field(default=default, metadata={"help": help, "type": type, "group": group, **cli})
+
+
 @dataclass
 class EngineConfig:
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # explicit cache size in blocks (wins over kv_cache_memory)
-    kv_cache_memory: str | int | None = None  # e.g. "1GiB"; default: a share of free memory (see kv_cache.py)
-    # the KV cache's element type: "auto" (float16 under the native decoder, else the model's), "float32",
-    # "float16" or "bfloat16" (runner/kv_cache.py)
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 64  # sequences in one step
-    max_num_batched_tokens: int = 512  # tokens in one step (prefill chunks + decodes)
-    max_model_len: int | None = None  # prompt + output limit; default: the model's context, capped by the cache
-    device: str | None = None  # None/"auto": CUDA when available, else CPU
-    seed: int = 0  # seeds the sampler of requests without their own seed
-    tensor_parallel_size: int = 1  # ranks (processes, one per device) the model is split over
-    collective_timeout_s: float = 15.0  # a rank that does not answer a step's collective within this has failed
-    # sampling defaults for fields a request leaves unset: "auto" (the model's recommendation,
-    # model/generation_defaults.py), "tokenmill" (SamplingParams' own), or a generation_config.json / its folder
-    generation_config: str = "auto"
-    # speculative decoding (tokenmill.spec_decode): a SpeculativeConfig, a dict of its fields or their JSON
-    speculative_config: Any = None
-    # structured outputs: the largest constraint compiled (bytes of its schema, regex, grammar or choices), and how
-    # long a compile may take; above either, the request is refused (tokenmill/structured/grammars.py)
-    max_constraint_bytes: int = 1024 * 1024
-    max_constraint_compile_seconds: float = 10.0
+    block_size: int = option(16, "tokens per KV-cache block (default 16)", int)
+    num_kv_blocks: int | None = option(None, "KV-cache size in blocks (wins over --kv-cache-memory)", int)
+    kv_cache_memory: str | int | None = option(
+        None,
+        "KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, at most a quarter of available "
+        "memory; 70%% of free GPU memory on CUDA)",
+        str,
+    )
+    # resolved by runner/kv_cache.py
+    kv_cache_dtype: str = option(
+        "auto",
+        "the KV cache's element type (default auto: float16 under the native CPU decoder, else the model's)",
+        str,
+        choices=KV_CACHE_DTYPE_NAMES,
+    )
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of shared prompt prefixes (default: on)")
+    max_num_seqs: int = option(64, "sequences per step (default 64)", int)
+    max_num_batched_tokens: int = option(512, "tokens per step: prefill chunks + decodes (default 512)", int)
+    max_model_len: int | None = option(
+        None, "prompt + output limit (default: the model's context, capped by the cache)", int
+    )
+    device: str | None = option(None, "cpu, cuda or cuda:N (default: CUDA if available, else CPU)", str, group="model")
+    seed: int = option(0, "seed of requests that have none", int)
+    tensor_parallel_size: int = option(
+        1,
+        "split the model over this many ranks, one per device (default 1). Without torchrun, tokenmill starts "
+        "the other ranks itself; under torchrun, the world size must equal it",
+        int,
+        group="tensor parallelism",
+        flags=("--tensor-parallel-size", "-tp"),
+    )
+    collective_timeout_s: float = option(
+        15.0,
+        "seconds a rank may take to answer a step's collective before it counts as failed (default 15)",
+        float,
+        group="tensor parallelism",
+        flags=("--collective-timeout",),
+    )
+    # model/generation_defaults.py
+    generation_config: str = option(
+        "auto",
+        "sampling defaults for what a request leaves unset: auto (default: the model's recommended settings, "
+        "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's), "
+        "tokenmill (temperature 1, no top-p/top-k/penalty), or a generation_config.json (or its folder)",
+        str,
+    )
+    # tokenmill.spec_decode: a SpeculativeConfig, a dict of its fields or their JSON
+    speculative_config: Any = option(
+        None,
+        'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K} (optional: '
+        '"prompt_lookup_max" 4, "prompt_lookup_min" 2, "disable_by_batch_size" 8, "verify_row_cost" 0.17): up to '
+        "K tokens proposed from the sequence's own earlier tokens, as many as pay by its acceptance rate; or "
+        '{"method": "draft_model", "model": PATH_OR_NAME, "num_speculative_tokens": K} (optional: "quantization" '
+        "auto): up to K tokens proposed by a smaller model with the same tokenizer. All proposals are verified in "
+        "one pass; the output is what it would be without them",
+        str,
+    )
+    # structured outputs (tokenmill/structured/grammars.py)
+    max_constraint_bytes: int = option(
+        1024 * 1024,
+        "the largest structured-output constraint compiled, in bytes of its JSON schema, regex, grammar or "
+        "choices (default 1048576); a larger one is refused with 400 before compiling",
+        int,
+    )
+    max_constraint_compile_seconds: float = option(
+        10.0,
+        "how long a constraint may take to compile (default 10); a slower one is refused with 400, and so is "
+        "every later request with the same constraint (compiles run off the event loop and the engine's thread)",
+        float,
+    )
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):

@@ -1,9 +1,10 @@
 """The `tokenmill` command's arguments: every subcommand's parser (cli.py runs them)."""
 
 import argparse
+from dataclasses import fields
 
 from tokenmill import __version__
-from tokenmill.config import KV_CACHE_DTYPE_NAMES
+from tokenmill.config import EngineConfig
 from tokenmill.config.quantization import QUANTIZATIONS
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
 
@@ -19,7 +20,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled SmolLM2-135M",
     )
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
-    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if available, else CPU)")
+    add_config_options(g, "model")
     g.add_argument(
         "--quantization",
         default="auto",
@@ -30,105 +31,32 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
+def add_config_options(group: argparse._ArgumentGroup, name: str, skip: tuple[str, ...] = ()) -> None:
+    """The command-line options of EngineConfig's fields in help group `name` (config/engine.py's `option`):
+    flags, types, choices and help come from the fields, and an option left out leaves the field's default."""
+    for f in fields(EngineConfig):
+        meta = f.metadata
+        if "help" not in meta or meta["group"] != name or f.name in skip:
+            continue
+        flags = meta.get("flags", ("--" + f.name.replace("_", "-"),))
+        kwargs: dict = {"dest": f.name, "default": None, "help": meta["help"]}
+        if meta["type"] is None:  # a switch: --x / --no-x
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = meta["type"]
+        if "choices" in meta:
+            kwargs["choices"] = meta["choices"]
+        group.add_argument(*flags, **kwargs)
+
+
 def add_engine_args(parser: argparse.ArgumentParser, request_seed: bool = True) -> None:
     """The engine's options; `request_seed`: its --seed (the benchmarks' --seed seeds their workload instead)."""
-    g = parser.add_argument_group("engine")
-    g.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block (default 16)")
-    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks")
-    g.add_argument(
-        "--kv-cache-memory",
-        default=None,
-        help="KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, at most a quarter of available "
-        "memory; 70%% of free GPU memory on CUDA)",
-    )
-    g.add_argument(
-        "--kv-cache-dtype",
-        choices=KV_CACHE_DTYPE_NAMES,
-        default=None,
-        help="the KV cache's element type (default auto: float16 under the native CPU decoder, else the model's)",
-    )
-    g.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="reuse the KV blocks of shared prompt prefixes (default: on)",
-    )
-    g.add_argument("--max-num-seqs", type=int, default=None, help="sequences per step (default 64)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step (default 512)")
-    g.add_argument("--max-model-len", type=int, default=None, help="prompt + output limit (default: the model's)")
-    g.add_argument(
-        "--generation-config",
-        default=None,
-        help="sampling defaults for what a request leaves unset: auto (default: the model's recommended settings, "
-        "from its generation_config.json or GGUF metadata, else its family's, else llama.cpp's), "
-        "tokenmill (temperature 1, no top-p/top-k/penalty), or a generation_config.json (or its folder)",
-    )
-    g.add_argument(
-        "--speculative-config",
-        default=None,
-        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": K} (optional: '
-        '"prompt_lookup_max" 4, "prompt_lookup_min" 2, "disable_by_batch_size" 8, "verify_row_cost" 0.17): up to '
-        "K tokens proposed from the sequence's own earlier tokens, as many as pay by its acceptance rate; or "
-        '{"method": "draft_model", "model": PATH_OR_NAME, "num_speculative_tokens": K} (optional: "quantization" '
-        "auto): up to K tokens proposed by a smaller model with the same tokenizer. All proposals are verified in "
-        "one pass; the output is what it would be without them",
-    )
-    g.add_argument(
-        "--max-constraint-bytes",
-        type=int,
-        default=None,
-        help="the largest structured-output constraint compiled, in bytes of its JSON schema, regex, grammar or "
-        "choices (default 1048576); a larger one is refused with 400 before compiling",
-    )
-    g.add_argument(
-        "--max-constraint-compile-seconds",
-        type=float,
-        default=None,
-        help="how long a constraint may take to compile (default 10); a slower one is refused with 400, and so is "
-        "every later request with the same constraint (compiles run off the event loop and the engine's thread)",
-    )
-    if request_seed:
-        g.add_argument("--seed", type=int, default=None, help="seed of requests that have none")
-    add_parallel_args(parser)
+    add_config_options(parser.add_argument_group("engine"), "engine", skip=() if request_seed else ("seed",))
+    add_config_options(parser.add_argument_group("tensor parallelism"), "tensor parallelism")
 
 
-def add_parallel_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("tensor parallelism")
-    g.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=int,
-        default=None,
-        help="split the model over this many ranks, one per device (default 1). Without torchrun, tokenmill starts "
-        "the other ranks itself; under torchrun, the world size must equal it",
-    )
-    g.add_argument(
-        "--collective-timeout",
-        dest="collective_timeout_s",
-        type=float,
-        default=None,
-        help="seconds a rank may take to answer a step's collective before it counts as failed (default 15)",
-    )
-
-
-ENGINE_OPTIONS = (
-    "block_size",
-    "num_kv_blocks",
-    "kv_cache_memory",
-    "kv_cache_dtype",
-    "enable_prefix_caching",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "seed",
-    "device",
-    "tensor_parallel_size",
-    "collective_timeout_s",
-    "generation_config",
-    "speculative_config",
-    "max_constraint_bytes",
-    "max_constraint_compile_seconds",
-)
+# every EngineConfig field that is a command-line option
+ENGINE_OPTIONS = tuple(f.name for f in fields(EngineConfig) if "help" in f.metadata)
 
 
 def engine_options(args: argparse.Namespace) -> dict:
