@@ -29,3 +29,22 @@ def test_flags_parse_to_the_config_and_unset_ones_keep_its_defaults() -> None:
     config = EngineConfig.from_options(options)
     assert (config.block_size, config.enable_prefix_caching, config.max_num_seqs) == (8, False, 64)
     assert EngineConfig.from_options(engine_options(build_parser().parse_args(["serve"]))) == EngineConfig()
+
+
+def test_model_options_are_validated_once_and_the_command_line_defaults_to_auto() -> None:
+    import pytest
+
+    from tokenmill.config import ModelOptions
+    from tokenmill.entrypoints.cli_parser import model_options
+    from tokenmill.errors import InvalidParameterError
+
+    assert model_options(build_parser().parse_args(["serve"])) == ModelOptions(None, "float32", "auto")
+    args = build_parser().parse_args(["serve", "--model", "m.gguf", "--dtype", "bfloat16", "--quantization", "none"])
+    assert model_options(args) == ModelOptions("m.gguf", "bfloat16", None)
+    assert ModelOptions().quantization is None  # LLM(...)'s default: float weights
+    with pytest.raises(InvalidParameterError) as bad:
+        ModelOptions(dtype="float64")
+    assert bad.value.param == "dtype"
+    with pytest.raises(InvalidParameterError) as bad:
+        ModelOptions(quantization="int3")
+    assert bad.value.param == "quantization"

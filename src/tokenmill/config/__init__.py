@@ -1,7 +1,10 @@
-"""The engine's options as one tree, validated when made: engine.py (`EngineConfig`: the names `LLM(...)` and
-`tokenmill serve` accept) and speculative.py (`SpeculativeConfig`, its `speculative_config`). No torch here."""
+"""The engine's options as one tree, validated when made: model.py (`ModelOptions`: the model, dtype and
+quantization), engine.py (`EngineConfig`: the names `LLM(...)` and `tokenmill serve` accept), speculative.py
+(`SpeculativeConfig`, its `speculative_config`) and quantization.py (what a quantization option means). The
+command line is generated from their fields. No torch here."""
 
 from tokenmill.config.engine import KV_CACHE_DTYPE_NAMES, EngineConfig, parse_memory
+from tokenmill.config.model import ModelOptions
 from tokenmill.config.speculative import SpeculativeConfig
 
-__all__ = ["KV_CACHE_DTYPE_NAMES", "EngineConfig", "SpeculativeConfig", "parse_memory"]
+__all__ = ["KV_CACHE_DTYPE_NAMES", "EngineConfig", "ModelOptions", "SpeculativeConfig", "parse_memory"]

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tokenmill.config import EngineConfig
-from tokenmill.config.quantization import parse_quantization, quantization_on
+from tokenmill.config import EngineConfig, ModelOptions
+from tokenmill.config.quantization import quantization_on
 from tokenmill.engine.core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptInput
 from tokenmill.errors import EngineClosedError, InvalidParameterError
@@ -56,7 +56,10 @@ class LLMEngine(EngineCore):
         self._grammars: GrammarCompiler | None = None  # close() may run before the core's parts are built
         bound_onednn_cache()  # before the first matrix product
         self.config = config or EngineConfig()
-        quantization = self.quantization = parse_quantization(quantization)
+        # the model, dtype and quantization, validated once (config/model.py)
+        options = self.model_options = ModelOptions(model, dtype, quantization)
+        model, dtype, quantization = options.model, options.dtype, options.quantization
+        self.quantization = quantization
         path = resolve_model_path(model)
         self.model_path = path
         self.model_name = BUNDLED_NAME if model is None else path.stem

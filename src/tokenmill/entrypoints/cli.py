@@ -6,8 +6,7 @@ import logging
 import sys
 import time
 
-from tokenmill.config.quantization import parse_quantization
-from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options
+from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
 
@@ -35,7 +34,8 @@ def load_llm_with_progress(args: argparse.Namespace):
         from tokenmill.entrypoints.llm import LLM
 
         line.phase("reading the model and building the engine")
-        return LLM(args.model, dtype=args.dtype, quantization=args.quantization, **engine_options(args))
+        m = model_options(args)
+        return LLM(m.model, dtype=m.dtype, quantization=m.quantization, **engine_options(args))
 
 
 def stream_answer(llm, prompt, params) -> tuple[str, str]:
@@ -170,16 +170,16 @@ def run_serve(args: argparse.Namespace) -> int:
         setup_logging(args.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
-    quantization = parse_quantization(args.quantization)
-    prefetched = EnginePrefetch(args.model)
-    prefetched.start_engine(args.dtype, quantization, engine_options(args))
+    m = model_options(args)
+    prefetched = EnginePrefetch(m.model)
+    prefetched.start_engine(m.dtype, m.quantization, engine_options(args))
     from tokenmill.server.serve import serve
     from tokenmill.server.state import ServerSettings
 
     settings = ServerSettings(
-        model=args.model,
-        dtype=args.dtype,
-        quantization=quantization,
+        model=m.model,
+        dtype=m.dtype,
+        quantization=m.quantization,
         engine_options=engine_options(args),
         served_model_name=args.served_model_name,
         api_key=args.api_key,
@@ -201,10 +201,10 @@ def run_torchrun_worker(args: argparse.Namespace) -> int:
     from tokenmill.executor.launcher import RankSpec
     from tokenmill.executor.worker import run_torchrun_worker as run_worker
 
-    quantization = parse_quantization(args.quantization)
+    m = model_options(args)
     config = EngineConfig.from_options(engine_options(args))
     # the model file is found after joining the ranks: a rank that cannot load it is named in rank 0's error
-    spec = RankSpec.for_engine(args.model, args.dtype, quantization, config)
+    spec = RankSpec.for_engine(m.model, m.dtype, m.quantization, config)
     return run_worker(spec)
 
 
@@ -230,7 +230,8 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     else:
         options = {k: getattr(args, k) for k in ENGINE_OPTIONS if k != "seed" and getattr(args, k, None) is not None}
-        llm_kwargs = {"model": args.model, "dtype": args.dtype, "quantization": args.quantization, **options}
+        m = model_options(args)
+        llm_kwargs = {"model": m.model, "dtype": m.dtype, "quantization": m.quantization, **options}
         if args.bench == "structured":
             from tokenmill.bench.structured import run_structured
 

@@ -4,8 +4,7 @@ import argparse
 from dataclasses import fields
 
 from tokenmill import __version__
-from tokenmill.config import EngineConfig
-from tokenmill.config.quantization import QUANTIZATIONS
+from tokenmill.config import EngineConfig, ModelOptions
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
@@ -13,33 +12,29 @@ DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        default=None,
-        help="a .gguf file, a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a "
-        "name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled SmolLM2-135M",
-    )
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="compute dtype")
-    add_config_options(g, "model")
-    g.add_argument(
-        "--quantization",
-        default="auto",
-        choices=QUANTIZATIONS,
-        help="auto (default): the fastest kernels measured for each batch size (4-bit weights for decode); "
-        "none: weights dequantized to --dtype, exact float32 results; int4 / int8: those weights everywhere",
-    )
+    add_config_options(g, "model", ModelOptions)
+    add_config_options(g, "model")  # EngineConfig's --device
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
-def add_config_options(group: argparse._ArgumentGroup, name: str, skip: tuple[str, ...] = ()) -> None:
-    """The command-line options of EngineConfig's fields in help group `name` (config/engine.py's `option`):
-    flags, types, choices and help come from the fields, and an option left out leaves the field's default."""
-    for f in fields(EngineConfig):
+def model_options(args: argparse.Namespace) -> ModelOptions:
+    """The model options of parsed arguments, validated (the quantization parsed: "none" -> None)."""
+    given = {f.name: getattr(args, f.name) for f in fields(ModelOptions) if getattr(args, f.name) is not None}
+    return ModelOptions(**given)
+
+
+def add_config_options(
+    group: argparse._ArgumentGroup, name: str, config: type = EngineConfig, skip: tuple[str, ...] = ()
+) -> None:
+    """The command-line options of a config's fields in help group `name` (config/engine.py's `option`): flags,
+    types, choices and help come from the fields, and an option left out leaves the field's default (or the
+    field's cli_default, where the command line's differs)."""
+    for f in fields(config):
         meta = f.metadata
         if "help" not in meta or meta["group"] != name or f.name in skip:
             continue
         flags = meta.get("flags", ("--" + f.name.replace("_", "-"),))
-        kwargs: dict = {"dest": f.name, "default": None, "help": meta["help"]}
+        kwargs: dict = {"dest": f.name, "default": meta.get("cli_default"), "help": meta["help"]}
         if meta["type"] is None:  # a switch: --x / --no-x
             kwargs["action"] = argparse.BooleanOptionalAction
         else:

@@ -1,0 +1,45 @@
+"""Which model the engine runs and how: the model, its compute dtype and its weights' quantization, validated once
+when made (LLMEngine makes one from its arguments; the command line's model options are generated from these
+fields, as the engine's are from EngineConfig's). No torch here."""
+
+from dataclasses import dataclass
+
+from tokenmill.config.engine import option
+from tokenmill.config.quantization import QUANTIZATIONS, parse_quantization
+from tokenmill.errors import InvalidParameterError
+
+DTYPES = ("float32", "bfloat16", "float16")  # runner/device.py's parse_dtype makes them torch dtypes
+
+
+@dataclass
+class ModelOptions:
+    model: str | None = option(
+        None,
+        "a .gguf file, a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a "
+        "name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled SmolLM2-135M",
+        str,
+        group="model",
+    )
+    dtype: str = option("float32", "compute dtype", str, group="model", choices=DTYPES)
+    # the parsed mode (config/quantization.py): None for float weights. LLM(...) defaults to None, as vLLM's
+    # does; the command line to auto, the fastest (its cli_default)
+    quantization: str | None = option(
+        None,
+        "auto (default): the fastest kernels measured for each batch size (4-bit weights for decode); "
+        "none: weights dequantized to --dtype, exact float32 results; int4 / int8: those weights everywhere",
+        str,
+        group="model",
+        choices=QUANTIZATIONS,
+        cli_default="auto",
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dtype, str):  # a torch dtype: torch.float32 -> "float32"
+            self.dtype = str(self.dtype).removeprefix("torch.")
+        if self.dtype not in DTYPES:
+            raise InvalidParameterError(
+                f"dtype {self.dtype!r} is not supported (use one of {', '.join(DTYPES)})", "dtype"
+            )
+        if self.model is not None and not isinstance(self.model, str):
+            self.model = str(self.model)  # a path
+        self.quantization = parse_quantization(self.quantization)
