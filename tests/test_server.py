@@ -872,3 +872,49 @@ def test_the_log_has_a_line_per_request_and_throughput_lines(
     throughput = [x for x in lines if "engine: prompt" in x]
     shape = r"generation [\d.]+ tok/s, running \d+, waiting \d+, KV"
     assert throughput and all(re.search(shape, x) for x in throughput)
+
+
+def test_streamed_completions_with_n_finish_each_choice_once(client: openai.OpenAI, model: str) -> None:
+    """With n > 1 the samples stop at different steps; each choice's finish chunk comes once (a finished sample
+    stays in its request's later outputs, as the others go on)."""
+    stream = client.completions.create(
+        model=model,
+        prompt="My favourite animal is",
+        max_tokens=24,
+        n=4,
+        temperature=1.0,
+        seed=11,
+        stop=["e"],
+        stream=True,
+    )
+    finishes: dict[int, int] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            if c.finish_reason is not None:
+                finishes[c.index] = finishes.get(c.index, 0) + 1
+    assert finishes == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def test_models_retrieve_and_an_unknown_model(client: openai.OpenAI, model: str) -> None:
+    card = client.models.retrieve(model)
+    assert card.id == model and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_a_browser_preflight_is_answered(server: ServerProcess) -> None:
+    """CORS: a web page on another origin may call the API (the preflight needs no key and no body)."""
+    r = httpx.options(
+        f"{server.url}/v1/chat/completions",
+        headers={
+            "Origin": "http://localhost:3000",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] in ("*", "http://localhost:3000")
+    assert "POST" in r.headers["access-control-allow-methods"]
+    answer = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://localhost:3000"})
+    assert answer.headers["access-control-allow-origin"] in ("*", "http://localhost:3000")

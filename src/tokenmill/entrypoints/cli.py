@@ -192,6 +192,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_tokens_default=args.max_tokens_default,
         max_tokens_limit=args.max_tokens_limit,
         log_stats_interval_s=args.log_stats_interval or None,
+        allowed_origins=[o.strip() for o in args.allowed_origins.split(",") if o.strip()],
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
 

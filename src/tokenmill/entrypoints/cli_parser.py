@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not serve the request explorer (/ and /explorer/*)",
     )
+    serve.add_argument(
+        "--allowed-origins",
+        default="*",
+        help="comma-separated origins web pages may call the API from (CORS; default *: any, as vLLM's and "
+        "llama.cpp's servers; '' for none)",
+    )
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
     serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
     serve.add_argument(

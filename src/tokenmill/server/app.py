@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -52,6 +53,14 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     # outermost first: the key is checked before a body is read, and bodies are bounded before they are parsed
     app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
     app.add_middleware(APIKeyGuard, key=lambda: settings.api_key, protects=protected)
+    if settings.allowed_origins:  # outermost: a browser's preflight (OPTIONS, no key) is answered here
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id"],
+        )
     with_model = error_responses(400, 401, 404, 413, 503)
 
     @app.get(
@@ -76,22 +85,33 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     # load balancers and uptime checks ask with HEAD: the same status, no body (not in the schema: HEAD has none)
     app.head("/health", include_in_schema=False)(health)
 
-    @app.get("/v1/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
-    async def models() -> dict:
+    def model_card() -> dict:
         engine = state.require_engine()
         return {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_name,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "tokenmill",
-                    "root": state.model_path,
-                    "max_model_len": engine.engine.max_model_len,
-                }
-            ],
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "tokenmill",
+            "root": state.model_path,
+            "max_model_len": engine.engine.max_model_len,
         }
+
+    @app.get("/v1/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    # the OpenAI client's models.retrieve(id); ids with a slash ("org/name") are one path
+    @app.get("/v1/models/{model_id:path}", response_model=schemas.ModelCard, responses=error_responses(401, 404, 503))
+    async def model(model_id: str) -> dict:
+        card = model_card()
+        if model_id != card["id"]:
+            raise APIError(
+                404,
+                f"The model '{model_id}' does not exist (this server serves '{card['id']}')",
+                param="model",
+                code="model_not_found",
+            )
+        return card
 
     @app.post("/v1/completions", responses={**streaming_ok(schemas.CompletionResponse), **with_model})
     async def completions(req: CompletionRequest, request: Request):

@@ -158,16 +158,21 @@ async def _stream(
     completion_tokens = 0
     cached_tokens = 0
     head = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
+    # choices whose finish chunk was sent: with n > 1 a finished sample stays in its request's later outputs (as
+    # the others go on), and its finish_reason with it
+    finished: set[int] = set()
     try:
         async for i, out in generation.stream():
             for o in out.outputs:
+                index = fmt.choice_index(i, o.index)
+                if index in finished:
+                    continue
                 if not (
-                    o.delta_text
-                    or o.delta_token_ids
-                    or o.finish_reason
-                    or (fmt.req.echo and fmt.choice_index(i, o.index) not in fmt.started)
+                    o.delta_text or o.delta_token_ids or o.finish_reason or (fmt.req.echo and index not in fmt.started)
                 ):
                     continue
+                if o.finish_reason is not None:
+                    finished.add(index)
                 if o.finish_reason == "abort":
                     yield (SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error")).sse()
                     yield "data: [DONE]\n\n"

@@ -33,6 +33,8 @@ class ServerSettings:
     max_tokens_default: int | None = None  # a request that names no max_tokens gets this (None: the API's default)
     max_tokens_limit: int | None = None  # no request may ask for more output tokens (400)
     log_stats_interval_s: float | None = 10.0  # a throughput line this often while busy (None: never)
+    # origins a web page may call the API from (CORS; ["*"]: any, as vLLM's and llama.cpp's servers; []: none)
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
 
 
 class ServerState:
