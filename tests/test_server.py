@@ -918,3 +918,70 @@ def test_a_browser_preflight_is_answered(server: ServerProcess) -> None:
     assert "POST" in r.headers["access-control-allow-methods"]
     answer = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://localhost:3000"})
     assert answer.headers["access-control-allow-origin"] in ("*", "http://localhost:3000")
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+        ({"logprob_token_ids": [1]}, "logprob_token_ids"),
+        ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+        ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+        ({"seed": 2**64}, "seed"),
+    ],
+)
+def test_fields_not_honoured_are_refused_by_name(client: openai.OpenAI, model: str, extra: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, extra_body=extra
+        )
+    assert refused.value.body["param"] == param  # type: ignore[index]
+    # the values that ask for nothing pass
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        extra_body={"use_beam_search": False, "continue_final_message": False, "prompt_logprobs": None},
+    )
+
+
+def test_continuous_usage_stats_is_refused(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(
+            model=model, prompt="Hi", max_tokens=2, stream=True, stream_options={"continuous_usage_stats": True}
+        )
+    assert refused.value.body["param"] == "stream_options.continuous_usage_stats"  # type: ignore[index]
+
+
+def test_llama_cpp_constraint_forms(client: openai.OpenAI, model: str) -> None:
+    """llama.cpp's top-level grammar and json_schema, its response_format json_object with a schema, and a
+    json_schema format without a name all constrain the output; an invalid grammar is a 400."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    ask = [{"role": "user", "content": "Give me a number as JSON."}]
+    for extra in (
+        {"json_schema": schema},
+        {"response_format": {"type": "json_object", "schema": schema}},
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}},
+    ):
+        reply = client.chat.completions.create(
+            model=model, messages=ask, max_tokens=24, temperature=0, extra_body=extra
+        )
+        if reply.choices[0].finish_reason == "stop":
+            assert set(json.loads(reply.choices[0].message.content)) == {"n"}
+        else:  # cut by max_tokens: still the schema's start
+            assert reply.choices[0].message.content.startswith('{"n"')
+    done = client.completions.create(
+        model=model, prompt="Answer:", max_tokens=8, temperature=0, extra_body={"grammar": 'root ::= "yes" | "no"'}
+    )
+    assert done.choices[0].text in ("yes", "no")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt="Answer:", max_tokens=4, extra_body={"grammar": "root ::= ("})

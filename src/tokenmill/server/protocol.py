@@ -8,7 +8,7 @@ valid Unicode: JSON can carry a lone surrogate ("\\ud800", or its bytes in CESU-
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tokenmill.errors import InvalidParameterError
@@ -28,8 +28,8 @@ from tokenmill.tokenizer.chat_template import ROLES
 MAX_PROMPTS_PER_REQUEST = 128  # a list of prompts becomes one engine request each (as many as n may ask for)
 
 TokenId = Annotated[int, Field(ge=0)]
-# any integer seeds a request; the sampler takes it modulo 2**64
-Seed = Annotated[int, AfterValidator(lambda s: s if SEED_RANGE[0] <= s <= SEED_RANGE[1] else s % 2**64)]
+# a 64-bit seed, signed or not (as vLLM's int64 and llama.cpp's uint32/64 seeds); beyond it 400, as theirs
+Seed = Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 NonEmptyText = Annotated[str, Field(min_length=1)]
 
 
@@ -69,6 +69,22 @@ def _is_unicode(text: str) -> bool:
 
 STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # JSON's types as the schema states them: "1" is no integer
 
+# Fields vLLM's or llama.cpp's servers take that this one does not implement, with the values that ask for nothing
+# (sent by clients that always send them): any other value is refused with a 400 naming the field, never ignored.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False),
+    "allowed_token_ids": (None,),
+    "logprob_token_ids": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "truncate_prompt_tokens": (None,),
+    "continue_final_message": (None, False),
+    "prompt_logprobs": (None,),
+}
+
+
+def unsupported_field_error(name: str, why: str = "is not supported by this server") -> PydanticCustomError:
+    return PydanticCustomError("unsupported_field", "{param} " + why, {"param": name})
+
 
 class APIRequest(BaseModel):
     """A request body: unknown fields are kept and ignored; values have the types the schema states (no "1" for
@@ -86,6 +102,10 @@ class APIRequest(BaseModel):
                 "{where} is not valid Unicode text (it holds a lone surrogate, e.g. \\ud800)",
                 {"where": where, "param": where.split(".")[0]},
             )
+        if isinstance(data, dict):
+            for name, neutral in UNSUPPORTED_FIELDS.items():
+                if name in data and not any(type(data[name]) is type(n) and data[name] == n for n in neutral):
+                    raise unsupported_field_error(name)
         return data
 
 
@@ -93,12 +113,20 @@ class StreamOptions(BaseModel):
     model_config = STRICT
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (refused when true: not implemented)
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _not_continuous(cls, value: bool) -> bool:
+        if value:
+            raise unsupported_field_error("stream_options.continuous_usage_stats")
+        return value
 
 
 class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(**STRICT, extra="forbid")
 
-    name: NonEmptyText
+    name: NonEmptyText | None = None  # OpenAI requires it; vLLM and llama.cpp do not
     schema_: Annotated[dict[str, Any], Field(alias="schema")] = {}
     strict: bool | None = None
     description: str | None = None
@@ -111,6 +139,8 @@ class ResponseFormat(BaseModel):
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama.cpp's form: {"type": "json_object", "schema": {...}}, a JSON object matching the schema
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
 
 
 class StructuredOutputsBody(BaseModel):
@@ -160,13 +190,22 @@ class SamplingFields(APIRequest):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
+    # llama.cpp's: a GBNF grammar, or a JSON schema, the output must match
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_with_stream(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise unsupported_field_error("stream_options", "is only allowed with stream: true")
+        return self
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The one constraint the request names (400 when it names several)."""
         given: list[tuple[str, dict[str, Any]]] = []
         fmt = self.response_format
         if fmt is not None and fmt.type == "json_object":
-            given.append(("response_format", {"json_object": True}))
+            given.append(("response_format", {"json": fmt.schema_} if fmt.schema_ else {"json_object": True}))
         elif fmt is not None and fmt.type == "json_schema":
             if fmt.json_schema is None:
                 raise InvalidParameterError("response_format json_schema needs its json_schema", "response_format")
@@ -177,6 +216,10 @@ class SamplingFields(APIRequest):
         guided = {"json": self.guided_json, "regex": self.guided_regex, "choice": self.guided_choice}
         guided["grammar"] = self.guided_grammar
         given += [(f"guided_{k}", {k: v}) for k, v in guided.items() if v is not None]
+        if self.grammar is not None:
+            given.append(("grammar", {"grammar": self.grammar}))
+        if self.json_schema is not None:
+            given.append(("json_schema", {"json": self.json_schema}))
         if not given:
             return None
         if len(given) > 1:
