@@ -985,3 +985,33 @@ def test_llama_cpp_constraint_forms(client: openai.OpenAI, model: str) -> None:
     assert done.choices[0].text in ("yes", "no")
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model, prompt="Answer:", max_tokens=4, extra_body={"grammar": "root ::= ("})
+
+
+def test_tool_parameters_with_defs_and_refs(client: openai.OpenAI, model: str) -> None:
+    """Parameters as pydantic writes nested (and recursive) models, "$ref": "#/$defs/X", under tool_choice
+    required and auto: the call's arguments match them."""
+    import jsonschema
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: str = Field(max_length=20)
+        country: str = Field(max_length=20)
+
+    class Person(BaseModel):
+        name: str = Field(max_length=20)
+        home: Address
+        friends: list["Person"] = Field(default=[], max_length=1)
+
+    parameters = Person.model_json_schema()
+    assert "$defs" in parameters and "$ref" in json.dumps(parameters)
+    tool = {"type": "function", "function": {"name": "add_person", "parameters": parameters}}
+    ask = [{"role": "user", "content": "Add Ada, who lives in London, England."}]
+    reply = client.chat.completions.create(
+        model=model, messages=ask, tools=[tool, WEATHER], tool_choice="required", max_tokens=120, temperature=0
+    ).choices[0]
+    assert reply.finish_reason == "tool_calls", reply
+    call = reply.message.tool_calls[0].function
+    if call.name == "add_person":
+        jsonschema.validate(json.loads(call.arguments), parameters)
+    auto = client.chat.completions.create(model=model, messages=ask, tools=[tool], max_tokens=40, temperature=0)
+    assert auto.choices[0].finish_reason in ("tool_calls", "stop", "length")

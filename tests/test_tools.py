@@ -96,3 +96,40 @@ def test_calls_are_read_back_from_replies(reply: str, expected) -> None:
 def test_streaming_holds_text_back_only_while_it_may_be_a_call() -> None:
     assert all(tools.may_be_a_call(t) for t in ["", "  ", '{"na', "[", "<tool", "<tool_call>\n{"])
     assert not any(tools.may_be_a_call(t) for t in ["The", " Sure", "<b>"])
+
+
+def test_call_schema_hoists_each_functions_definitions() -> None:
+    """Parameters with local references keep them resolvable inside the call schema (each function's under its
+    own names); parameters without any stay inline, as they were."""
+    import jsonschema
+
+    node = {
+        "$defs": {
+            "Node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/Node"}}}
+        },
+        "type": "object",
+        "properties": {"head": {"$ref": "#/$defs/Node"}, "copy": {"$ref": "#/properties/head"}},
+        "required": ["head"],
+    }
+    other = {"$defs": {"Node": {"type": "string"}}, "type": "object", "properties": {"n": {"$ref": "#/$defs/Node"}}}
+    functions = tools.check_tools(
+        [
+            {"type": "function", "function": {"name": "walk", "parameters": node}},
+            {"type": "function", "function": {"name": "tag", "parameters": other}},
+            ADD,
+        ]
+    )
+    schema = tools.call_schema(functions)
+    jsonschema.validate({"name": "walk", "arguments": {"head": {"v": 1, "next": {"v": 2}}, "copy": {"v": 3}}}, schema)
+    jsonschema.validate({"name": "tag", "arguments": {"n": "x"}}, schema)
+    for bad in (
+        {"name": "walk", "arguments": {"head": {"v": 1, "next": {"v": "two"}}}},
+        {"name": "tag", "arguments": {"n": 5}},  # its own Node, not walk's
+    ):
+        try:
+            jsonschema.validate(bad, schema)
+        except jsonschema.ValidationError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+    plain = tools.call_schema([functions[2]])
+    assert "$defs" not in plain and plain["properties"]["arguments"] == functions[2]["parameters"]

@@ -87,17 +87,61 @@ def chosen_functions(functions: list[dict[str, Any]], tool_choice: Any) -> tuple
 
 
 def call_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of one call of one of these functions, arguments matching its parameters."""
-    options = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for f in functions
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    """The JSON schema of one call of one of these functions, arguments matching its parameters. Parameters with
+    references ("$ref": "#/$defs/X", as pydantic writes nested models) are moved under the call schema's own
+    $defs, each function's under names of its own, with their references rewritten: inside the call schema a
+    pointer from the parameters' root would no longer resolve."""
+    definitions: dict[str, Any] = {}
+    options = []
+    for i, f in enumerate(functions):
+        arguments = f["parameters"]
+        if _has_local_ref(arguments):
+            arguments = _hoisted(arguments, f"f{i}", definitions)
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": f["name"]}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "$defs": definitions} if definitions else schema
+
+
+def _has_local_ref(value: Any) -> bool:
+    if isinstance(value, dict):
+        ref = value.get("$ref")
+        return (isinstance(ref, str) and ref.startswith("#")) or any(_has_local_ref(v) for v in value.values())
+    return isinstance(value, list) and any(_has_local_ref(v) for v in value)
+
+
+def _hoisted(parameters: dict[str, Any], prefix: str, definitions: dict[str, Any]) -> dict[str, Any]:
+    """parameters' own definitions ($defs, definitions) become definitions[prefix + "_" + name], parameters
+    itself definitions[prefix]; its local references are rewritten to point there -> a reference to it."""
+
+    def rewrite(ref: str) -> str:
+        for section in ("$defs", "definitions"):
+            head = f"#/{section}/"
+            if ref.startswith(head):
+                name, _, rest = ref[len(head) :].partition("/")
+                return f"#/$defs/{prefix}_{name}" + (f"/{rest}" if rest else "")
+        return f"#/$defs/{prefix}" + ref[1:]  # "#" or another path from the parameters' root
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                k: rewrite(v) if k == "$ref" and isinstance(v, str) and v.startswith("#") else walk(v)
+                for k, v in value.items()
+            }
+        return [walk(v) for v in value] if isinstance(value, list) else value
+
+    own = {k: v for k, v in parameters.items() if k not in ("$defs", "definitions")}
+    for section in ("$defs", "definitions"):
+        for name, sub in (parameters.get(section) or {}).items():
+            definitions[f"{prefix}_{name}"] = walk(sub)
+    definitions[prefix] = walk(own)
+    return {"$ref": f"#/$defs/{prefix}"}
 
 
 def template_messages(
