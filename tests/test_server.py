@@ -1015,3 +1015,11 @@ def test_tool_parameters_with_defs_and_refs(client: openai.OpenAI, model: str) -
         jsonschema.validate(json.loads(call.arguments), parameters)
     auto = client.chat.completions.create(model=model, messages=ask, tools=[tool], max_tokens=40, temperature=0)
     assert auto.choices[0].finish_reason in ("tool_calls", "stop", "length")
+
+
+def test_answers_carry_a_system_fingerprint(client: openai.OpenAI, model: str) -> None:
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    text = client.completions.create(model=model, prompt="Hi", max_tokens=2)
+    chunks = list(client.completions.create(model=model, prompt="Hi", max_tokens=2, stream=True))
+    assert chat.system_fingerprint and chat.system_fingerprint.startswith("fp_")
+    assert text.system_fingerprint == chat.system_fingerprint == chunks[0].system_fingerprint

@@ -89,6 +89,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         "object": "chat.completion",
         "created": created,
         "model": state.model_name,
+        "system_fingerprint": state.system_fingerprint,
         "choices": choices,
         "usage": _request_usage(final),
     }
@@ -120,7 +121,13 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """With callable functions, a choice's text is held back while it may still be a call: sent as one tool_calls
     delta if it is one when it ends, else as content once it cannot be one."""
-    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": state.model_name}
+    head = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": state.model_name,
+        "system_fingerprint": state.system_fingerprint,
+    }
     extra = {"usage": None} if req.include_usage else {}
 
     def chunk(choices: list[dict]) -> str:

@@ -133,6 +133,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
         "object": "text_completion",
         "created": created,
         "model": state.model_name,
+        "system_fingerprint": state.system_fingerprint,
         "choices": sorted(choices, key=lambda c: c["index"]),
         "usage": _usage(prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in finals)),
     }
@@ -157,7 +158,13 @@ async def _stream(
     prompt_tokens = 0
     completion_tokens = 0
     cached_tokens = 0
-    head = {"id": request_id, "object": "text_completion", "created": created, "model": state.model_name}
+    head = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_name,
+        "system_fingerprint": state.system_fingerprint,
+    }
     # choices whose finish chunk was sent: with n > 1 a finished sample stays in its request's later outputs (as
     # the others go on), and its finish_reason with it
     finished: set[int] = set()

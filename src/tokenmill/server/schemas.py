@@ -58,6 +58,7 @@ class CompletionResponse(BaseModel):
     object: Literal["text_completion"]
     created: int
     model: str
+    system_fingerprint: str | None = None  # the backend's configuration, hashed (changes with it)
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
@@ -97,6 +98,7 @@ class ChatCompletionResponse(BaseModel):
 
     id: str
     object: Literal["chat.completion"]
+    system_fingerprint: str | None = None  # the backend's configuration, hashed (changes with it)
     created: int
     model: str
     choices: list[ChatChoice]

@@ -1,12 +1,14 @@
 """What the server knows: settings, the engine once loaded, requests in flight, and whether it is stopping."""
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill import __version__
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
 from tokenmill.server.errors import APIError
@@ -44,6 +46,7 @@ class ServerState:
         self.load_error: BaseException | None = None
         self.model_name = settings.served_model_name or "loading"
         self.model_path = ""
+        self.system_fingerprint: str | None = None  # set once the model is loaded
         self.created = int(time.time())
         self.shutting_down = False
         self.in_flight: dict[str, set[str]] = {}  # call id -> its engine request ids
@@ -88,6 +91,9 @@ class ServerState:
             raise
         self.model_name = s.served_model_name or engine.model_name
         self.model_path = str(engine.model_path)
+        # OpenAI's system_fingerprint: the backend's configuration (what can change a seeded answer), hashed
+        what = (__version__, self.model_path, s.dtype, str(engine.quantization), sorted(s.engine_options.items()))
+        self.system_fingerprint = "fp_" + hashlib.sha256(repr(what).encode()).hexdigest()[:10]
         self.engine = AsyncEngine(engine, self.settings.log_stats_interval_s)
         self.events.attach(self.engine)
         self.ready.set()
