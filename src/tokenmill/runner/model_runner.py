@@ -153,8 +153,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
         follow_contention(native.load())  # torch on one thread while the kernels' helpers are off the CPU
-        prompt_parts: list[StepChunk] = []  # through the torch path (every token, without the native decoder)
-        generated: list[StepChunk] = []  # through the native decoder: one token each
+        prompt_parts: list[StepChunk] = []  # through the torch path (every token, without a decode backend)
+        generated: list[StepChunk] = []  # through the decode backend: one token each
         routes: list[tuple[int, int, int]] = []  # per chunk: (its prompt part or -1, first generated row, count)
         for c in chunks:
             num_prompt = c.num_prompt_tokens() if self.decode_backend is not None else len(c.token_ids)

@@ -50,9 +50,7 @@ class KVCacheManager:
             raise ValueError("both KV pools must have the same block size")
         self.pool = pool
         self.window_pool = window_pool
-
-    def _pools(self) -> list[BlockManager]:
-        return [self.pool] if self.window_pool is None else [self.pool, self.window_pool]
+        self.pools: tuple[BlockManager, ...] = (pool,) if window_pool is None else (pool, window_pool)
 
     @property
     def block_size(self) -> int:
@@ -108,7 +106,7 @@ class KVCacheManager:
         lookahead: slots for proposed tokens). Returns the copies to make first, or None, with nothing changed,
         when either pool is short."""
         num_tokens = num_new_tokens + num_lookahead_tokens
-        if any(p.slots_needed(seq, num_tokens) > p.num_free_blocks for p in self._pools()):
+        if any(p.slots_needed(seq, num_tokens) > p.num_free_blocks for p in self.pools):
             return None
         copies = self.pool.allocate_slots(seq, num_tokens)
         local = self.window_pool.allocate_slots(seq, num_tokens) if self.window_pool is not None else []
@@ -119,18 +117,18 @@ class KVCacheManager:
     def commit(self, seq: Sequence) -> None:
         """After the step wrote the K/V of seq's computed tokens: its full blocks enter the prefix cache, and the
         window pool's blocks its next query no longer reads go back."""
-        for p in self._pools():
+        for p in self.pools:
             p.commit_computed(seq)
         if self.window_pool is not None:
             self.window_pool.release_outside_window(seq)
 
     def free(self, seq: Sequence) -> None:
-        for p in self._pools():
+        for p in self.pools:
             p.free(seq)
 
     def fork(self, parent: Sequence, child: Sequence, num_computed_tokens: int) -> None:
         """`child` shares parent's blocks in both pools; num_computed_tokens of them hold its computed K/V."""
-        for p in self._pools():
+        for p in self.pools:
             p.fork(parent, child)
         child.num_computed_tokens = num_computed_tokens
 
@@ -151,13 +149,9 @@ class KVCacheManager:
         """(the full-attention pool's, the window pool's or None)."""
         return self.pool.usage(), self.window_pool.usage() if self.window_pool is not None else None
 
-    def reset_prefix_cache(self) -> None:
-        for p in self._pools():
-            p.reset_prefix_cache()
-
     def check_integrity(self, idle: bool) -> None:
         """Each pool's accounting holds; `idle` (no request in flight): no block is in use."""
-        for p in self._pools():
+        for p in self.pools:
             p.check_integrity()
             if idle and p.usage().in_use:
                 raise AssertionError(f"idle engine still holds blocks: {p.usage()}")
