@@ -69,15 +69,17 @@ class AsyncEngine:
                         self.engine.check_ranks()  # a tensor-parallel rank lost while idle fails the engine now
                         last_check = time.monotonic()
                     continue
-                for out in self.engine.step():
-                    self._deliver(out.request_id, out)
+                outputs = self.engine.step()
                 self._stats = self.engine.stats()
                 self._maybe_log_stats()
                 step = self.engine.last_step
-                # a step that scheduled nothing leaves the previous description: publish each step once
+                # a step that scheduled nothing leaves the previous description: publish each step once, before
+                # its outputs go out (a caller that stops listening once its request ends has heard its last step)
                 if self.step_listeners and step is not None and step["step"] != published:
                     published = step["step"]
                     self._publish({"type": "step", **step, **self._stats})
+                for out in outputs:
+                    self._deliver(out.request_id, out)
         except BaseException as exc:  # the engine is broken: fail every stream, refuse new work
             logger.exception("engine step loop failed")
             self.error = exc
