@@ -2,14 +2,22 @@
 model split over 3 ranks against 1 rank (float32: the same greedy tokens; auto: the same first tokens), and what
 each rank holds."""
 
+import datetime
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
+import torch.distributed as dist
 from gguf import GGMLQuantizationType
 
 from tests.test_engine import token_lists
 from tests.test_golden import agreeing_prefix
 from tokenmill import LLM, SamplingParams
+from tokenmill.distributed.group import join_group
 from tokenmill.distributed.shard import ShardedGGUF, ShardingError, ShardPlan
+from tokenmill.errors import CollectiveError
 from tokenmill.executor import step_message
 from tokenmill.executor.step_message import Kind, Message
 from tokenmill.loader.dequantize import dequantize
@@ -132,6 +140,33 @@ def test_a_step_description_round_trips() -> None:
     assert step_message.decode(big).chunks == long
     allocate = step_message.decode(step_message.encode(Message(Kind.ALLOCATE, 512, local_argument=96)))
     assert (allocate.argument, allocate.local_argument) == (512, 96)
+
+
+RANK_THAT_NEVER_TAKES_A_STEP = """
+import datetime, sys, time
+import torch, torch.distributed as dist
+from tokenmill.distributed.group import join_group
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 2, False, datetime.timedelta(seconds=60))
+group = join_group(1, 2, torch.device("cpu"), 1.0, store)
+print("joined", flush=True)
+time.sleep(60)  # as a rank stopped between two steps: it never posts the receive for the next one
+"""
+
+
+def test_a_rank_that_never_takes_the_next_step_fails_rank_0s_broadcast_within_the_timeout() -> None:
+    """A gloo broadcast's root waits until every receiver has posted its receive: a rank stopped between two steps
+    hung rank 0's next step for good (its control group waits a year, for idle workers)."""
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+    rank1 = subprocess.Popen([sys.executable, "-c", RANK_THAT_NEVER_TAKES_A_STEP, str(store.port)])
+    try:
+        group = join_group(0, 2, torch.device("cpu"), 1.0, store)
+        start = time.monotonic()
+        with pytest.raises(CollectiveError, match=r"did not take the step within the collective timeout \(1 s\)"):
+            group.broadcast_control(torch.zeros(step_message.CAPACITY, dtype=torch.int32))
+        assert 0.9 < time.monotonic() - start < 5
+    finally:
+        rank1.kill()
+        rank1.wait()
 
 
 # ---- three ranks against one ----------------------------------------------------------------------------------

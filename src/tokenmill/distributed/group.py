@@ -3,8 +3,9 @@ step uses.
 
 Two process groups over the same ranks, made as objects on the store (no process-wide default group, so one
 process can hold one tensor-parallel engine after another, or beside single-process ones):
-- `control` (gloo, CPU tensors, no practical timeout): rank 0's step descriptions. A worker waits here between
-  steps for as long as the engine is idle.
+- `control` (gloo, CPU tensors): rank 0's step descriptions. A worker waits here between steps for as long as
+  the engine is idle; rank 0 waits at most `collective_timeout_s` for every rank to take one (a gloo broadcast's
+  root waits until each receiver has posted its receive, so a rank stopped between two steps would hang it).
 - `compute` (gloo on the CPU, NCCL on CUDA, `collective_timeout_s`): the all-reduces and the logits' gather
   inside a step. A rank that dies breaks it at once (its sockets close); one that stops answering fails it after
   the timeout. Either way rank 0's step raises, and the engine fails its requests instead of hanging.
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from tokenmill.distributed.shm import SharedMemoryGroup, open_shared_memory
+from tokenmill.errors import CollectiveError
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # meeting and loading: a big model loads slowly
 IDLE_TIMEOUT = datetime.timedelta(days=365)  # a worker waits for the next step as long as the engine is idle
@@ -63,6 +65,7 @@ class ParallelGroup:
     store: dist.Store
     control: dist.ProcessGroup
     compute: dist.ProcessGroup
+    collective_timeout_s: float  # rank 0's longest wait for a rank to take a step or answer a collective
     shm: SharedMemoryGroup | None = None  # the step's sums and gathers when every rank is on this machine
     collective_seconds: float = 0.0  # rank 0's wall time in compute collectives and step broadcasts, summed
 
@@ -96,9 +99,20 @@ class ParallelGroup:
         start = time.perf_counter()
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor = 0, 0
-        self.control.broadcast([buffer], options).wait()
-        if self.rank == 0:  # a worker's wait for the next step is idle time, not coordination
-            self._count(start)
+        work = self.control.broadcast([buffer], options)
+        if self.rank != 0:
+            work.wait()  # a worker's wait for the next step is idle time, not coordination
+            return
+        try:
+            work.wait(datetime.timedelta(seconds=self.collective_timeout_s))
+        except RuntimeError as exc:  # gloo's "Operation timed out!", or a peer that closed
+            if "timed out" not in str(exc):
+                raise
+            raise CollectiveError(
+                f"a tensor-parallel rank did not take the step within the collective timeout "
+                f"({self.collective_timeout_s:g} s)"
+            ) from exc
+        self._count(start)
 
     def _count(self, start: float) -> None:
         self.collective_seconds += time.perf_counter() - start
@@ -127,4 +141,4 @@ def join_group(
     else:
         compute = dist.ProcessGroupGloo(dist.PrefixStore("compute/", store), rank, world_size, timeout)
     shm = open_shared_memory(store, rank, world_size, collective_timeout_s) if device.type == "cpu" else None
-    return ParallelGroup(rank, world_size, device, store, control, compute, shm)
+    return ParallelGroup(rank, world_size, device, store, control, compute, collective_timeout_s, shm)

@@ -20,7 +20,7 @@ from tokenmill.distributed.group import ParallelGroup, join_group, local_store_c
 from tokenmill.distributed.shard import ShardPlan
 from tokenmill.errors import CollectiveError
 from tokenmill.executor import step_message
-from tokenmill.executor.heartbeat import StartupWatch
+from tokenmill.executor.heartbeat import StartupWatch, process_stopped
 from tokenmill.executor.launcher import STOP_GRACE_S, RankSpec, RankStartupError, WorkerProcesses
 from tokenmill.executor.startup import load_and_collect, split_cpu_threads
 from tokenmill.executor.step_message import Kind, Message
@@ -106,13 +106,15 @@ class TensorParallelRunner:
             raise self._failure(exc) from exc
 
     def _failure(self, exc: BaseException) -> CollectiveError:
-        """What failed, naming the ranks whose processes ended (tokenmill's own workers), else the error."""
+        """What failed, naming the ranks whose processes ended or are stopped (tokenmill's own workers)."""
         ended = []
         for rank, process in (self.workers.processes if self.workers is not None else {}).items():
             code = process.poll()
             if code is not None:
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
                 ended.append(f"rank {rank} (pid {process.pid}) {how}")
+            elif process_stopped(process.pid):
+                ended.append(f"rank {rank} (pid {process.pid}) is stopped")
         what = str(exc) if isinstance(exc, CollectiveError) else f"a tensor-parallel collective failed: {exc}"
         return CollectiveError("; ".join([what, *ended]))
 
