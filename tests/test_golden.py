@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenmill import LLM, SamplingParams
+from tokenmill import LLM, PoolingParams, SamplingParams
 
 OTHER_CHATS = [
     "Explain what a KV cache is in one paragraph.",
@@ -124,3 +124,20 @@ def test_prompt_logprobs_against_hf(llm: LLM, hf_model) -> None:
     for pos in range(1, len(ids)):
         ours = out.prompt_logprobs[pos][ids[pos]].logprob
         assert abs(ours - expected[pos - 1, ids[pos]].item()) < 2e-3, pos
+
+
+@pytest.mark.slow
+def test_embeddings_are_hf_final_hidden_states_pooled(llm: LLM, hf_model) -> None:
+    """An embedding is the final norm's output (transformers' last_hidden_state) pooled over the prompt: the mean
+    or the last token's, normalized or not."""
+    tokenizer = llm.get_tokenizer()
+    texts = [SCORED_TEXT, "The cat sat on the mat.", "x"]
+    means = llm.embed(texts)
+    lasts = llm.embed(texts, PoolingParams("last", normalize=False))
+    for text, mean, last in zip(texts, means, lasts, strict=True):
+        ids = tokenizer.encode(text, add_special_tokens=True)
+        with torch.no_grad():
+            states = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]  # [T, H]
+        expected_mean = torch.nn.functional.normalize(states.mean(0), dim=0)
+        assert torch.allclose(torch.tensor(mean), expected_mean, atol=2e-4), text
+        assert torch.allclose(torch.tensor(last), states[-1], rtol=1e-3, atol=2e-3), text

@@ -33,6 +33,7 @@ LAYERS = {
     "tokenmill.tokenizer": 2,
     "tokenmill.structured": 2,
     "tokenmill.sampling_params": 2,
+    "tokenmill.pooling_params": 2,
     "tokenmill.native": 1,
     "tokenmill.config": 1,
     "tokenmill.errors": 0,

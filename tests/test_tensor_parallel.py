@@ -125,6 +125,7 @@ def test_each_rank_holds_about_a_third_of_the_sharded_weights(gguf: GGUFFile, qu
 def test_a_step_description_round_trips() -> None:
     chunks = [
         StepChunk([5, 6, 7], 0, [3], want_last_logits=False, want_all_logits=True, prompt_len=9),
+        StepChunk([8, 9], 3, [3], want_last_logits=False, want_hidden=True),  # an embedding's chunk
         StepChunk([42], 17, [1, 2], prompt_len=None),
         StepChunk([43], 40, [1, 2, 5], local_block_table=[-1, 9, 4]),  # a sliding-window pool's table
     ]
@@ -210,6 +211,9 @@ def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_re
     stats = tp3.stats()
     assert stats["prefix_cache_hit_tokens"] > hits_before
     assert stats["tensor_parallel_size"] == 3 and stats["collective_seconds_total"] > 0
+    # embeddings: rank 0's final hidden states, pooled (the step message asks for them)
+    texts = ["The cat sat on the mat. " * 30, "x"]
+    assert torch.allclose(torch.tensor(tp3.embed(texts)), torch.tensor(llm.embed(texts)), atol=1e-4)
 
 
 @pytest.mark.slow

@@ -11,11 +11,20 @@ from tokenmill.log import setup_logging
 setup_logging()
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "PoolingParams",
+    "StructuredOutputsParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from tokenmill.entrypoints.llm import LLM
     from tokenmill.outputs import CompletionOutput, RequestOutput
+    from tokenmill.pooling_params import PoolingParams
     from tokenmill.sampling_params import SamplingParams
     from tokenmill.structured import StructuredOutputsParams
 
@@ -29,6 +38,10 @@ def __getattr__(name: str) -> Any:
         from tokenmill.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "PoolingParams":
+        from tokenmill.pooling_params import PoolingParams
+
+        return PoolingParams
     if name == "StructuredOutputsParams":
         from tokenmill.structured import StructuredOutputsParams
 

@@ -73,3 +73,4 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    embedding: list[float] | None = None  # an embedding request's vector (tokenmill.PoolingParams), once finished

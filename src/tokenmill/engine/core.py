@@ -21,6 +21,7 @@ from tokenmill.engine.request import Request, SampleState
 from tokenmill.engine.step_record import describe_step, step_header, step_time
 from tokenmill.executor.runner import TensorParallelRunner
 from tokenmill.outputs import RequestMetrics, RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow
 from tokenmill.sampling_params import SamplingParams
@@ -111,13 +112,16 @@ class EngineCore:
         params: SamplingParams,
         max_tokens: int,
         arrival_time: float | None = None,
+        pooling: PoolingParams | None = None,
     ) -> None:
-        """Queue a request already checked (the input processor's job): its first sequence waits to be scheduled."""
+        """Queue a request already checked (the input processor's job): its first sequence waits to be scheduled.
+        `pooling`: an embedding request (its `params` only schedule it: nothing is sampled)."""
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else time.monotonic())
-        request = Request(request_id, text, ids, params, metrics)
+        request = Request(request_id, text, ids, params, metrics, pooling=pooling)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
         seq = Sequence(next(self._seq_ids), request_id, ids, params, 0, max_tokens)
+        seq.pools = pooling is not None
         state = self.outputs.sample_state(seq, request)
         if params.structured_outputs is not None:
             state.grammar = self.grammars.matcher(self.grammars.compile(params.structured_outputs))
@@ -172,10 +176,11 @@ class EngineCore:
                     start_position=s.start,
                     block_table=s.seq.block_table,
                     local_block_table=s.seq.local_block_table if self.kv.window_pool is not None else None,
-                    want_last_logits=s.completes_sequence and not drafts,
+                    want_last_logits=s.completes_sequence and not drafts and not s.seq.pools,
                     # with proposals: the logits after each of its tokens, to verify them one by one
                     want_all_logits=bool(drafts) or self.outputs.collects_prompt_logprobs(request, s.seq, s.start),
                     prompt_len=s.seq.num_prompt_tokens,
+                    want_hidden=s.seq.pools,
                 )
             )
         if self.record_steps and self.on_step_start is not None:  # the explorer shows a step while it runs
@@ -192,6 +197,11 @@ class EngineCore:
         for s, logits in zip(sched.scheduled, result.all_logits, strict=True):
             if logits is not None and not s.draft_token_ids:
                 self.outputs.add_prompt_logprobs(self.requests[s.seq.request_id], s.start, logits)
+        for s, hidden in zip(sched.scheduled, result.hidden or [None] * len(chunks), strict=True):
+            if hidden is not None:  # an embedding's prompt rows
+                request = self.requests[s.seq.request_id]
+                self.outputs.add_hidden(request, s.seq, s.start, hidden, s.completes_sequence)
+                touched[request.request_id] = request
         self._sample_and_append(sched, result.last_logits, touched, masks)
 
         def emit(seq: Sequence, token: SampledToken, now: float) -> None:
@@ -273,7 +283,7 @@ class EngineCore:
         row_samples: list[tuple[Request, SampleState]] = []
         logits_row = 0
         for s in sched.scheduled:
-            if not s.completes_sequence or s.draft_token_ids:  # proposals are verified by the speculator
+            if not s.completes_sequence or s.draft_token_ids or s.seq.pools:  # proposals: the speculator's
                 continue
             request = self.requests[s.seq.request_id]
             samples = [self._sample_of(s.seq)]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.tokenizer import ChatTemplate
@@ -23,6 +24,7 @@ class InputProcessor:
         tokenizer: Tokenizer,
         chat_template: ChatTemplate,
         vocab_size: int,
+        hidden_size: int,
         max_num_seqs: int,
         max_model_len: int,
         kv: KVCacheManager,
@@ -31,6 +33,7 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size  # an embedding's length
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.kv = kv  # for how many blocks a request may take (read only)
@@ -93,10 +96,16 @@ class InputProcessor:
                 "prompt",
             )
 
-    def check_params(self, params: SamplingParams) -> None:
+    def check_params(self, params: SamplingParams | PoolingParams) -> None:
         """What a request's parameters must satisfy on this engine, whatever its prompt."""
+        if isinstance(params, PoolingParams):
+            if params.dimensions is not None and params.dimensions > self.hidden_size:
+                raise InvalidParameterError(
+                    f"dimensions ({params.dimensions}) must be at most the model's {self.hidden_size}", "dimensions"
+                )
+            return
         if not isinstance(params, SamplingParams):
-            raise InvalidParameterError("sampling_params must be a SamplingParams", "sampling_params")
+            raise InvalidParameterError("sampling_params must be a SamplingParams or PoolingParams", "sampling_params")
         if params.n > self.max_num_seqs:
             # the n samples of a request run together: more than fit in a step could never be scheduled
             raise InvalidParameterError(

@@ -21,6 +21,7 @@ from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
 from tokenmill.model.generation_defaults import read_generation_defaults
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.runner.device import parse_dtype, select_device
 from tokenmill.runner.kv_cache import num_kv_blocks_for, split_kv_pools
 from tokenmill.runner.memory import bound_onednn_cache, release_free_memory
@@ -145,6 +146,7 @@ class LLMEngine(EngineCore):
             self.tokenizer,
             self.chat_template,
             self.model_config.vocab_size,
+            self.model_config.hidden_size,
             self.config.max_num_seqs,
             self.max_model_len,
             kv,
@@ -244,14 +246,18 @@ class LLMEngine(EngineCore):
         self,
         request_id: str | None,
         prompt: PromptInput,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
     ) -> str:
-        """Validate and queue a request; raises InvalidParameterError / PromptTooLongError when it cannot run."""
+        """Validate and queue a request (PoolingParams: an embedding of the prompt); raises InvalidParameterError /
+        PromptTooLongError when it cannot run."""
         if self.closed:
             raise EngineClosedError("this engine was closed (close()); it takes no more requests: make a new one")
         params = params or SamplingParams()
         self.check_params(params)
+        pooling = params if isinstance(params, PoolingParams) else None
+        if pooling is not None:  # scheduled as a one-token request whose token is never sampled
+            params = SamplingParams(max_tokens=1)
         request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.requests:
             raise InvalidParameterError(f"request id {request_id!r} is already in use", "request_id")
@@ -259,9 +265,9 @@ class LLMEngine(EngineCore):
         if not ids:
             raise InvalidParameterError("the prompt is empty", "prompt")
         max_tokens = self.inputs.check_fits(len(ids), params)
-        self.queue(request_id, text, ids, params, max_tokens, arrival_time)
+        self.queue(request_id, text, ids, params, max_tokens, arrival_time, pooling)
         return request_id
 
-    def check_params(self, params: SamplingParams) -> None:
+    def check_params(self, params: SamplingParams | PoolingParams) -> None:
         """What a request's parameters must satisfy on this engine, whatever its prompt. Safe from any thread."""
         self.inputs.check_params(params)

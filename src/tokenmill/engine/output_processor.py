@@ -59,6 +59,30 @@ class OutputProcessor:
         ):
             request.prompt_logprobs.append(self.position_logprobs(target, lp, rank, top))
 
+    def add_hidden(self, request: Request, seq: Sequence, start: int, hidden: torch.Tensor, completes: bool) -> None:
+        """An embedding request's chunk of prompt rows (hidden [chunk_len, H] float32, the final norm's output, from
+        prompt position `start`) folded into its pooled vector; once the whole prompt is in, the vector is made and
+        the sequence stops."""
+        pooling = request.pooling
+        assert pooling is not None
+        if start == 0:  # the first chunk, or the prompt computed again after a preemption
+            request.pooled = None
+        if pooling.pooling == "mean":
+            part = hidden.sum(0)
+            request.pooled = part if request.pooled is None else request.pooled + part
+        else:
+            request.pooled = hidden[-1]
+        if not completes:
+            return
+        vector = request.pooled / seq.num_prompt_tokens if pooling.pooling == "mean" else request.pooled
+        if pooling.dimensions is not None:
+            vector = vector[: pooling.dimensions]
+        if pooling.normalize:
+            vector = vector / vector.norm().clamp_min(1e-12)
+        request.embedding = vector.tolist()
+        request.pooled = None
+        self.finish(seq, "stop", None)
+
     def position_logprobs(self, token: int, logprob: float, rank: int, top: list) -> PositionLogprobs:
         entry = {token: Logprob(logprob, rank, self.tokenizer.decode([token]))}
         for r, (tid, lp) in enumerate(top, start=1):

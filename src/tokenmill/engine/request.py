@@ -5,6 +5,7 @@ from typing import Any
 
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.sequence import Sequence
 
@@ -34,6 +35,9 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     forked: bool = False
     aborted: bool = False
+    pooling: PoolingParams | None = None  # an embedding request: its prompt's hidden states pooled, nothing sampled
+    pooled: Any = None  # while its prompt is computed: the sum (mean) or the last row (float32 [hidden] tensor)
+    embedding: list[float] | None = None  # once it is
 
     @property
     def finished(self) -> bool:
@@ -71,4 +75,5 @@ class Request:
             metrics=self.metrics,
             prompt_logprobs=self.prompt_logprobs,
             num_cached_tokens=self.samples[0].seq.num_cached_tokens if self.samples else 0,
+            embedding=self.embedding,
         )

@@ -10,6 +10,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.tokenizer import Tokenizer
 
@@ -73,6 +74,19 @@ class LLM:
                 )
         return self._run(prompt_list, params_list, use_tqdm)
 
+    def embed(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = False,
+    ) -> list[list[float]]:
+        """One vector per prompt (its final hidden states pooled: PoolingParams, by default their mean,
+        normalized), batched with whatever else runs; in prompt order."""
+        prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        params = pooling_params or PoolingParams()
+        outputs = self._run(prompt_list, [params] * len(prompt_list), use_tqdm)
+        return [o.embedding for o in outputs]  # type: ignore[misc]
+
     def chat(
         self,
         messages: Conversation | list[Conversation],
@@ -107,7 +121,9 @@ class LLM:
             if not done:
                 engine.abort(request_id)
 
-    def _run(self, prompts: list[PromptInput], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(
+        self, prompts: list[PromptInput], params: Sequence[SamplingParams | PoolingParams], use_tqdm: bool
+    ) -> list[RequestOutput]:
         engine = self.engine
         ids: list[str] = []
         try:

@@ -44,7 +44,7 @@ def encode(message: Message) -> torch.Tensor:
         for src, dst in message.block_copies + message.local_block_copies:
             body += [src, dst]
         for c in message.chunks:
-            flags = int(c.want_last_logits) | int(c.want_all_logits) << 1
+            flags = int(c.want_last_logits) | int(c.want_all_logits) << 1 | int(c.want_hidden) << 2
             prompt_len = -1 if c.prompt_len is None else c.prompt_len
             local = c.local_block_table
             body += [len(c.token_ids), c.start_position, prompt_len, flags, len(c.block_table)]
@@ -90,6 +90,7 @@ def decode(buffer: torch.Tensor) -> Message:
                 local_block_table=local,
                 want_last_logits=bool(flags & 1),
                 want_all_logits=bool(flags & 2),
+                want_hidden=bool(flags & 4),
                 prompt_len=None if prompt_len < 0 else prompt_len,
             )
         )

@@ -12,7 +12,7 @@ step holds, so a request's greedy output does not depend on what else is running
 """
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,6 +44,7 @@ class StepChunk:
     local_block_table: list[int] | None = None
     want_last_logits: bool = True  # logits after the last token (to sample the next one)
     want_all_logits: bool = False  # logits after every token of the chunk (prompt log-probabilities)
+    want_hidden: bool = False  # the final norm's output after every token of the chunk (an embedding's)
     # the sequence's prompt length: tokens at positions from here on are generated ones. None: a one-token chunk
     # is a generated token, a longer one is prompt
     prompt_len: int | None = None
@@ -63,6 +64,8 @@ class StepOutput:
 
     last_logits: torch.Tensor  # [num chunks with want_last_logits, vocab] float32, in chunk order
     all_logits: list[torch.Tensor | None]  # per chunk: [len(token_ids), vocab] float32 when asked for, else None
+    # per chunk: [len(token_ids), hidden] float32 (the final norm's output) when asked for (want_hidden), else None
+    hidden: list[torch.Tensor | None] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -203,7 +206,11 @@ class ModelRunner:
                 all_logits.append(self.model.compute_logits(hidden[torch.tensor(rows(i), device=self.device)]))
             else:
                 all_logits.append(None)
-        return StepOutput(last_logits, all_logits)
+        hidden_rows = [
+            hidden[torch.tensor(rows(i), device=self.device)].float() if c.want_hidden else None
+            for i, c in enumerate(chunks)
+        ]
+        return StepOutput(last_logits, all_logits, hidden_rows)
 
     def _torch_forward(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, list[int]]:
         """The model's forward over the chunks -> (hidden [T, hidden], the first row of each chunk). Decodes (one

@@ -131,7 +131,7 @@ class Scheduler:
             if len(self.running) + slots_needed > self.config.max_num_seqs:
                 break
             hit = PrefixHit()
-            if seq.num_computed_tokens == 0 and not seq.wants_prompt_logprobs:
+            if seq.num_computed_tokens == 0 and not seq.computes_whole_prompt:
                 hit = kv.find_prefix(seq)
                 if in_flight and self._next_block_in_flight(seq, hit.num_found, in_flight):
                     break  # another sequence is computing this prefix right now: hit it next step
@@ -140,7 +140,7 @@ class Scheduler:
             if not kv.can_admit(seq, hit, num_new):
                 break
             if seq.num_computed_tokens == 0:
-                tokens = kv.take_prefix(seq, hit, count_query=not seq.wants_prompt_logprobs)
+                tokens = kv.take_prefix(seq, hit, count_query=not seq.computes_whole_prompt)
                 seq.num_computed_tokens = tokens
                 if not seq.ever_scheduled:
                     seq.num_cached_tokens = tokens

@@ -42,6 +42,7 @@ class Sequence:
         # speculative decoding: how many proposed tokens the next step should compute after the last one (the
         # engine fills them in once the scheduler has given them slots)
         self.num_lookahead_tokens = 0
+        self.pools = False  # an embedding request's: it needs every prompt row computed, and samples nothing
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +67,12 @@ class Sequence:
     @property
     def wants_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Whether every prompt token must be computed here, none taken from the prefix cache (its prompt's
+        log-probabilities, or an embedding's pooled hidden states)."""
+        return self.wants_prompt_logprobs or self.pools
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

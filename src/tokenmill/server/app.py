@@ -21,6 +21,7 @@ from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server import schemas
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
+from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit
@@ -120,6 +121,10 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions", responses={**streaming_ok(schemas.ChatCompletionResponse), **with_model})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return await create_chat_completion(req, request, state)
+
+    @app.post("/v1/embeddings", response_model=schemas.EmbeddingResponse, responses=with_model)
+    async def embeddings(req: EmbeddingRequest, request: Request):
+        return await create_embeddings(req, request, state)
 
     @app.get(
         "/metrics",

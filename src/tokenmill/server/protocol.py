@@ -298,7 +298,7 @@ class CompletionRequest(SamplingFields):
     def _prompt_shape(cls, value: Any) -> Any:
         """What is wrong with a malformed prompt, said plainly: the union's own errors all read "Input should be a
         valid string" (its first member's), whatever the shape (129 prompts never said "at most 128")."""
-        problem = _prompt_problem(value)
+        problem = prompt_problem(value)
         if problem is not None:
             raise PydanticCustomError("prompt_shape", problem)
         return value
@@ -307,31 +307,31 @@ class CompletionRequest(SamplingFields):
 PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
 
-def _prompt_problem(value: Any) -> str | None:
-    """Why `value` is no valid prompt, or None when it is one."""
+def prompt_problem(value: Any, limit: int = MAX_PROMPTS_PER_REQUEST, what: str = "prompt") -> str | None:
+    """Why `value` is no valid prompt (at most `limit` of them; `what` they are called), or None when it is one."""
     if isinstance(value, str):
-        return None if value else "the prompt is empty"
+        return None if value else f"the {what} is empty"
     if not isinstance(value, list):
-        return f"a prompt is {PROMPT_SHAPES}, not {_json_kind(value)}"
+        return f"a {what} is {PROMPT_SHAPES}, not {_json_kind(value)}"
     if not value:
-        return "the prompt list is empty"
+        return f"the {what} list is empty"
     kinds = sorted({_json_kind(item) for item in value})
     if len(kinds) > 1:
-        return f"a prompt is {PROMPT_SHAPES}; this list mixes {' and '.join(kinds)}"
+        return f"a {what} is {PROMPT_SHAPES}; this list mixes {' and '.join(kinds)}"
     kind = kinds[0]
     if kind == "an integer":
-        return _token_ids_problem(value, "the prompt")
+        return _token_ids_problem(value, f"the {what}")
     if kind not in ("a string", "a list"):
-        return f"a prompt is {PROMPT_SHAPES}; this list holds {kind}"
-    if len(value) > MAX_PROMPTS_PER_REQUEST:
-        return f"{len(value)} prompts in one request; at most {MAX_PROMPTS_PER_REQUEST} are allowed"
+        return f"a {what} is {PROMPT_SHAPES}; this list holds {kind}"
+    if len(value) > limit:
+        return f"{len(value)} {what}s in one request; at most {limit} are allowed"
     for i, item in enumerate(value):
         if not item:
-            return f"prompt {i} is empty"
+            return f"{what} {i} is empty"
         if kind == "a list":
             if any(_json_kind(t) != "an integer" for t in item):
-                return f"prompt {i} is a list, so it must hold token ids (integers)"
-            problem = _token_ids_problem(item, f"prompt {i}")
+                return f"{what} {i} is a list, so it must hold token ids (integers)"
+            problem = _token_ids_problem(item, f"{what} {i}")
             if problem is not None:
                 return problem
     return None

@@ -63,6 +63,24 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # floats, or base64 of little-endian float32 (encoding_format "base64")
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 class TopLogprob(BaseModel):
     token: str
     logprob: float
