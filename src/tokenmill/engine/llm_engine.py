@@ -17,6 +17,7 @@ from tokenmill.engine.input_processor import InputProcessor, PromptInput
 from tokenmill.errors import EngineClosedError, InvalidParameterError
 from tokenmill.executor.launcher import RankSpec
 from tokenmill.executor.runner import TensorParallelRunner, start_tensor_parallel
+from tokenmill.loader.model_facts import describe_model
 from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
@@ -69,6 +70,7 @@ class LLMEngine(EngineCore):
         else:
             gguf = open_model_source(path)
             self.tokenizer = load_tokenizer(gguf)
+        self.model_facts = describe_model(gguf)  # for model lists (Ollama's /api/tags, /api/show)
         own_template = gguf.get("tokenizer.chat_template")
         template = own_template or BUILTIN_TEMPLATES.get(gguf.architecture)
         self.chat_template = ChatTemplate(template, self.tokenizer.bos_token, self.tokenizer.eos_token)

@@ -25,12 +25,13 @@ from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit
+from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.schemas import error_responses, streaming_ok
 from tokenmill.server.state import ServerState
 
 # with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/explorer/")
+PROTECTED_PREFIXES = ("/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill")
 STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
 
@@ -172,6 +173,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             "chat_template": None if engine.chat_template.is_fallback else engine.chat_template.source,
         }
 
+    add_ollama_routes(app, state)
     if settings.explorer:
         _add_explorer(app, state)
 

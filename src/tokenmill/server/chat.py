@@ -5,12 +5,15 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
+from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.completions import SHUTDOWN_ERROR, _usage
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
@@ -22,18 +25,31 @@ from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
 
-async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
-    client_id, request_id = call_id(http_request, "chatcmpl")
-    state.check_model(req.model)
-    engine = state.require_engine()
-    if req.top_logprobs is not None and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    k = (req.top_logprobs or 0) if req.logprobs else None
-    llm_engine = engine.engine
-    max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
-    params = req.sampling_params(max_tokens, k, defaults=llm_engine.generation_defaults.sampling_values())
-    functions = tools.check_tools(req.tools) if req.tools is not None else []
-    mode, callable_functions = tools.chosen_functions(functions, req.tool_choice)
+@dataclass
+class ChatCall:
+    """A chat's engine requests, started: every chat API (OpenAI's, Ollama's, Anthropic's) translates its request
+    into this one call and formats what comes out."""
+
+    generation: Generation
+    functions: list[dict]  # the functions the reply may call: parse its text with tools.parse_tool_calls
+
+
+async def start_chat(
+    state: ServerState,
+    request_id: str,
+    endpoint: str,
+    messages: list[dict],
+    params: SamplingParams,
+    tool_list: list[dict] | None = None,
+    tool_choice: str | dict | None = None,
+    add_generation_prompt: bool = True,
+    context_limit: int | None = None,
+) -> ChatCall:
+    """Check the tools (OpenAI's shape), render the chat template and start generating; raises the 400s.
+    `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx)."""
+    llm_engine = state.require_engine().engine
+    functions = tools.check_tools(tool_list) if tool_list is not None else []
+    mode, callable_functions = tools.chosen_functions(functions, tool_choice)
     if functions:  # every function's parameters must compile, whatever tool_choice says
         call = StructuredOutputsParams(json=tools.call_schema(functions), source="tools")
         await asyncio.to_thread(llm_engine.grammars.compile, call)
@@ -48,12 +64,49 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         call = StructuredOutputsParams(json=tools.call_schema(callable_functions), source="tool_choice")
         params = dataclasses.replace(params, structured_outputs=call)
     takes_tools = llm_engine.chat_template.takes_tools
-    messages = tools.template_messages(req.message_dicts(), callable_functions, takes_tools)
+    messages = tools.template_messages(messages, callable_functions, takes_tools)
     template_tools = [{"type": "function", "function": f} for f in callable_functions] if takes_tools else None
     # rendering and tokenizing a long conversation takes a while: not on the event loop
-    prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, messages, req.add_generation_prompt, template_tools)
-    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, "/v1/chat/completions")
+    prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, messages, add_generation_prompt, template_tools)
+    if context_limit is not None:
+        params = within_context(params, len(prompt_ids), context_limit)
+    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
     await generation.start()
+    return ChatCall(generation, callable_functions)
+
+
+def within_context(params: SamplingParams, prompt_len: int, context_limit: int) -> SamplingParams:
+    """`params` with max_tokens cut so that the prompt and the output fit `context_limit` tokens (Ollama's num_ctx);
+    400 naming num_ctx when the prompt alone does not."""
+    room = context_limit - prompt_len
+    if room < 1:
+        raise PromptTooLongError(
+            f"the prompt has {prompt_len} tokens; num_ctx {context_limit} leaves no room for the output", "num_ctx"
+        )
+    return dataclasses.replace(params, max_tokens=min(params.max_tokens or room, room))
+
+
+async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
+    client_id, request_id = call_id(http_request, "chatcmpl")
+    state.check_model(req.model)
+    engine = state.require_engine()
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    k = (req.top_logprobs or 0) if req.logprobs else None
+    llm_engine = engine.engine
+    max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
+    params = req.sampling_params(max_tokens, k, defaults=llm_engine.generation_defaults.sampling_values())
+    chat = await start_chat(
+        state,
+        request_id,
+        "/v1/chat/completions",
+        req.message_dicts(),
+        params,
+        req.tools,
+        req.tool_choice,
+        req.add_generation_prompt,
+    )
+    generation, callable_functions = chat.generation, chat.functions
     created = int(time.time())
     tokenizer = llm_engine.tokenizer
     if req.stream:

@@ -1,4 +1,6 @@
-"""Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}} with the right HTTP status.
+"""Errors in each API's own shape, with the right HTTP status: OpenAI's {"error": {"message", "type", "param",
+"code"}}, Ollama's {"error": message} under /api/, Anthropic's {"type": "error", "error": {"type", "message"}}
+under /v1/messages.
 
 Every error body is ASCII JSON, so a message that quotes the client's input cannot fail to encode. An exception
 nobody expected gets the handler of last resort: a JSON 500 that names an error id, the traceback in the log
@@ -25,6 +27,19 @@ class ErrorJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
+OLLAMA_PREFIX = "/api/"
+ANTHROPIC_PREFIX = "/v1/messages"
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
 class APIError(Exception):
     def __init__(
         self,
@@ -43,11 +58,17 @@ class APIError(Exception):
         self.code = code
         self.headers = headers
 
-    def body(self) -> dict:
+    def body(self, path: str = "") -> dict:
+        """The error as the API that `path` belongs to writes one."""
+        if path.startswith(OLLAMA_PREFIX):
+            return {"error": self.message}
+        if path.startswith(ANTHROPIC_PREFIX):
+            kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return ErrorJSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        return ErrorJSONResponse(self.body(path), status_code=self.status, headers=self.headers)
 
     def sse(self) -> str:
         """The error as a server-sent event, for failures after a stream has started."""
@@ -72,15 +93,23 @@ def internal_error(exc: BaseException) -> APIError:
     )
 
 
-async def guarded_stream(events: AsyncIterator[str], on_internal_error: Callable[[], None]) -> AsyncIterator[str]:
-    """A stream of server-sent events that ends with an error event, never a cut connection, if it fails."""
+def sse_error(error: APIError) -> str:
+    return error.sse() + "data: [DONE]\n\n"
+
+
+async def guarded_stream(
+    events: AsyncIterator[str],
+    on_internal_error: Callable[[], None],
+    error_event: Callable[[APIError], str] = sse_error,
+) -> AsyncIterator[str]:
+    """A stream (server-sent events, or another API's lines: `error_event` writes its end) that ends with an error
+    event, never a cut connection, if it fails."""
     try:
         async for event in events:
             yield event
     except Exception as exc:  # noqa: BLE001 - the last resort for a stream whose headers are sent
         on_internal_error()
-        yield internal_error(exc).sse()
-        yield "data: [DONE]\n\n"
+        yield error_event(internal_error(exc))
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -100,24 +129,25 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI, on_internal_error: Callable[[], None]) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(request.url.path)
 
     @app.exception_handler(InvalidParameterError)
-    async def invalid_parameter(_: Request, exc: InvalidParameterError) -> JSONResponse:
-        return from_engine_error(exc).response()
+    async def invalid_parameter(request: Request, exc: InvalidParameterError) -> JSONResponse:
+        return from_engine_error(exc).response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return APIError(400, message, param=param).response()
+        return APIError(400, message, param=param).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return APIError(exc.status_code, str(exc.detail), type_=type_, headers=exc.headers).response()
+        error = APIError(exc.status_code, str(exc.detail), type_=type_, headers=exc.headers)
+        return error.response(request.url.path)
 
     @app.exception_handler(Exception)
-    async def last_resort(_: Request, exc: Exception) -> JSONResponse:
+    async def last_resort(request: Request, exc: Exception) -> JSONResponse:
         on_internal_error()
-        return internal_error(exc).response()
+        return internal_error(exc).response(request.url.path)

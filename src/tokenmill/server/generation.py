@@ -36,8 +36,14 @@ class GenerationStream(StreamingResponse):
     """A call's server-sent events that close the call however the response ends: a client that hangs up before
     the first event may leave the event generator never started (so its own cleanup never runs)."""
 
-    def __init__(self, events: AsyncIterator[str], generation: "Generation", headers: dict[str, str] | None = None):
-        super().__init__(events, media_type="text/event-stream", headers=headers)
+    def __init__(
+        self,
+        events: AsyncIterator[str],
+        generation: "Generation",
+        headers: dict[str, str] | None = None,
+        media_type: str = "text/event-stream",  # Ollama's streams: "application/x-ndjson"
+    ):
+        super().__init__(events, media_type=media_type, headers=headers)
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

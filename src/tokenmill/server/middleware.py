@@ -13,7 +13,8 @@ from tokenmill.server.errors import APIError
 
 
 class APIKeyGuard:
-    """With a key set, every path for which `protects(path)` holds needs `Authorization: Bearer <key>`."""
+    """With a key set, every path for which `protects(path)` holds needs `Authorization: Bearer <key>` (or
+    `x-api-key: <key>`, as Anthropic's clients send it)."""
 
     def __init__(self, app: ASGIApp, key: Callable[[], str | None], protects: Callable[[str], bool]):
         self.app = app
@@ -23,11 +24,12 @@ class APIKeyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = self.key()
         if key and scope["type"] == "http" and self.protects(scope["path"]):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            headers = dict(scope["headers"])
+            bearer = hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {key}".encode())
+            if not bearer and not hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode()):
                 response = APIError(
                     401, "Incorrect API key provided; send it as 'Authorization: Bearer <key>'", code="invalid_api_key"
-                ).response()
+                ).response(scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -74,7 +76,7 @@ class BodyLimit:
             413,
             f"the request body is larger than this server's limit of {limit:,} bytes (--max-request-bytes)",
             code="request_too_large",
-        ).response()
+        ).response(scope["path"])
         await response(scope, receive, send)
 
 

@@ -1,0 +1,376 @@
+"""Ollama's API (what Open WebUI, editors and the `ollama` Python client speak): /api/chat, /api/generate,
+/api/embed (and the older /api/embeddings), /api/tags, /api/show, /api/ps and /api/version.
+
+Each endpoint translates its request onto the engine call the OpenAI endpoints make (chat.start_chat, Generation)
+and writes Ollama's answer: streamed as newline-delimited JSON unless `"stream": false`, times in nanoseconds,
+errors as {"error": message}. The served model answers to its name, with or without Ollama's ":latest" tag.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from tokenmill import __version__
+from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
+from tokenmill.server.chat import start_chat, within_context
+from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.errors import APIError, guarded_stream
+from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.ollama_protocol import (
+    ChatRequest,
+    EmbedRequest,
+    GenerateRequest,
+    GenerationRequest,
+    LegacyEmbeddingsRequest,
+    ShowRequest,
+)
+from tokenmill.server.request_ids import call_id
+from tokenmill.server.state import ServerState
+from tokenmill.structured import tools
+
+OLLAMA_API_VERSION = "0.12.0"  # the Ollama release whose API shapes these endpoints follow
+NDJSON = "application/x-ndjson"
+TAG = ":latest"
+
+
+def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/api/version")
+    async def version() -> dict:
+        return {"version": OLLAMA_API_VERSION, "tokenmill": __version__}
+
+    @app.get("/api/tags")
+    async def tags() -> dict:
+        return {"models": [_model_entry(state)]}
+
+    @app.get("/api/ps")
+    async def ps() -> dict:
+        entry = _model_entry(state)
+        engine = state.require_engine().engine
+        on_gpu = engine.device.type != "cpu"
+        return {
+            "models": [
+                {
+                    **entry,
+                    "expires_at": "2318-01-01T00:00:00Z",  # loaded for the server's life (Ollama's "forever")
+                    "size_vram": entry["size"] if on_gpu else 0,
+                    "context_length": engine.max_model_len,
+                }
+            ]
+        }
+
+    @app.post("/api/show")
+    async def show(req: ShowRequest) -> dict:
+        name = req.model or req.name
+        if name is None:
+            raise APIError(400, "model is required", param="model")
+        check_model(state, name)
+        return _show(state)
+
+    @app.post("/api/chat")
+    async def chat(req: ChatRequest, request: Request):
+        return await _chat(req, request, state)
+
+    @app.post("/api/generate")
+    async def generate(req: GenerateRequest, request: Request):
+        return await _generate(req, request, state)
+
+    @app.post("/api/embed")
+    async def embed(req: EmbedRequest, request: Request) -> dict:
+        check_model(state, req.model)
+        inputs = [req.input] if isinstance(req.input, str) else req.input
+        params = PoolingParams(dimensions=req.dimensions)
+        finals, seconds = await _embeddings(state, request, inputs, params, req.truncate, "/api/embed")
+        return {
+            "model": req.model,
+            "embeddings": [f.embedding for f in finals],
+            "total_duration": _ns(seconds),
+            "load_duration": 0,
+            "prompt_eval_count": sum(len(f.prompt_token_ids) for f in finals),
+        }
+
+    @app.post("/api/embeddings")
+    async def embeddings(req: LegacyEmbeddingsRequest, request: Request) -> dict:
+        """The older endpoint: one prompt, its vector not normalized (as Ollama's)."""
+        check_model(state, req.model)
+        if not req.prompt:
+            return {"embedding": []}
+        params = PoolingParams(normalize=False)
+        (final,), _ = await _embeddings(state, request, [req.prompt], params, True, "/api/embeddings")
+        return {"embedding": final.embedding}
+
+
+def check_model(state: ServerState, name: str) -> None:
+    state.require_engine()
+    if name not in (state.model_name, state.model_name + TAG):
+        raise APIError(404, f"model '{name}' not found; this server serves '{state.model_name}'", param="model")
+
+
+# ---- chat and generate ------------------------------------------------------------------------------------------
+
+
+async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
+    check_model(state, req.model)
+    req.refuse_unsupported()
+    if not req.messages or _loads_only(req):  # Ollama's way to load a model: nothing is generated
+        return _loaded(req, {"message": {"role": "assistant", "content": ""}})
+    _, request_id = call_id(http_request, "ollama-chat")
+    params = _params(req, state)
+    chat = await start_chat(
+        state,
+        request_id,
+        "/api/chat",
+        [m.as_chat_message() for m in req.messages],
+        params,
+        req.tools or None,  # the ollama client sends [] for none
+        "auto" if req.tools else None,
+        context_limit=_context_limit(req, state),
+    )
+    reply = _Reply(req.model, chat.functions, as_chat=True)
+    return await _respond(req, http_request, state, chat.generation, reply)
+
+
+async def _generate(req: GenerateRequest, http_request: Request, state: ServerState):
+    check_model(state, req.model)
+    req.refuse_unsupported()
+    if not req.prompt or _loads_only(req):
+        return _loaded(req, {"response": ""})
+    _, request_id = call_id(http_request, "ollama-gen")
+    engine = state.require_engine().engine
+    if req.raw:
+        ids = await asyncio.to_thread(engine.encode_prompt, req.prompt)
+    else:  # the model's chat template, as Ollama renders its own template over System and Prompt
+        system = [{"role": "system", "content": req.system}] if req.system else []
+        messages = [*system, {"role": "user", "content": req.prompt}]
+        ids = await asyncio.to_thread(engine.encode_chat, messages, True)
+    ids = list(req.context or []) + ids  # the previous exchange, continued
+    params = _params(req, state)
+    limit = _context_limit(req, state)
+    if limit is not None:
+        params = within_context(params, len(ids), limit)
+    generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/api/generate")
+    await generation.start()
+    return await _respond(req, http_request, state, generation, _Reply(req.model, [], as_chat=False))
+
+
+def _loads_only(req: GenerationRequest) -> bool:
+    return req.num_predict() == 0
+
+
+def _loaded(req: GenerationRequest, body: dict) -> JSONResponse:
+    return JSONResponse({"model": req.model, "created_at": _now(), **body, "done": True, "done_reason": "load"})
+
+
+def _params(req: GenerationRequest, state: ServerState):
+    engine = state.require_engine().engine
+    num_predict = req.num_predict()
+    max_tokens = state.output_limit(num_predict if num_predict > 0 else None, None)
+    return req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+
+
+def _context_limit(req: GenerationRequest, state: ServerState) -> int | None:
+    """num_ctx, when the request sets one: at most the engine's max_model_len."""
+    num_ctx = req.num_ctx()
+    max_model_len = state.require_engine().engine.max_model_len
+    if num_ctx is not None and num_ctx > max_model_len:
+        raise APIError(
+            400, f"num_ctx {num_ctx} is more than this server's context ({max_model_len} tokens)", param="num_ctx"
+        )
+    return num_ctx
+
+
+class _Reply:
+    """One request's Ollama output: chat messages (with tool calls) or generate's responses."""
+
+    def __init__(self, model: str, functions: list[dict], as_chat: bool):
+        self.model = model
+        self.functions = functions
+        self.as_chat = as_chat
+        self.held = ""  # text held back while it may still be a tool call
+
+    def chunk(self, text: str, calls: list | None = None) -> dict:
+        body: dict[str, Any] = {"model": self.model, "created_at": _now()}
+        if self.as_chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = [
+                    {"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls
+                ]
+            body["message"] = message
+        else:
+            body["response"] = text
+        return body
+
+    def delta(self, text: str, finished: bool) -> tuple[str, list | None]:
+        """What of the new text goes out now, and the calls once the reply is known to be them."""
+        if not self.functions:
+            return text, None
+        self.held += text
+        if finished:
+            calls = tools.parse_tool_calls(self.held, self.functions)
+            out, self.held = ("" if calls else self.held), ""
+            return out, calls
+        if tools.may_be_a_call(self.held):
+            return "", None
+        out, self.held = self.held, ""
+        return out, None
+
+    def final(self, out: RequestOutput, calls: list | None, text: str) -> dict:
+        m = out.metrics
+        o = out.outputs[0]
+        end = m.finished_time or time.monotonic()
+        first = m.first_token_time or end
+        body = {
+            **self.chunk(text, calls),
+            "done": True,
+            "done_reason": "stop" if o.finish_reason in ("stop", None) else o.finish_reason,
+            "total_duration": _ns(end - m.arrival_time),
+            "load_duration": 0,
+            "prompt_eval_count": len(out.prompt_token_ids),
+            "prompt_eval_duration": _ns(first - (m.first_scheduled_time or m.arrival_time)),
+            "eval_count": len(o.token_ids),
+            "eval_duration": _ns(end - first),
+        }
+        if not self.as_chat:
+            body["context"] = out.prompt_token_ids + o.token_ids
+        return body
+
+
+async def _respond(req: GenerationRequest, http_request: Request, state: ServerState, generation: Generation, reply):
+    if req.stream:
+        events = _lines(generation, reply, state)
+        guarded = guarded_stream(events, state.metrics.internal_errors.inc, lambda e: _line(e.body("/api/")))
+        return GenerationStream(guarded, generation, media_type=NDJSON)
+    try:
+        (final,) = await generation.collect(http_request)
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    o = final.outputs[0]
+    if o.finish_reason == "abort":
+        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+    text, calls = reply.delta(o.text, finished=True)
+    return JSONResponse(reply.final(final, calls, text))
+
+
+async def _lines(generation: Generation, reply: _Reply, state: ServerState) -> AsyncIterator[str]:
+    try:
+        async for _, out in generation.stream():
+            o = out.outputs[0]
+            if o.finish_reason == "abort":
+                error = SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error")
+                yield _line(error.body("/api/"))
+                return
+            text, calls = reply.delta(o.delta_text, o.finish_reason is not None)
+            if o.finish_reason is not None:
+                yield _line(reply.final(out, calls, text))
+            elif text:
+                yield _line({**reply.chunk(text), "done": False})
+    except APIError as exc:
+        yield _line(exc.body("/api/"))
+
+
+# ---- embeddings -------------------------------------------------------------------------------------------------
+
+
+async def _embeddings(
+    state: ServerState, http_request: Request, inputs: list[str], params: PoolingParams, truncate: bool, endpoint: str
+) -> tuple[list[RequestOutput], float]:
+    _, request_id = call_id(http_request, "ollama-embed")
+    engine = state.require_engine().engine
+    limit = engine.max_model_len - 1
+
+    def tokenized() -> list[dict]:
+        tokenizer = engine.tokenizer
+        ids = [tokenizer.encode(text, add_special_tokens=True) for text in inputs]
+        if not truncate and any(len(i) > limit for i in ids):
+            too_long = next(len(i) for i in ids if len(i) > limit)
+            raise APIError(400, f"an input has {too_long} tokens, more than the context's {limit}", param="input")
+        return [{"prompt_token_ids": i[:limit]} for i in ids]
+
+    start = time.monotonic()
+    prompts = await asyncio.to_thread(tokenized)
+    generation = Generation(state, prompts, params, request_id, endpoint)
+    await generation.start()
+    try:
+        finals = await generation.collect(http_request)
+    except ClientDisconnected:
+        raise APIError(499, "the client went away", "server_error") from None
+    if any(f.embedding is None for f in finals):
+        raise SHUTDOWN_ERROR
+    return finals, time.monotonic() - start
+
+
+# ---- the model --------------------------------------------------------------------------------------------------
+
+
+def _model_entry(state: ServerState) -> dict:
+    engine = state.require_engine().engine
+    facts = engine.model_facts
+    name = state.model_name + TAG
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": datetime.fromtimestamp(facts.modified_time, UTC).isoformat().replace("+00:00", "Z"),
+        "size": facts.size_bytes,
+        "digest": facts.digest,
+        "details": _details(state),
+    }
+
+
+def _details(state: ServerState) -> dict:
+    facts = state.require_engine().engine.model_facts
+    return {
+        "parent_model": "",
+        "format": facts.format,
+        "family": facts.architecture,
+        "families": [facts.architecture],
+        "parameter_size": facts.parameter_size,
+        "quantization_level": facts.quantization,
+    }
+
+
+def _show(state: ServerState) -> dict:
+    engine = state.require_engine().engine
+    facts, c = engine.model_facts, engine.model_config
+    defaults = engine.generation_defaults.sampling_values()
+    parameters = "\n".join(f"{name} {value}" for name, value in defaults.items())
+    template = "" if engine.chat_template.is_fallback else engine.chat_template.source
+    arch = facts.architecture
+    capabilities = ["completion", "tools", "embedding"]
+    return {
+        "modelfile": f"# served by tokenmill {__version__}\nFROM {state.model_path}\n"
+        + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines()),
+        "parameters": parameters,
+        "template": template,
+        "details": _details(state),
+        "model_info": {
+            "general.architecture": arch,
+            "general.parameter_count": facts.parameter_count,
+            f"{arch}.context_length": engine.max_model_len,
+            f"{arch}.embedding_length": c.hidden_size,
+            f"{arch}.block_count": c.num_layers,
+            f"{arch}.attention.head_count": c.num_heads,
+            f"{arch}.attention.head_count_kv": c.num_kv_heads,
+            f"{arch}.vocab_size": c.vocab_size,
+        },
+        "capabilities": capabilities,
+        "modified_at": _model_entry(state)["modified_at"],
+    }
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _line(body: dict) -> str:
+    return json.dumps(body, ensure_ascii=True) + "\n"
