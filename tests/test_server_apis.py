@@ -3,6 +3,7 @@ embeddings, Ollama's API (the `ollama` client), Anthropic's Messages API (the `a
 Responses API; bad input on each gets that API's own error shape."""
 
 import base64
+import json
 
 import httpx
 import numpy as np
@@ -145,8 +146,6 @@ def test_ollama_generate_streams_and_continues_its_context(ollama_client, model:
 
 
 def test_ollama_format_and_tools(ollama_client, model: str) -> None:
-    import json
-
     colours = {"type": "string", "enum": ["red", "green", "blue"]}
     schema = {
         "type": "object",
@@ -262,3 +261,122 @@ def test_ollama_errors_are_ollamas(ollama_client, model: str, call, status: int,
     with pytest.raises(ollama.ResponseError) as error:
         call(ollama_client, model)
     assert error.value.status_code == status and words in error.value.error, error.value.error
+
+
+# ---- Anthropic: /v1/messages through the anthropic client -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def anthropic_client(server: ServerProcess):
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Get the weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_anthropic_messages_whole_and_streamed(anthropic_client, client: openai.OpenAI, model: str) -> None:
+    ask = [{"role": "user", "content": "Name three colours."}]
+    system = "You are a terse assistant."
+    expected = client.chat.completions.create(
+        model=model, messages=[{"role": "system", "content": system}, *ask], temperature=0, max_tokens=12
+    ).choices[0]
+    greedy = {"temperature": 0}  # older clients' field (today's Messages API has no sampling fields)
+    message = anthropic_client.messages.create(
+        model=model, max_tokens=12, messages=ask, system=system, extra_body=greedy
+    )
+    assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
+    assert [b.type for b in message.content] == ["text"] and message.content[0].text == expected.message.content
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 12
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens > 10
+    with anthropic_client.messages.stream(
+        model=model, max_tokens=12, messages=ask, system=system, extra_body=greedy
+    ) as s:
+        pieces = list(s.text_stream)
+        final = s.get_final_message()
+    assert len(pieces) > 2 and "".join(pieces) == expected.message.content
+    assert final.content[0].text == expected.message.content and final.stop_reason == "max_tokens"
+    # a stop sequence ends it and is named
+    words = expected.message.content.split()
+    stopped = anthropic_client.messages.create(
+        model=model, max_tokens=12, messages=ask, system=system, extra_body=greedy, stop_sequences=[words[1]]
+    )
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == words[1]
+    assert words[1] not in stopped.content[0].text
+    counted = anthropic_client.messages.count_tokens(model=model, messages=ask, system=system)
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+def test_anthropic_tool_use_whole_and_streamed(anthropic_client, model: str) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    forced = {"type": "tool", "name": "get_weather"}
+    message = anthropic_client.messages.create(
+        model=model, max_tokens=60, messages=ask, tools=[WEATHER_TOOL], tool_choice=forced
+    )
+    assert message.stop_reason == "tool_use"
+    (use,) = [b for b in message.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and isinstance(use.input["city"], str) and use.id.startswith("toolu_")
+    with anthropic_client.messages.stream(
+        model=model, max_tokens=60, messages=ask, tools=[WEATHER_TOOL], tool_choice={"type": "any"}
+    ) as s:
+        streamed = s.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[-1].input == use.input
+    # a JSON schema for the reply (output_config.format)
+    colours = {"type": "string", "enum": ["red", "green", "blue"]}
+    schema = {
+        "type": "object",
+        "properties": {"colour": colours},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    shaped = anthropic_client.messages.create(
+        model=model,
+        max_tokens=40,
+        messages=[{"role": "user", "content": "Pick a colour."}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    assert json.loads(shaped.content[0].text)["colour"] in colours["enum"]
+    # the call and its result in the history: the model answers in words
+    history = [
+        *ask,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 21 C"}]},
+    ]
+    answer = anthropic_client.messages.create(
+        model=model, max_tokens=10, messages=history, tools=[WEATHER_TOOL], tool_choice={"type": "none"}
+    )
+    assert answer.content[0].type == "text" and answer.content[0].text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "kind", "words"),
+    [
+        ({"model": "claude-x"}, 404, "not_found_error", "does not exist"),
+        ({"extra_body": {"temperature": 1.5}}, 400, "invalid_request_error", "temperature"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, "invalid_request_error", "think"),
+        ({"output_config": {"effort": "high"}}, 400, "invalid_request_error", "effort"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
+            400,
+            "invalid_request_error",
+            "'image'",
+        ),
+        ({"tool_choice": {"type": "any"}}, 400, "invalid_request_error", "needs tools"),
+    ],
+)
+def test_anthropic_errors_are_anthropics(
+    anthropic_client, model: str, kwargs: dict, status: int, kind: str, words: str
+) -> None:
+    import anthropic
+
+    body = {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    with pytest.raises(anthropic.APIStatusError) as error:
+        anthropic_client.messages.create(**body)
+    assert error.value.status_code == status
+    assert error.value.body["type"] == "error" and error.value.body["error"]["type"] == kind
+    assert words in error.value.body["error"]["message"], error.value.body

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server import schemas
+from tokenmill.server.anthropic import add_anthropic_routes
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
 from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
@@ -174,6 +175,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         }
 
     add_ollama_routes(app, state)
+    add_anthropic_routes(app, state)
     if settings.explorer:
         _add_explorer(app, state)
 

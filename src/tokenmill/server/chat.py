@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
+from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
@@ -63,16 +64,47 @@ async def start_chat(
             )
         call = StructuredOutputsParams(json=tools.call_schema(callable_functions), source="tool_choice")
         params = dataclasses.replace(params, structured_outputs=call)
-    takes_tools = llm_engine.chat_template.takes_tools
-    messages = tools.template_messages(messages, callable_functions, takes_tools)
-    template_tools = [{"type": "function", "function": f} for f in callable_functions] if takes_tools else None
     # rendering and tokenizing a long conversation takes a while: not on the event loop
-    prompt_ids = await asyncio.to_thread(llm_engine.encode_chat, messages, add_generation_prompt, template_tools)
+    prompt_ids = await asyncio.to_thread(chat_prompt, llm_engine, messages, callable_functions, add_generation_prompt)
     if context_limit is not None:
         params = within_context(params, len(prompt_ids), context_limit)
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
     await generation.start()
     return ChatCall(generation, callable_functions)
+
+
+def chat_prompt(
+    llm_engine: LLMEngine, messages: list[dict], functions: list[dict], add_generation_prompt: bool = True
+) -> list[int]:
+    """The conversation's prompt tokens: the chat template over it, with the functions the model may call shown
+    (by a template that takes tools, else in a system message)."""
+    takes_tools = llm_engine.chat_template.takes_tools
+    messages = tools.template_messages(messages, functions, takes_tools)
+    template_tools = [{"type": "function", "function": f} for f in functions] if takes_tools else None
+    return llm_engine.encode_chat(messages, add_generation_prompt, template_tools)
+
+
+class CallWatch:
+    """One reply's text as it streams, when it may call functions: held back while it may still become a call,
+    let out once it cannot; at the end, the calls it makes (or None: its text)."""
+
+    def __init__(self, functions: list[dict]):
+        self.functions = functions
+        self.held = ""
+
+    def delta(self, text: str, finished: bool) -> tuple[str, list[tools.ToolCall] | None]:
+        """(the text that goes out now, the calls once the reply is known to be them)."""
+        if not self.functions:
+            return text, None
+        self.held += text
+        if finished:
+            calls = tools.parse_tool_calls(self.held, self.functions)
+            out, self.held = ("" if calls else self.held), ""
+            return out, calls
+        if tools.may_be_a_call(self.held):
+            return "", None
+        out, self.held = self.held, ""
+        return out, None
 
 
 def within_context(params: SamplingParams, prompt_len: int, context_limit: int) -> SamplingParams:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from tokenmill import __version__
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.server.chat import start_chat, within_context
+from tokenmill.server.chat import CallWatch, start_chat, within_context
 from tokenmill.server.completions import SHUTDOWN_ERROR
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
@@ -33,7 +33,6 @@ from tokenmill.server.ollama_protocol import (
 )
 from tokenmill.server.request_ids import call_id
 from tokenmill.server.state import ServerState
-from tokenmill.structured import tools
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama release whose API shapes these endpoints follow
 NDJSON = "application/x-ndjson"
@@ -190,9 +189,8 @@ class _Reply:
 
     def __init__(self, model: str, functions: list[dict], as_chat: bool):
         self.model = model
-        self.functions = functions
         self.as_chat = as_chat
-        self.held = ""  # text held back while it may still be a tool call
+        self.watch = CallWatch(functions)  # text held back while it may still be a tool call
 
     def chunk(self, text: str, calls: list | None = None) -> dict:
         body: dict[str, Any] = {"model": self.model, "created_at": _now()}
@@ -208,18 +206,7 @@ class _Reply:
         return body
 
     def delta(self, text: str, finished: bool) -> tuple[str, list | None]:
-        """What of the new text goes out now, and the calls once the reply is known to be them."""
-        if not self.functions:
-            return text, None
-        self.held += text
-        if finished:
-            calls = tools.parse_tool_calls(self.held, self.functions)
-            out, self.held = ("" if calls else self.held), ""
-            return out, calls
-        if tools.may_be_a_call(self.held):
-            return "", None
-        out, self.held = self.held, ""
-        return out, None
+        return self.watch.delta(text, finished)
 
     def final(self, out: RequestOutput, calls: list | None, text: str) -> dict:
         m = out.metrics

@@ -1,0 +1,159 @@
+"""Anthropic's Messages API (what coding agents and the `anthropic` client speak): POST /v1/messages, streamed
+as Anthropic's events or whole, with text and tool_use content blocks, and POST /v1/messages/count_tokens.
+
+The request is translated onto the chat call the other chat APIs make (chat.start_chat); the reply is read back
+into content blocks. Errors come in Anthropic's shape (errors.py, by the path).
+"""
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from tokenmill.server.chat import CallWatch, chat_prompt, start_chat
+from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError, guarded_stream
+from tokenmill.server.generation import ClientDisconnected, GenerationStream
+from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.state import ServerState
+from tokenmill.structured import tools
+from tokenmill.structured.tools import ToolCall
+
+
+def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/messages")
+    async def messages(req: MessagesRequest, request: Request):
+        return await _messages(req, request, state)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(req: CountTokensRequest) -> dict:
+        state.check_model(req.model)
+        engine = state.require_engine().engine
+        functions = tools.check_tools(req.openai_tools()) if req.tools else []
+        _, callable_functions = tools.chosen_functions(functions, req.openai_tool_choice())
+        ids = await asyncio.to_thread(chat_prompt, engine, req.chat_messages(), callable_functions)
+        return {"input_tokens": len(ids)}
+
+
+async def _messages(req: MessagesRequest, http_request: Request, state: ServerState):
+    client_id, request_id = call_id(http_request, "msg")
+    state.check_model(req.model)
+    engine = state.require_engine().engine
+    params = req.sampling_params(engine.generation_defaults.sampling_values(), state.output_limit(req.max_tokens, None))
+    chat = await start_chat(
+        state,
+        request_id,
+        "/v1/messages",
+        req.chat_messages(),
+        params,
+        req.openai_tools(),
+        req.openai_tool_choice(),
+    )
+    message_id = "msg_" + uuid.uuid4().hex[:24]
+    head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
+    if req.stream:
+        events = _events(chat.generation, CallWatch(chat.functions), head, state)
+        guarded = guarded_stream(events, state.metrics.internal_errors.inc, _error_event)
+        return GenerationStream(guarded, chat.generation, headers=echo(client_id))
+    try:
+        (final,) = await chat.generation.collect(http_request)
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    o = final.outputs[0]
+    if o.finish_reason == "abort":
+        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+    text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
+    content = ([{"type": "text", "text": text}] if text or not calls else []) + [_tool_use(c) for c in calls or []]
+    return JSONResponse(
+        {**head, "content": content, **_stop(o, calls), "usage": _usage(final)}, headers=echo(client_id)
+    )
+
+
+def _stop(o: CompletionOutput, calls: list[ToolCall] | None) -> dict[str, Any]:
+    """Anthropic's stop_reason and stop_sequence for the output."""
+    if calls:
+        return {"stop_reason": "tool_use", "stop_sequence": None}
+    if o.finish_reason == "length":
+        return {"stop_reason": "max_tokens", "stop_sequence": None}
+    if isinstance(o.stop_reason, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": o.stop_reason}
+    return {"stop_reason": "end_turn", "stop_sequence": None}
+
+
+def _usage(out: RequestOutput) -> dict[str, int]:
+    cached = out.num_cached_tokens
+    return {
+        "input_tokens": len(out.prompt_token_ids) - cached,
+        "output_tokens": sum(len(o.token_ids) for o in out.outputs),
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": "toolu_" + call.id.removeprefix("call_"),
+        "name": call.name,
+        "input": json.loads(call.arguments),
+    }
+
+
+def _event(kind: str, body: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **body}, ensure_ascii=True)}\n\n"
+
+
+def _error_event(error: APIError) -> str:
+    body = error.body(ANTHROPIC_PREFIX)
+    return _event("error", {"error": body["error"]})
+
+
+async def _events(generation, watch: CallWatch, head: dict, state: ServerState) -> AsyncIterator[str]:
+    """message_start, then each content block's start, deltas and stop, then message_delta and message_stop."""
+    prompt_tokens = len(generation.prompts[0]["prompt_token_ids"])
+    start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
+    yield _event(
+        "message_start",
+        {"message": {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}},
+    )
+    yield _event("ping", {})
+    blocks = 0  # content blocks started
+    text_open = False
+    try:
+        async for _, out in generation.stream():
+            o = out.outputs[0]
+            if o.finish_reason == "abort":
+                yield _error_event(SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error"))
+                return
+            text, calls = watch.delta(o.delta_text, o.finish_reason is not None)
+            if text:
+                if not text_open:
+                    yield _event(
+                        "content_block_start", {"index": blocks, "content_block": {"type": "text", "text": ""}}
+                    )
+                    text_open, blocks = True, blocks + 1
+                yield _event(
+                    "content_block_delta", {"index": blocks - 1, "delta": {"type": "text_delta", "text": text}}
+                )
+            if o.finish_reason is None:
+                continue
+            if text_open:
+                yield _event("content_block_stop", {"index": blocks - 1})
+            for call in calls or []:
+                block = {**_tool_use(call), "input": {}}
+                yield _event("content_block_start", {"index": blocks, "content_block": block})
+                delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                yield _event("content_block_delta", {"index": blocks, "delta": delta})
+                yield _event("content_block_stop", {"index": blocks})
+                blocks += 1
+            usage = {"output_tokens": len(o.token_ids)}
+            yield _event("message_delta", {"delta": _stop(o, calls), "usage": usage})
+            yield _event("message_stop", {})
+    except APIError as exc:
+        yield _error_event(exc)
