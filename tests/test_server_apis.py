@@ -380,3 +380,113 @@ def test_anthropic_errors_are_anthropics(
     assert error.value.status_code == status
     assert error.value.body["type"] == "error" and error.value.body["error"]["type"] == kind
     assert words in error.value.body["error"]["message"], error.value.body
+
+
+# ---- OpenAI: /v1/responses ---------------------------------------------------------------------------------------
+
+WEATHER_FUNCTION = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_responses_whole_streamed_and_continued(client: openai.OpenAI, model: str) -> None:
+    ask = "Name three colours."
+    expected = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": ask}],
+        temperature=0,
+        max_tokens=12,
+    ).choices[0]
+    response = client.responses.create(
+        model=model, input=ask, instructions="Be brief.", temperature=0, max_output_tokens=12
+    )
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.output_text == expected.message.content
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 12 and response.usage.total_tokens > 12
+    events = list(
+        client.responses.create(
+            model=model, input=ask, instructions="Be brief.", temperature=0, max_output_tokens=12, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 2 and "".join(deltas) == expected.message.content
+    assert events[-1].response.output_text == expected.message.content
+    # the next turn continues the stored conversation
+    # (instructions are not carried over: given again, the first turn's prompt is a prefix of this one)
+    follow = client.responses.create(
+        model=model, input="And one more?", previous_response_id=response.id, instructions="Be brief.",
+        temperature=0, max_output_tokens=6,
+    )  # fmt: skip
+    assert follow.previous_response_id == response.id
+    assert follow.usage.input_tokens > response.usage.input_tokens + 3
+    assert follow.usage.input_tokens_details.cached_tokens > 0  # the first turn's prompt, from the prefix cache
+    assert client.responses.retrieve(follow.id).output_text == follow.output_text
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=model, input="x", previous_response_id=response.id)
+
+
+def test_responses_function_calls_and_their_outputs(client: openai.OpenAI, model: str) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    response = client.responses.create(
+        model=model, input=ask, tools=[WEATHER_FUNCTION], tool_choice="required", temperature=0, max_output_tokens=60
+    )
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+    events = list(
+        client.responses.create(
+            model=model, input=ask, tools=[WEATHER_FUNCTION], tool_choice={"type": "function", "name": "get_weather"},
+            temperature=0, max_output_tokens=60, stream=True,
+        )
+    )  # fmt: skip
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads(done.arguments) == json.loads(call.arguments)
+    answer = client.responses.create(
+        model=model,
+        input=[*ask, call.model_dump(), {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[WEATHER_FUNCTION],
+        tool_choice="none",
+        max_output_tokens=8,
+    )
+    assert answer.output[0].type == "message" and answer.output_text
+    colours = {"type": "string", "enum": ["red", "green", "blue"]}
+    schema = {
+        "type": "object",
+        "properties": {"colour": colours},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    shaped = client.responses.create(
+        model=model,
+        input="Pick a colour.",
+        text={"format": {"type": "json_schema", "name": "pick", "schema": schema}},
+        max_output_tokens=40,
+    )
+    assert json.loads(shaped.output_text)["colour"] in colours["enum"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "input_image"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools", "web_search"),
+        ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning", "reason"),
+        ({"input": "hi", "background": True}, "background", ""),
+        ({"input": "hi", "truncation": "auto"}, "truncation", ""),
+        ({"input": "hi", "previous_response_id": "resp_nope"}, "previous_response_id", "no response"),
+    ],
+)
+def test_bad_responses_requests_get_openai_errors(server: ServerProcess, body: dict, param: str, words: str) -> None:
+    response = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+    assert response.status_code in (400, 404), response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error

@@ -28,6 +28,7 @@ from tokenmill.server.events import engine_snapshot
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tokenmill.server.responses import add_responses_routes
 from tokenmill.server.schemas import error_responses, streaming_ok
 from tokenmill.server.state import ServerState
 
@@ -176,6 +177,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
 
     add_ollama_routes(app, state)
     add_anthropic_routes(app, state)
+    add_responses_routes(app, state)
     if settings.explorer:
         _add_explorer(app, state)
 

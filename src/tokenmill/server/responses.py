@@ -1,0 +1,247 @@
+"""OpenAI's Responses API: POST /v1/responses (whole, or streamed as its typed events), GET and DELETE
+/v1/responses/{id}. A stored response (store, the default) keeps its conversation in this process, so that a
+later request continues it with previous_response_id; the oldest go once MAX_STORED are kept.
+
+The request is translated onto the chat call the other chat APIs make (chat.start_chat); the reply is read back
+into output items: a message with output_text, or function_call items.
+"""
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from tokenmill.outputs import RequestOutput
+from tokenmill.server.chat import CallWatch, start_chat
+from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.errors import APIError, guarded_stream
+from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.responses_protocol import ResponsesRequest
+from tokenmill.server.state import ServerState
+from tokenmill.structured.tools import ToolCall
+
+MAX_STORED = 1000
+
+
+class ResponseStore:
+    """Responses by id, with the conversation each ends (messages, without the request's instructions)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+
+    def put(self, body: dict, conversation: list[dict]) -> None:
+        self._items[body["id"]] = (body, conversation)
+        while len(self._items) > MAX_STORED:
+            self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> tuple[dict, list[dict]]:
+        if response_id not in self._items:
+            raise APIError(
+                404, f"no response with id '{response_id}' is stored in this server", param="previous_response_id"
+            )
+        return self._items[response_id]
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id)
+        del self._items[response_id]
+
+
+def add_responses_routes(app: FastAPI, state: ServerState) -> None:
+    store = ResponseStore()
+
+    @app.post("/v1/responses")
+    async def create(req: ResponsesRequest, request: Request):
+        return await _create(req, request, state, store)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str) -> dict:
+        return store.get(response_id)[0]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> dict:
+        store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+
+class _Turn:
+    """One response being made: its request, ids, the conversation it continues, and its output items."""
+
+    def __init__(self, req: ResponsesRequest, state: ServerState, store: ResponseStore, history: list[dict]):
+        self.req = req
+        self.state = state
+        self.store = store
+        self.history = history  # the conversation before this reply, instructions aside
+        self.id = "resp_" + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.message_id = "msg_" + uuid.uuid4().hex[:24]
+
+    def body(self, status: str, output: list[dict], final: RequestOutput | None = None) -> dict:
+        req = self.req
+        incomplete = final is not None and final.outputs[0].finish_reason == "length"
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": "incomplete" if incomplete else status,
+            "model": self.state.model_name,
+            "output": output,
+            "instructions": req.instructions,
+            "previous_response_id": req.previous_response_id,
+            "max_output_tokens": req.max_output_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "tools": req.tools or [],
+            "tool_choice": req.tool_choice or "auto",
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "text": req.text_echo(),
+            "truncation": "disabled",
+            "store": req.store,
+            "metadata": req.metadata or {},
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "usage": _usage(final) if final is not None else None,
+        }
+
+    def message_item(self, text: str, status: str = "completed") -> dict:
+        content = (
+            [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+        )
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
+
+    def output(self, text: str, calls: list[ToolCall] | None) -> list[dict]:
+        return ([self.message_item(text)] if text or not calls else []) + [_call_item(c) for c in calls or []]
+
+    def finish(self, final: RequestOutput, text: str, calls: list[ToolCall] | None) -> dict:
+        """The finished response's body, stored with its conversation when the request asks."""
+        body = self.body("completed", self.output(text, calls), final)
+        if self.req.store:
+            reply: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                reply["tool_calls"] = [c.as_openai() for c in calls]
+            self.store.put(body, [*self.history, reply])
+        return body
+
+
+async def _create(req: ResponsesRequest, http_request: Request, state: ServerState, store: ResponseStore):
+    client_id, request_id = call_id(http_request, "resp")
+    state.check_model(req.model)
+    engine = state.require_engine().engine
+    history = list(store.get(req.previous_response_id)[1]) if req.previous_response_id else []
+    history += req.input_messages()
+    messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
+    max_tokens = state.output_limit(req.max_output_tokens, None)
+    params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+    chat = await start_chat(
+        state, request_id, "/v1/responses", messages, params, req.chat_tools(), req.chat_tool_choice()
+    )
+    turn = _Turn(req, state, store, history)
+    if req.stream:
+        seq = _Sequence()
+        events = _events(chat.generation, CallWatch(chat.functions), turn, seq)
+        guarded = guarded_stream(events, state.metrics.internal_errors.inc, seq.error)
+        return GenerationStream(guarded, chat.generation, headers=echo(client_id))
+    try:
+        (final,) = await chat.generation.collect(http_request)
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    o = final.outputs[0]
+    if o.finish_reason == "abort":
+        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+    text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
+    return JSONResponse(turn.finish(final, text, calls), headers=echo(client_id))
+
+
+def _call_item(call: ToolCall) -> dict:
+    return {
+        "type": "function_call",
+        "id": "fc_" + call.id.removeprefix("call_"),
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": "completed",
+    }
+
+
+def _usage(out: RequestOutput) -> dict:
+    prompt, output = len(out.prompt_token_ids), sum(len(o.token_ids) for o in out.outputs)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": out.num_cached_tokens},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+
+
+class _Sequence:
+    """The events of one stream, numbered."""
+
+    def __init__(self) -> None:
+        self.number = 0
+
+    def event(self, kind: str, body: dict[str, Any]) -> str:
+        data = {"type": kind, "sequence_number": self.number, **body}
+        self.number += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=True)}\n\n"
+
+    def error(self, error: APIError) -> str:
+        return self.event("error", {"code": error.code or error.type, "message": error.message, "param": error.param})
+
+
+async def _events(generation: Generation, watch: CallWatch, turn: _Turn, seq: _Sequence) -> AsyncIterator[str]:
+    """response.created and in_progress; the message item's text deltas as they come (held back while the reply
+    may be a call); function_call items at the end; response.completed (or incomplete)."""
+    yield seq.event("response.created", {"response": turn.body("in_progress", [])})
+    yield seq.event("response.in_progress", {"response": turn.body("in_progress", [])})
+    text_so_far = ""
+    where = {"item_id": turn.message_id, "output_index": 0, "content_index": 0}
+    try:
+        async for _, out in generation.stream():
+            o = out.outputs[0]
+            if o.finish_reason == "abort":
+                state = turn.state
+                yield seq.error(SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error"))
+                return
+            text, calls = watch.delta(o.delta_text, o.finish_reason is not None)
+            if text and not text_so_far:
+                yield seq.event(
+                    "response.output_item.added", {"output_index": 0, "item": turn.message_item("", "in_progress")}
+                )
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                yield seq.event("response.content_part.added", {**where, "part": part})
+            if text:
+                text_so_far += text
+                yield seq.event("response.output_text.delta", {**where, "delta": text, "logprobs": []})
+            if o.finish_reason is None:
+                continue
+            body = turn.finish(out, text_so_far, calls)
+            index = 0
+            if text_so_far:
+                item = turn.message_item(text_so_far)
+                yield seq.event("response.output_text.done", {**where, "text": text_so_far, "logprobs": []})
+                yield seq.event("response.content_part.done", {**where, "part": item["content"][0]})
+                yield seq.event("response.output_item.done", {"output_index": 0, "item": item})
+                index = 1
+            for call in calls or []:
+                item = _call_item(call)
+                yield seq.event(
+                    "response.output_item.added",
+                    {"output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
+                )
+                at = {"item_id": item["id"], "output_index": index}
+                yield seq.event("response.function_call_arguments.delta", {**at, "delta": call.arguments})
+                yield seq.event(
+                    "response.function_call_arguments.done", {**at, "name": call.name, "arguments": call.arguments}
+                )
+                yield seq.event("response.output_item.done", {"output_index": index, "item": item})
+                index += 1
+            kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+            yield seq.event(kind, {"response": body})
+    except APIError as exc:
+        yield seq.error(exc)

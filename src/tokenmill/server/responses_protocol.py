@@ -1,0 +1,168 @@
+"""Request bodies of OpenAI's Responses API (POST /v1/responses), translated into the chat call every chat API makes:
+input items as chat messages (function_call items as an assistant's tool_calls, function_call_output items as
+tool messages), `instructions` as the system message, flat function tools as chat tools, `text.format` as a
+structured-output constraint. Fields for what this server does not do are refused, naming them."""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokenmill.errors import InvalidParameterError
+from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
+from tokenmill.server.protocol import STRICT, APIRequest
+from tokenmill.structured.params import StructuredOutputsParams
+
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="allow")  # verbosity: one length here
+
+    format: TextFormat | None = None
+
+
+class Reasoning(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="forbid")
+
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class ResponsesRequest(APIRequest):
+    model: str | None = None
+    input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # a reply holds one call or several either way
+    text: TextConfig | None = None
+    stream: bool = False
+    store: bool = True  # kept in this process for previous_response_id and GET /v1/responses/{id}
+    metadata: dict[str, str] | None = None
+    reasoning: Reasoning | None = None
+    truncation: Literal["disabled"] | None = None  # "auto" (dropping the conversation's start) is refused
+    background: Literal[False] | None = None
+    include: Annotated[list[str], Field(max_length=0)] | None = None
+    top_logprobs: Literal[0] | None = None
+    conversation: None = None  # the Conversations API is not served
+    prompt: None = None  # nor stored prompt templates
+
+    def input_messages(self) -> list[dict[str, Any]]:
+        """The input items as chat messages (a call's items become the assistant's tool_calls)."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        out: list[dict[str, Any]] = []
+        for i, item in enumerate(self.input):
+            kind = item.get("type", "message")
+            if kind == "message":
+                out.append({"role": _role(item, i), "content": _text(item.get("content"), i)})
+            elif kind == "function_call":
+                call = {"id": _string(item, "call_id", i), "type": "function"}
+                call["function"] = {"name": _string(item, "name", i), "arguments": _string(item, "arguments", i)}
+                last = out[-1] if out else None
+                if last is not None and last["role"] == "assistant" and not last["content"]:
+                    last.setdefault("tool_calls", []).append(call)  # several calls of one reply
+                else:
+                    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif kind == "function_call_output":
+                output = item.get("output")
+                text = output if isinstance(output, str) else _text(output, i)
+                out.append({"role": "tool", "tool_call_id": _string(item, "call_id", i), "content": text})
+            else:
+                raise InvalidParameterError(f"input[{i}]: items of type {kind!r} are not supported", "input")
+        return out
+
+    def chat_tools(self) -> list[dict[str, Any]] | None:
+        if not self.tools:
+            return None
+        out = []
+        for i, tool in enumerate(self.tools):
+            if tool.get("type") != "function":
+                raise InvalidParameterError(
+                    f"tools[{i}]: tools of type {tool.get('type')!r} are not supported (only function tools)", "tools"
+                )
+            function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+            out.append({"type": "function", "function": function})
+        return out
+
+    def chat_tool_choice(self) -> str | dict[str, Any] | None:
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+                raise InvalidParameterError(
+                    "tool_choice must name a function: {'type': 'function', 'name': ...}", "tool_choice"
+                )
+            return {"type": "function", "function": {"name": choice["name"]}}
+        return choice
+
+    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
+        if self.reasoning is not None and (self.reasoning.effort or self.reasoning.summary):
+            raise InvalidParameterError("this server's models do not reason: reasoning must be empty", "reasoning")
+        optional = {"temperature": self.temperature, "top_p": self.top_p}
+        return SamplingParams(
+            max_tokens=max_tokens,
+            structured_outputs=self.structured_outputs(),
+            **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
+        )
+
+    def structured_outputs(self) -> StructuredOutputsParams | None:
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True, source="text.format")
+        if fmt.schema_ is None:
+            raise InvalidParameterError("text.format json_schema needs its schema", "text.format")
+        return StructuredOutputsParams(json=fmt.schema_, source="text.format")
+
+    def text_echo(self) -> dict[str, Any]:
+        """`text` as the response states it."""
+        fmt = self.text.format if self.text is not None and self.text.format is not None else None
+        return {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}}
+
+
+def _role(item: dict[str, Any], i: int) -> str:
+    role = item.get("role")
+    if role not in ROLES:
+        raise InvalidParameterError(f"input[{i}].role must be one of {', '.join(ROLES)}", "input")
+    return "system" if role == "developer" else role
+
+
+def _text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+                raise InvalidParameterError(
+                    f"input[{i}]: content parts of type {kind!r} are not supported: this server's models read text",
+                    "input",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidParameterError(f"input[{i}].content must be text or a list of text parts", "input")
+
+
+def _string(item: dict[str, Any], key: str, i: int) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise InvalidParameterError(f"input[{i}].{key} must be a string", "input")
+    return value
