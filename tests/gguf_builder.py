@@ -38,6 +38,7 @@ class TinyModel:
     tie_embeddings: bool = False
     sliding_window: int | None = None  # gemma3: the local layers' window (five local layers to one global)
     local_rope_theta: float = 10000.0  # gemma3: the local layers' rope base
+    special_tokens: dict[int, str] = field(default_factory=dict)  # token id -> its text, a control token
     final_logit_softcapping: float | None = None  # gemma3: written when set, as the converter does
     seed: int = 0
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # HF names, float32
@@ -166,8 +167,11 @@ def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     tokens = ["a", "b", "ab"] + [f"<t{i}>" for i in range(3, model.vocab_size)]
+    types = [1] * model.vocab_size
+    for i, text in model.special_tokens.items():  # control tokens (FIM's, for instance) at these ids
+        tokens[i], types[i] = text, 3
     writer.add_token_list(tokens)
-    writer.add_token_types([1] * model.vocab_size)
+    writer.add_token_types(types)
     writer.add_token_merges(["a b"])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(1)

@@ -4,6 +4,7 @@ Responses API; bad input on each gets that API's own error shape."""
 
 import base64
 import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -490,3 +491,48 @@ def test_bad_responses_requests_get_openai_errors(server: ServerProcess, body: d
     assert response.status_code in (400, 404), response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+# ---- llama.cpp: /infill, and /version ---------------------------------------------------------------------------
+
+FIM = {90: "<fim_prefix>", 91: "<fim_suffix>", 92: "<fim_middle>", 93: "<file_sep>"}
+
+
+@pytest.fixture(scope="module")
+def fim_model(tmp_path_factory) -> Path:
+    """A tiny random llama whose vocabulary has fill-in-the-middle tokens."""
+    from tests.gguf_builder import TinyModel, write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("fim") / "tiny-fim.gguf", TinyModel(special_tokens=dict(FIM)))
+
+
+def test_an_infill_prompt_is_prefix_suffix_middle(fim_model: Path) -> None:
+    from tokenmill.server.infill import InfillRequest, infill_prompt
+
+    engine = LLM(str(fim_model)).engine
+    encode = engine.tokenizer.encode
+    req = InfillRequest(input_prefix="ab", input_suffix="b", prompt="a", input_extra=[{"filename": "x", "text": "b"}])
+    ids = infill_prompt(engine, req)
+    bos = [engine.tokenizer.bos_token_id] if engine.tokenizer.add_bos else []
+    assert ids == [*bos, 93, *encode("x\nb"), 90, *encode("ab"), 91, *encode("b"), 92, *encode("a")]
+
+
+def test_infill_through_a_server(fim_model: Path, server: ServerProcess) -> None:
+    fim_server = start_server("--model", str(fim_model))
+    try:
+        body = {"input_prefix": "ab", "input_suffix": "b", "n_predict": 4, "temperature": 0}
+        whole = httpx.post(f"{fim_server.url}/infill", json=body, timeout=60).json()
+        assert whole["stop"] and whole["stop_type"] == "limit" and whole["tokens_predicted"] == 4
+        assert whole["tokens_evaluated"] >= 5 and isinstance(whole["content"], str)
+        with httpx.stream("POST", f"{fim_server.url}/infill", json={**body, "stream": True}, timeout=60) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1]["stop"] and not any(e["stop"] for e in events[:-1])
+        assert "".join(e["content"] for e in events) == whole["content"]
+    finally:
+        assert fim_server.stop() == 0
+    # the bundled model has no FIM tokens: a 400 that says so
+    refused = httpx.post(f"{server.url}/infill", json={"input_prefix": "def f():"}, timeout=60)
+    assert refused.status_code == 400 and "fill-in-the-middle" in refused.json()["error"]["message"]
+    from tokenmill import __version__
+
+    assert httpx.get(f"{server.url}/version").json() == {"version": __version__}

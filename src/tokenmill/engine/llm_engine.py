@@ -34,6 +34,7 @@ from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_mod
 from tokenmill.spec_decode.speculator import Speculator
 from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES, base_model_note
+from tokenmill.tokenizer.fim import find_fim_tokens
 
 if TYPE_CHECKING:
     from tokenmill.structured.grammars import GrammarCompiler
@@ -71,6 +72,7 @@ class LLMEngine(EngineCore):
             gguf = open_model_source(path)
             self.tokenizer = load_tokenizer(gguf)
         self.model_facts = describe_model(gguf)  # for model lists (Ollama's /api/tags, /api/show)
+        self.fim_tokens = find_fim_tokens(gguf.get, self.tokenizer.token_to_id)  # None: no fill-in-the-middle
         own_template = gguf.get("tokenizer.chat_template")
         template = own_template or BUILTIN_TEMPLATES.get(gguf.architecture)
         self.chat_template = ChatTemplate(template, self.tokenizer.bos_token, self.tokenizer.eos_token)

@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tokenmill import __version__
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server import schemas
 from tokenmill.server.anthropic import add_anthropic_routes
@@ -25,6 +26,7 @@ from tokenmill.server.completions import create_completion
 from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
+from tokenmill.server.infill import add_infill_routes
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -178,6 +180,11 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     add_ollama_routes(app, state)
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)
+    add_infill_routes(app, state)
+
+    @app.get("/version", response_model=schemas.Version)
+    async def version() -> dict:
+        return {"version": __version__}
     if settings.explorer:
         _add_explorer(app, state)
 

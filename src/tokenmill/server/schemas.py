@@ -63,6 +63,10 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class Version(BaseModel):
+    version: str  # tokenmill's
+
+
 class EmbeddingUsage(BaseModel):
     prompt_tokens: int
     total_tokens: int

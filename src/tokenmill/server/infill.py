@@ -1,0 +1,164 @@
+"""llama.cpp's POST /infill: code completion with fill-in-the-middle, for models whose vocabulary has FIM tokens
+(tokenizer/fim.py). The prompt is [BOS] (other files) <prefix> input_prefix <suffix> input_suffix <middle> prompt;
+the answer is llama.cpp's completion shape (content, stop, stop_type, token counts, timings), whole or streamed
+as server-sent events. A model without FIM tokens gets a 400 that says so."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokenmill.engine.llm_engine import LLMEngine
+from tokenmill.errors import InvalidParameterError
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
+from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.errors import APIError, guarded_stream
+from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.protocol import STRICT, APIRequest, Seed
+from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.state import ServerState
+
+
+class ExtraFile(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="forbid")
+
+    filename: str = ""
+    text: str
+
+
+class InfillRequest(APIRequest):
+    model: str | None = None
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraFile] = Field(default_factory=list)  # the repository's other files, for context
+    prompt: str = ""  # text after the middle token: what the completion continues
+    n_predict: Annotated[int, Field(ge=-1)] = -1  # -1: until a stop
+    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0)] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: Seed | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+    cache_prompt: bool = True  # tokenmill caches prefixes always
+    n_probs: Annotated[int, Field(le=0)] = 0  # token probabilities in the answer: not served here
+    mirostat: Annotated[int, Field(le=0)] = 0
+
+    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
+        optional = {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repeat_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+        }
+        return SamplingParams(
+            max_tokens=max_tokens,
+            seed=self.seed,
+            stop=self.stop or None,
+            **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
+        )
+
+
+def infill_prompt(engine: LLMEngine, req: InfillRequest) -> list[int]:
+    """The FIM prompt's token ids (prefix, suffix, middle order, as llama.cpp's)."""
+    fim = engine.fim_tokens
+    if fim is None:
+        raise InvalidParameterError(
+            f"{engine.model_name}'s vocabulary has no fill-in-the-middle tokens: /infill needs a code model "
+            "trained for it",
+            "input_prefix",
+        )
+    tokenizer = engine.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    ids = [tokenizer.bos_token_id] if tokenizer.add_bos and tokenizer.bos_token_id is not None else []
+    for extra in req.input_extra:
+        ids += ([fim.separator] if fim.separator is not None else []) + encode(f"{extra.filename}\n{extra.text}")
+    ids += [fim.prefix, *encode(req.input_prefix), fim.suffix, *encode(req.input_suffix), fim.middle]
+    ids += encode(req.prompt)
+    engine.inputs.check_prompt_length(len(ids))
+    return ids
+
+
+def add_infill_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/infill")
+    async def infill(req: InfillRequest, request: Request):
+        client_id, request_id = call_id(request, "infill")
+        state.check_model(req.model)
+        engine = state.require_engine().engine
+        ids = await asyncio.to_thread(infill_prompt, engine, req)
+        max_tokens = state.output_limit(req.n_predict if req.n_predict > 0 else None, None)
+        params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+        generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/infill")
+        await generation.start()
+        if req.stream:
+            guarded = guarded_stream(_events(generation, state), state.metrics.internal_errors.inc, _error_event)
+            return GenerationStream(guarded, generation, headers=echo(client_id))
+        try:
+            (final,) = await generation.collect(request)
+        except ClientDisconnected:
+            return JSONResponse({}, status_code=499)
+        if final.outputs[0].finish_reason == "abort":
+            raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+        return JSONResponse(_final(final, state, final.outputs[0].text), headers=echo(client_id))
+
+
+def _final(out: RequestOutput, state: ServerState, content: str) -> dict[str, Any]:
+    o, m = out.outputs[0], out.metrics
+    end = m.finished_time or m.last_token_time or m.arrival_time
+    first = m.first_token_time or end
+    word = o.stop_reason if isinstance(o.stop_reason, str) else ""
+    return {
+        "index": 0,
+        "content": content,
+        "stop": True,
+        "model": state.model_name,
+        "stop_type": "limit" if o.finish_reason == "length" else ("word" if word else "eos"),
+        "stopping_word": word,
+        "tokens_predicted": len(o.token_ids),
+        "tokens_evaluated": len(out.prompt_token_ids),
+        "tokens_cached": out.num_cached_tokens,
+        "truncated": False,
+        "timings": {
+            "prompt_n": len(out.prompt_token_ids) - out.num_cached_tokens,
+            "prompt_ms": (first - (m.first_scheduled_time or m.arrival_time)) * 1e3,
+            "predicted_n": len(o.token_ids),
+            "predicted_ms": (end - first) * 1e3,
+        },
+    }
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=True)}\n\n"
+
+
+def _error_event(error: APIError) -> str:
+    return _event(error.body())
+
+
+async def _events(generation: Generation, state: ServerState) -> AsyncIterator[str]:
+    try:
+        async for _, out in generation.stream():
+            o = out.outputs[0]
+            if o.finish_reason == "abort":
+                yield _error_event(SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error"))
+                return
+            if o.finish_reason is not None:
+                yield _event(_final(out, state, o.delta_text))
+            elif o.delta_text:
+                yield _event({"index": 0, "content": o.delta_text, "stop": False})
+    except APIError as exc:
+        yield _error_event(exc)
