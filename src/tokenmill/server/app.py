@@ -31,6 +31,7 @@ from tokenmill.server.middleware import APIKeyGuard, BodyLimit
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.responses import add_responses_routes
+from tokenmill.server.router_info import add_router_routes
 from tokenmill.server.schemas import error_responses, streaming_ok
 from tokenmill.server.state import ServerState
 
@@ -181,10 +182,12 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)
     add_infill_routes(app, state)
+    add_router_routes(app, state)
 
     @app.get("/version", response_model=schemas.Version)
     async def version() -> dict:
         return {"version": __version__}
+
     if settings.explorer:
         _add_explorer(app, state)
 

@@ -1,0 +1,48 @@
+"""What a router in front of several `tokenmill serve` replicas reads (the SGLang model gateway, `sglang-router
+launch --worker-urls ...`): /server_info and /model_info when it registers a replica (the served model's name,
+its limits), and /get_load (how busy the replica is). The older /get_* names are answered too."""
+
+from fastapi import FastAPI
+
+from tokenmill import __version__
+from tokenmill.server.state import ServerState
+
+
+def add_router_routes(app: FastAPI, state: ServerState) -> None:
+    def server_info() -> dict:
+        engine = state.require_engine().engine
+        config = engine.config
+        return {
+            "model_path": state.model_path,
+            "served_model_name": state.model_name,
+            "version": f"tokenmill {__version__}",
+            "tp_size": config.tensor_parallel_size,
+            "dp_size": 1,
+            "max_running_requests": config.max_num_seqs,
+            "max_prefill_tokens": config.max_num_batched_tokens,
+            "max_total_tokens": engine.kv.num_blocks * config.block_size,  # the KV cache's room, in tokens
+            "max_model_len": engine.max_model_len,
+        }
+
+    def model_info() -> dict:
+        engine = state.require_engine().engine
+        return {
+            "model_path": state.model_path,
+            "tokenizer_path": state.model_path,
+            "is_generation": True,
+            "model_type": engine.model_facts.architecture,
+            "architectures": [engine.model_facts.architecture],
+        }
+
+    def load() -> list[dict]:
+        """One entry per data-parallel rank (one here), as SGLang's workers answer it."""
+        async_engine = state.require_engine()
+        stats = async_engine.stats()
+        in_use = stats["kv_blocks_in_use"] * stats["block_size"]
+        running, waiting = stats["num_running"], stats["num_waiting"]
+        return [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": in_use}]
+
+    for path, answer in (("server_info", server_info), ("model_info", model_info), ("get_load", load)):
+        app.get(f"/{path}")(answer)
+    app.get("/get_server_info", include_in_schema=False)(server_info)
+    app.get("/get_model_info", include_in_schema=False)(model_info)
