@@ -87,6 +87,7 @@ FIELDS = [
     "top_k", "min_p", "stop", "stop_token_ids", "seed", "logprobs", "top_logprobs", "echo", "stream",
     "stream_options", "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
     "ignore_eos", "return_token_ids", "suffix", "tools", "response_format", "tokens", "add_special_tokens",
+    "input", "options", "format", "system", "max_output_tokens", "instructions", "input_prefix", "n_predict",
 ]  # fmt: skip
 # requests that mostly parse: a usable prompt or messages, then any value for any other field
 ROLES = st.sampled_from(["user", "system", "assistant", "x"])
@@ -104,17 +105,34 @@ BODIES = st.one_of(
 )
 
 
+POSTED = [
+    "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/embeddings", "/v1/responses",
+    "/v1/messages", "/api/chat", "/api/generate", "/api/embed", "/infill",
+]  # fmt: skip
+# how each API's stream ends
+STREAM_ENDS = {"/v1/messages": "event: message_stop", "/v1/responses": '"type": "response.', "/infill": '"stop": true'}
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]), body=BODIES)
-def test_any_body_gets_an_answer_or_a_4xx_in_openais_shape(server: ServerProcess, path: str, body: bytes) -> None:
+@given(path=st.sampled_from(POSTED), body=BODIES)
+def test_any_body_gets_an_answer_or_a_4xx_in_its_apis_shape(server: ServerProcess, path: str, body: bytes) -> None:
     r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=120)
     assert r.status_code < 500, (r.status_code, r.text[:500])
     if r.status_code >= 400:
         assert r.headers["content-type"] == "application/json"
-        error = r.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        if path.startswith("/api/"):  # Ollama's
+            assert set(r.json()) == {"error"} and r.json()["error"]
+        elif path == "/v1/messages":  # Anthropic's
+            assert r.json()["type"] == "error" and set(r.json()["error"]) == {"type", "message"}
+        else:
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
     elif r.headers["content-type"].startswith("text/event-stream"):
-        assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
+        last = r.text.rstrip().rsplit("\n\n", 1)[-1]
+        assert STREAM_ENDS.get(path, "data: [DONE]") in last and '"error"' not in r.text, r.text[-500:]
+    elif r.headers["content-type"].startswith("application/x-ndjson"):
+        lines = r.text.strip().splitlines()
+        assert json.loads(lines[-1])["done"] and '"error"' not in r.text
     else:
         assert "error" not in r.json()
 

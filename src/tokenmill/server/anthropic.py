@@ -21,17 +21,20 @@ from tokenmill.server.completions import SHUTDOWN_ERROR
 from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, GenerationStream
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.schemas import AnthropicError, answers, error_responses
 from tokenmill.server.state import ServerState
 from tokenmill.structured import tools
 from tokenmill.structured.tools import ToolCall
 
+ERRORS = error_responses(400, 401, 404, 413, 503, model=AnthropicError)
+
 
 def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/messages")
+    @app.post("/v1/messages", responses={**answers("the message", "text/event-stream"), **ERRORS})
     async def messages(req: MessagesRequest, request: Request):
         return await _messages(req, request, state)
 
-    @app.post("/v1/messages/count_tokens")
+    @app.post("/v1/messages/count_tokens", responses={**answers("the prompt's token count"), **ERRORS})
     async def count_tokens(req: CountTokensRequest) -> dict:
         state.check_model(req.model)
         engine = state.require_engine().engine

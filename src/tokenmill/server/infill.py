@@ -21,6 +21,7 @@ from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.protocol import STRICT, APIRequest, Seed
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.state import ServerState
 
 
@@ -94,7 +95,13 @@ def infill_prompt(engine: LLMEngine, req: InfillRequest) -> list[int]:
 
 
 def add_infill_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/infill")
+    @app.post(
+        "/infill",
+        responses={
+            **answers("llama.cpp's completion", "text/event-stream"),
+            **error_responses(400, 401, 404, 413, 503),
+        },
+    )
     async def infill(req: InfillRequest, request: Request):
         client_id, request_id = call_id(request, "infill")
         state.check_model(req.model)

@@ -32,6 +32,7 @@ from tokenmill.server.ollama_protocol import (
     ShowRequest,
 )
 from tokenmill.server.request_ids import call_id
+from tokenmill.server.schemas import OllamaError, answers, error_responses
 from tokenmill.server.state import ServerState
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama release whose API shapes these endpoints follow
@@ -39,16 +40,20 @@ NDJSON = "application/x-ndjson"
 TAG = ":latest"
 
 
+def errors(*statuses: int) -> dict:
+    return error_responses(*statuses, model=OllamaError)
+
+
 def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/api/version")
+    @app.get("/api/version", responses={**answers("the Ollama API version followed"), **errors(401)})
     async def version() -> dict:
         return {"version": OLLAMA_API_VERSION, "tokenmill": __version__}
 
-    @app.get("/api/tags")
+    @app.get("/api/tags", responses={**answers("the served model, as Ollama lists models"), **errors(401, 503)})
     async def tags() -> dict:
         return {"models": [_model_entry(state)]}
 
-    @app.get("/api/ps")
+    @app.get("/api/ps", responses={**answers("the loaded model"), **errors(401, 503)})
     async def ps() -> dict:
         entry = _model_entry(state)
         engine = state.require_engine().engine
@@ -64,7 +69,7 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
             ]
         }
 
-    @app.post("/api/show")
+    @app.post("/api/show", responses={**answers("the model's details"), **errors(400, 401, 404, 413, 503)})
     async def show(req: ShowRequest) -> dict:
         name = req.model or req.name
         if name is None:
@@ -72,15 +77,15 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         check_model(state, name)
         return _show(state)
 
-    @app.post("/api/chat")
+    @app.post("/api/chat", responses={**answers("the reply", NDJSON), **errors(400, 401, 404, 413, 503)})
     async def chat(req: ChatRequest, request: Request):
         return await _chat(req, request, state)
 
-    @app.post("/api/generate")
+    @app.post("/api/generate", responses={**answers("the completion", NDJSON), **errors(400, 401, 404, 413, 503)})
     async def generate(req: GenerateRequest, request: Request):
         return await _generate(req, request, state)
 
-    @app.post("/api/embed")
+    @app.post("/api/embed", responses={**answers("the vectors"), **errors(400, 401, 404, 413, 503)})
     async def embed(req: EmbedRequest, request: Request) -> dict:
         check_model(state, req.model)
         inputs = [req.input] if isinstance(req.input, str) else req.input
@@ -94,7 +99,7 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
             "prompt_eval_count": sum(len(f.prompt_token_ids) for f in finals),
         }
 
-    @app.post("/api/embeddings")
+    @app.post("/api/embeddings", responses={**answers("the vector"), **errors(400, 401, 404, 413, 503)})
     async def embeddings(req: LegacyEmbeddingsRequest, request: Request) -> dict:
         """The older endpoint: one prompt, its vector not normalized (as Ollama's)."""
         check_model(state, req.model)

@@ -23,6 +23,7 @@ from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.responses_protocol import ResponsesRequest
+from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.state import ServerState
 from tokenmill.structured.tools import ToolCall
 
@@ -55,15 +56,18 @@ class ResponseStore:
 def add_responses_routes(app: FastAPI, state: ServerState) -> None:
     store = ResponseStore()
 
-    @app.post("/v1/responses")
+    @app.post(
+        "/v1/responses",
+        responses={**answers("the response", "text/event-stream"), **error_responses(400, 401, 404, 413, 503)},
+    )
     async def create(req: ResponsesRequest, request: Request):
         return await _create(req, request, state, store)
 
-    @app.get("/v1/responses/{response_id}")
+    @app.get("/v1/responses/{response_id}", responses={**answers("a stored response"), **error_responses(401, 404)})
     async def retrieve(response_id: str) -> dict:
         return store.get(response_id)[0]
 
-    @app.delete("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}", responses={**answers("deleted"), **error_responses(401, 404)})
     async def delete(response_id: str) -> dict:
         store.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}

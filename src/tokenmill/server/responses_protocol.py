@@ -5,11 +5,11 @@ structured-output constraint. Fields for what this server does not do are refuse
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
-from tokenmill.server.protocol import STRICT, APIRequest
+from tokenmill.server.protocol import STRICT, APIRequest, unsupported_field_error
 from tokenmill.structured.params import StructuredOutputsParams
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -57,11 +57,18 @@ class ResponsesRequest(APIRequest):
     metadata: dict[str, str] | None = None
     reasoning: Reasoning | None = None
     truncation: Literal["disabled"] | None = None  # "auto" (dropping the conversation's start) is refused
-    background: Literal[False] | None = None
+    background: bool = False  # refused when true: a response is made while its request waits
     include: Annotated[list[str], Field(max_length=0)] | None = None
-    top_logprobs: Literal[0] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = None  # log-probabilities: not served here
     conversation: None = None  # the Conversations API is not served
     prompt: None = None  # nor stored prompt templates
+
+    @field_validator("background")
+    @classmethod
+    def _not_in_the_background(cls, value: bool) -> bool:
+        if value:
+            raise unsupported_field_error("background", "is not supported by this server")
+        return value
 
     def input_messages(self) -> list[dict[str, Any]]:
         """The input items as chat messages (a call's items become the assistant's tool_calls)."""

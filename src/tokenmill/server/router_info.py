@@ -5,6 +5,7 @@ its limits), and /get_load (how busy the replica is). The older /get_* names are
 from fastapi import FastAPI
 
 from tokenmill import __version__
+from tokenmill.server.schemas import ANY_OBJECT, answers, error_responses
 from tokenmill.server.state import ServerState
 
 
@@ -42,7 +43,14 @@ def add_router_routes(app: FastAPI, state: ServerState) -> None:
         running, waiting = stats["num_running"], stats["num_waiting"]
         return [{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": in_use}]
 
-    for path, answer in (("server_info", server_info), ("model_info", model_info), ("get_load", load)):
-        app.get(f"/{path}")(answer)
+    errors = error_responses(401, 503)
+    app.get("/server_info", responses={**answers("the server, as SGLang's workers describe theirs"), **errors})(
+        server_info
+    )
+    app.get("/model_info", responses={**answers("the model, as SGLang's workers describe theirs"), **errors})(
+        model_info
+    )
+    per_rank = {"content": {"application/json": {"schema": {"type": "array", "items": ANY_OBJECT}}}}
+    app.get("/get_load", responses={200: {**per_rank, "description": "load per data-parallel rank"}, **errors})(load)
     app.get("/get_server_info", include_in_schema=False)(server_info)
     app.get("/get_model_info", include_in_schema=False)(model_info)

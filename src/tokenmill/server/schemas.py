@@ -195,8 +195,27 @@ class ExplorerInfo(BaseModel):
     engine: dict[str, Any]  # its stats now, and "last_step": the last step's size and time (null before the first)
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The `responses` entry of a route for the error statuses it can answer."""
+class OllamaError(BaseModel):
+    """Ollama's error shape (under /api/)."""
+
+    error: str
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str  # invalid_request_error, authentication_error, not_found_error, overloaded_error, ...
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Anthropic's error shape (under /v1/messages)."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+def error_responses(*statuses: int, model: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The `responses` entry of a route for the error statuses it can answer (`model`: the error's shape, when it
+    is another API's than OpenAI's)."""
     what = {
         400: "invalid parameters, a schema error, JSON that does not parse, or a prompt that does not fit",
         401: "the API key is missing or wrong (when the server has one)",
@@ -204,7 +223,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "a body over --max-request-bytes",
         503: "loading, shutting down, a failed engine, or more than --max-queue requests waiting",
     }
-    return {status: {"model": ErrorResponse, "description": what[status]} for status in statuses}
+    return {status: {"model": model or ErrorResponse, "description": what[status]} for status in statuses}
 
 
 # one server-sent event: its data is a JSON object (a chunk, or an error) or the final [DONE]
@@ -213,6 +232,18 @@ SSE_EVENT = {
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
     "required": ["data"],
 }
+
+
+ANY_OBJECT = {"type": "object"}
+
+
+def answers(description: str, stream: str | None = None) -> dict[int | str, dict[str, Any]]:
+    """200 of an endpoint whose JSON answer is another API's shape (Ollama's, Anthropic's, OpenAI's Responses):
+    an object; `stream`: the media type it streams as when asked to ("text/event-stream", "application/x-ndjson")."""
+    content: dict[str, Any] = {"application/json": {"schema": ANY_OBJECT}}
+    if stream is not None:  # an event stream's schema is one event's
+        content[stream] = {"schema": SSE_EVENT if stream == "text/event-stream" else {"type": "string"}}
+    return {200: {"content": content, "description": description}}
 
 
 def streaming_ok(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
