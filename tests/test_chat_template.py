@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hf_loading import fast_gguf_reading
 from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.tokenizer import ChatTemplate
@@ -36,7 +37,8 @@ def test_reference_chat_prompts(smollm2_template: ChatTemplate, smollm2_referenc
 def test_matches_hf_apply_chat_template(smollm2_template: ChatTemplate, bundled_path: Path) -> None:
     import transformers
 
-    hf = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
+    with fast_gguf_reading():
+        hf = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
     for conversation in CONVERSATIONS:
         for add in (True, False):
             expected = hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.hf_loading import fast_gguf_reading
 from tokenmill import LLM, PoolingParams, SamplingParams
 
 OTHER_CHATS = [
@@ -84,9 +85,10 @@ def test_reference_prompts_from_text(llm: LLM, smollm2_reference: dict) -> None:
 def hf_model(bundled_path: Path):
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
-    )
+    with fast_gguf_reading():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
+        )
     return model.eval()
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+from tests.hf_loading import fast_gguf_reading
 from tests.test_engine import token_lists
 from tests.test_golden import greedy
 from tokenmill import LLM, SamplingParams
@@ -171,9 +172,10 @@ def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: P
     recommended settings, found in its folder's name as in a user's download (not at temperature 1)."""
     from safetensors.torch import save_file
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
-    )
+    with fast_gguf_reading():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
+        )
     tmp_path = tmp_path / "SmolLM2-135M-Instruct"
     tmp_path.mkdir()
     # written as save_pretrained writes it (transformers refuses to save a model it read from GGUF)
@@ -184,7 +186,8 @@ def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: P
     config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
     (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     del model, weights
-    tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
+    with fast_gguf_reading():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
     tokenizer.save_pretrained(tmp_path)
     from_hf = LLM(str(tmp_path))
     assert not (tmp_path / "generation_config.json").exists()

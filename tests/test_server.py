@@ -20,9 +20,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server("--quantization", "none")  # exact float32, to compare with LLM.generate
+    proc = start_server()  # as a user starts it: `auto` (4-bit weights, native kernels), for the suite's time
     yield proc
     assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def offline() -> LLM:
+    """The server's engine, offline (the same kernels: its greedy tokens and log-probabilities are the server's)."""
+    return LLM(quantization="auto")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +62,9 @@ def wait_idle(server: ServerProcess, timeout: float = 10) -> dict[str, float]:
         time.sleep(0.05)
 
 
-def test_health_was_503_while_loading(server: ServerProcess) -> None:
-    assert 503 in server.health_codes and server.health_codes[-1] == 200
+def test_health_is_200_once_ready(server: ServerProcess) -> None:
+    """(503 while loading: test_tensor_parallel_server.py, whose ranks take long enough to start to see it.)"""
+    assert server.health_codes[-1] == 200 and httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
 def test_models(client: openai.OpenAI, model: str) -> None:
@@ -65,11 +72,11 @@ def test_models(client: openai.OpenAI, model: str) -> None:
     assert client.models.list().data[0].owned_by == "tokenmill"
 
 
-def test_chat_matches_offline_greedy(client: openai.OpenAI, model: str, llm: LLM) -> None:
+def test_chat_matches_offline_greedy(client: openai.OpenAI, model: str, offline: LLM) -> None:
     messages = [{"role": "user", "content": "How do GPUs work?"}]
     resp = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
     # the server applies the model's recommended settings to what the request leaves unset, as LLM's defaults do
-    offline = llm.chat(messages, llm.get_default_sampling_params(temperature=0, max_tokens=24))[0]
+    offline = offline.chat(messages, offline.get_default_sampling_params(temperature=0, max_tokens=24))[0]
     assert resp.choices[0].message.content == offline.outputs[0].text
     assert resp.choices[0].message.role == "assistant"
     assert resp.choices[0].finish_reason == offline.outputs[0].finish_reason
@@ -78,13 +85,13 @@ def test_chat_matches_offline_greedy(client: openai.OpenAI, model: str, llm: LLM
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
 
 
-def test_completion_matches_offline_greedy(client: openai.OpenAI, model: str, llm: LLM) -> None:
+def test_completion_matches_offline_greedy(client: openai.OpenAI, model: str, offline: LLM) -> None:
     resp = client.completions.create(
         model=model, prompt="The best way to learn programming is", max_tokens=20, temperature=0
     )
-    offline = llm.generate(
+    offline = offline.generate(
         "The best way to learn programming is",
-        llm.get_default_sampling_params(temperature=0, max_tokens=20),
+        offline.get_default_sampling_params(temperature=0, max_tokens=20),
         use_tqdm=False,
     )[0]
     assert resp.choices[0].text == offline.outputs[0].text
@@ -92,7 +99,7 @@ def test_completion_matches_offline_greedy(client: openai.OpenAI, model: str, ll
     assert resp.usage.completion_tokens == 20 and resp.usage.prompt_tokens == len(offline.prompt_token_ids)
 
 
-def test_streaming_chat_with_usage(client: openai.OpenAI, model: str, llm: LLM) -> None:
+def test_streaming_chat_with_usage(client: openai.OpenAI, model: str, offline: LLM) -> None:
     messages = [{"role": "user", "content": "Name three colors."}]
     stream = client.chat.completions.create(
         model=model,
@@ -108,7 +115,7 @@ def test_streaming_chat_with_usage(client: openai.OpenAI, model: str, llm: LLM) 
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert all(c.usage is None for c in chunks[:-1])
-    offline = llm.chat(messages, llm.get_default_sampling_params(temperature=0, max_tokens=20))[0].outputs[0]
+    offline = offline.chat(messages, offline.get_default_sampling_params(temperature=0, max_tokens=20))[0].outputs[0]
     assert text == offline.text
     assert chunks[-1].usage.completion_tokens == len(offline.token_ids)
 
@@ -192,18 +199,20 @@ def test_logprobs(client: openai.OpenAI, model: str) -> None:
 
 
 @pytest.mark.parametrize("max_tokens", [1, 0])
-def test_echo_logprobs_on_token_ids_like_lm_eval(client: openai.OpenAI, model: str, llm: LLM, max_tokens: int) -> None:
+def test_echo_logprobs_on_token_ids_like_lm_eval(
+    client: openai.OpenAI, model: str, offline: LLM, max_tokens: int
+) -> None:
     """lm-evaluation-harness scores a continuation with echo + logprobs on a token-id prompt."""
-    ids = llm.get_tokenizer().encode("Paris is the capital of France")
+    ids = offline.get_tokenizer().encode("Paris is the capital of France")
     resp = client.completions.create(
         model=model, prompt=ids, max_tokens=max_tokens, temperature=0, echo=True, logprobs=1
     )
     lp = resp.choices[0].logprobs
     assert len(lp.tokens) == len(ids) + max_tokens
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    expected = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)[
-        0
-    ].prompt_logprobs
+    expected = offline.generate(
+        {"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False
+    )[0].prompt_logprobs
     for i in range(1, len(ids)):
         assert abs(lp.token_logprobs[i] - expected[i][ids[i]].logprob) < 1e-3
     assert resp.choices[0].text.startswith("Paris is the capital of France")
@@ -219,7 +228,9 @@ def test_extra_sampling_parameters(client: openai.OpenAI, model: str) -> None:
         extra_body={"ignore_eos": True, "min_tokens": 30, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.3},
     )
     assert resp.usage.completion_tokens == 30
-    plain = client.completions.create(model=model, prompt="Once upon a time", max_tokens=30, temperature=0)
+    plain = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=30, temperature=0, extra_body={"repetition_penalty": 1.0}
+    )  # (not the model's default 1.1, which gives the same 30 tokens as 1.3 here)
     assert resp.choices[0].text != plain.choices[0].text  # the repetition penalty changed the text
 
 

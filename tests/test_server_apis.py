@@ -22,9 +22,15 @@ TEXTS = ["The cat sat on the mat.", "A cat is sitting on a mat.", "Quarterly rev
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server("--quantization", "none")  # exact float32, to compare with the offline engine
+    proc = start_server()  # `auto`, as a user starts it
     yield proc
     assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def offline() -> LLM:
+    """The server's engine, offline: the same kernels, so the same vectors."""
+    return LLM(quantization="auto")
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +46,10 @@ def model(client: openai.OpenAI) -> str:
 # ---- OpenAI: /v1/embeddings -----------------------------------------------------------------------------------
 
 
-def test_embeddings_through_the_openai_client(client: openai.OpenAI, model: str, llm: LLM) -> None:
+def test_embeddings_through_the_openai_client(client: openai.OpenAI, model: str, offline: LLM) -> None:
     """The client asks for base64 unless told otherwise and decodes it; floats on request; a batch in input
     order; the same vectors as the offline engine's."""
-    expected = llm.embed(TEXTS)
+    expected = offline.embed(TEXTS)
     answer = client.embeddings.create(model=model, input=TEXTS)  # base64 on the wire
     assert [d.index for d in answer.data] == [0, 1, 2]
     assert answer.usage.prompt_tokens == answer.usage.total_tokens > len(TEXTS)
@@ -55,7 +61,7 @@ def test_embeddings_through_the_openai_client(client: openai.OpenAI, model: str,
     assert cosine[0, 1] > cosine[0, 2]  # the two cat sentences are nearer each other than revenue
     short = client.embeddings.create(model=model, input=[[1, 2, 3]], dimensions=16, encoding_format="float")
     assert len(short.data[0].embedding) == 16
-    (last,) = llm.embed({"prompt_token_ids": [1, 2, 3]}, PoolingParams("last"))
+    (last,) = offline.embed({"prompt_token_ids": [1, 2, 3]}, PoolingParams("last"))
     raw = client.embeddings.with_raw_response.create(model=model, input=[[1, 2, 3]], extra_body={"pooling": "last"})
     wire = raw.http_response.json()["data"][0]["embedding"]
     assert np.allclose(np.frombuffer(base64.b64decode(wire), dtype="<f4"), last, atol=1e-5)
@@ -219,9 +225,9 @@ def test_an_ollama_reply_that_calls_a_tool_carries_it_as_ollama_does() -> None:
     assert words.delta("The weather", finished=False) == ("The weather", None)
 
 
-def test_ollama_embed(ollama_client, model: str, llm: LLM) -> None:
+def test_ollama_embed(ollama_client, model: str, offline: LLM) -> None:
     answer = ollama_client.embed(model=model, input=TEXTS)
-    assert torch.allclose(torch.tensor(answer.embeddings), torch.tensor(llm.embed(TEXTS)), atol=1e-5)
+    assert torch.allclose(torch.tensor(answer.embeddings), torch.tensor(offline.embed(TEXTS)), atol=1e-5)
     assert answer.prompt_eval_count > len(TEXTS)
     single = ollama_client.embed(model=model, input=TEXTS[0], dimensions=8)
     assert len(single.embeddings) == 1 and len(single.embeddings[0]) == 8

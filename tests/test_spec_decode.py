@@ -174,11 +174,9 @@ def test_greedy_float32_reference_prompts_are_unchanged(llm: LLM, spec_llm: LLM,
     assert spec_llm.stats()["spec_decode_num_accepted_tokens"] - before > 30  # the copy request copied
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_a_mixed_batch_is_unchanged(llm: LLM, method: str, smollm2_reference: dict, request) -> None:
-    """32 requests at once: stop strings (inside accepted runs too), n > 1, seeds, logprobs, prefix-cache hits."""
-    spec_llm = request.getfixturevalue("spec_llm" if method == "ngram" else "draft_llm")
+@pytest.fixture(scope="module")
+def mixed_requests(llm: LLM, smollm2_reference: dict) -> tuple[list[dict], list[SamplingParams], list]:
+    """32 requests of every kind, and what plain decoding (the shared `llm`) answers them."""
     from tests.test_engine import mixed_prompts
 
     prompts = [{"prompt_token_ids": p[:96]} for p in mixed_prompts(llm, smollm2_reference)]  # decode matters here
@@ -195,7 +193,15 @@ def test_a_mixed_batch_is_unchanged(llm: LLM, method: str, smollm2_reference: di
             params.append(SamplingParams(temperature=0.8, top_p=0.95, seed=i, max_tokens=16))
         else:
             params.append(SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.1, stop=["valley"]))
-    plain = llm.generate(prompts, params, use_tqdm=False)
+    return prompts, params, llm.generate(prompts, params, use_tqdm=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_mixed_batch_is_unchanged(mixed_requests: tuple, method: str, request) -> None:
+    """32 requests at once: stop strings (inside accepted runs too), n > 1, seeds, logprobs, prefix-cache hits."""
+    spec_llm = request.getfixturevalue("spec_llm" if method == "ngram" else "draft_llm")
+    prompts, params, plain = mixed_requests
     before = spec_llm.stats()
     fast = spec_llm.generate(prompts, params, use_tqdm=False)
     assert _outputs(fast) == _outputs(plain)

@@ -129,6 +129,8 @@ def test_a_killed_worker_fails_requests_and_health_quickly() -> None:
     turns 503 within 10 s; SIGTERM then leaves no process behind. (Three ranks on fewer cores: the log says
     they will be slow.)"""
     server = start_server("--tensor-parallel-size", "3")
+    # it listened at once and said 503 while its ranks started and loaded, then 200
+    assert 503 in server.health_codes and server.health_codes[-1] == 200
     oversubscribed = "tensor parallelism over 3 ranks on" in server.output()
     assert oversubscribed == (3 > (os.cpu_count() or 1)), server.output()
     with cleaned_up(server) as processes:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hf_loading import fast_gguf_reading
 from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.tokenizer import Tokenizer
@@ -68,7 +69,8 @@ def gemma3_tokenizer(gemma3_path: Path) -> Tokenizer:
 def hf_smollm2_tokenizer(bundled_path: Path):
     import transformers
 
-    return transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
+    with fast_gguf_reading():
+        return transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
 
 
 def test_smollm2_matches_llamacpp_with_special_tokens(smollm2_tokenizer: Tokenizer, smollm2_reference: dict) -> None:
