@@ -68,13 +68,17 @@ def test_embeddings_through_the_openai_client(client: openai.OpenAI, model: str,
 
 
 def test_chat_content_parts_are_the_text_they_hold(client: openai.OpenAI, model: str) -> None:
-    """OpenAI's content parts ([{"type": "text", "text": ...}, ...]) read as their texts joined."""
-    parts = [{"type": "text", "text": "Name three "}, {"type": "text", "text": "colours."}]
+    """OpenAI's content parts ([{"type": "text", "text": ...}, ...]) read as their texts, one a line (as vLLM
+    joins them for a template that takes text)."""
+    parts = [{"type": "text", "text": "Name three colours."}, {"type": "text", "text": "Be brief."}]
     as_parts = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": parts}], max_tokens=10, temperature=0
     )
     as_text = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Name three colours."}], max_tokens=10, temperature=0
+        model=model,
+        messages=[{"role": "user", "content": "Name three colours.\nBe brief."}],
+        max_tokens=10,
+        temperature=0,
     )
     assert as_parts.choices[0].message.content == as_text.choices[0].message.content
     assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens
