@@ -16,6 +16,7 @@ def chunked() -> LLM:
     return LLM(max_num_batched_tokens=16, max_num_seqs=4)
 
 
+@pytest.mark.slow
 def test_an_embedding_does_not_depend_on_chunks_batches_or_the_prefix_cache(llm: LLM, chunked: LLM) -> None:
     alone = [llm.embed(t)[0] for t in TEXTS]
     for vector in alone:

@@ -101,6 +101,7 @@ def test_preemption_completes_the_offline_workload_unchanged() -> None:
     tight.engine.check_integrity()
 
 
+@pytest.mark.slow
 def test_chunked_prefill_gives_the_same_tokens(llm: LLM) -> None:
     prompt = {"prompt_token_ids": np.random.default_rng(3).integers(100, 10000, size=700).tolist()}
     small_chunks = LLM(max_num_batched_tokens=64, enable_prefix_caching=False)
@@ -114,6 +115,7 @@ def test_chunked_prefill_gives_the_same_tokens(llm: LLM) -> None:
     assert whole.metrics.num_prefill_chunks == math.ceil((700 - whole.num_cached_tokens) / 512)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(llm: LLM) -> None:
     params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=1234, ignore_eos=True)
     prompt = "Write a short poem about rivers."
@@ -146,6 +148,7 @@ def test_stop_strings_end_generation_and_are_cut(llm: LLM) -> None:
     assert stop not in o.text
 
 
+@pytest.mark.slow
 def test_stop_token_ids_min_tokens_and_ignore_eos(llm: LLM) -> None:
     prompt = {"prompt_token_ids": llm.engine.encode_chat([{"role": "user", "content": "What is 2+2?"}])}
     natural = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)[0].outputs[0]
