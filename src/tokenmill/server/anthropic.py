@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from tokenmill.server.chat import CallWatch, chat_prompt, start_chat
-from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.completions import aborted_error
 from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, GenerationStream
 from tokenmill.server.request_ids import call_id, echo
@@ -70,7 +70,7 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
         return JSONResponse({}, status_code=499)
     o = final.outputs[0]
     if o.finish_reason == "abort":
-        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+        raise aborted_error(state)
     text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
     content = ([{"type": "text", "text": text}] if text or not calls else []) + [_tool_use(c) for c in calls or []]
     return JSONResponse(
@@ -132,7 +132,7 @@ async def _events(generation, watch: CallWatch, head: dict, state: ServerState) 
         async for _, out in generation.stream():
             o = out.outputs[0]
             if o.finish_reason == "abort":
-                yield _error_event(SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error"))
+                yield _error_event(aborted_error(state, "aborted"))
                 return
             text, calls = watch.delta(o.delta_text, o.finish_reason is not None)
             if text:

@@ -37,7 +37,8 @@ from tokenmill.server.state import ServerState
 
 # with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
 PROTECTED_PREFIXES = (
-    "/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill", "/server_info", "/model_info", "/get_",
+    "/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill", "/server_info", "/model_info",
+    "/get_load", "/get_server_info", "/get_model_info",
 )  # fmt: skip
 STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 

@@ -15,7 +15,7 @@ from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.server.completions import SHUTDOWN_ERROR, _usage
+from tokenmill.server.completions import _usage, aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.logprobs_format import chat_logprobs
@@ -151,7 +151,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     if any(o.finish_reason == "abort" for o in final.outputs):
-        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+        raise aborted_error(state)
     choices = []
     for o in final.outputs:
         message: dict = {"role": "assistant", "content": o.text}
@@ -232,7 +232,7 @@ async def _stream(
             final = out
             for o in out.outputs:
                 if o.finish_reason == "abort":
-                    yield (SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error")).sse()
+                    yield aborted_error(state, "aborted").sse()
                     yield "data: [DONE]\n\n"
                     return
                 newly_finished = o.finish_reason is not None and o.index not in finished

@@ -23,6 +23,11 @@ SHUTDOWN_ERROR = APIError(
 )
 
 
+def aborted_error(state: ServerState, message: str = "the request was aborted") -> APIError:
+    """The error for a request the engine aborted: 503 while the server shuts down, else a 500."""
+    return SHUTDOWN_ERROR if state.shutting_down else APIError(500, message, "server_error")
+
+
 def split_prompts(prompt: str | list) -> list[PromptInput]:
     if isinstance(prompt, str):
         return [prompt]
@@ -121,7 +126,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     if any(o.finish_reason == "abort" for out in finals for o in out.outputs):
-        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+        raise aborted_error(state)
     choices = [fmt.choice(i, out, o, delta=False) for i, out in enumerate(finals) for o in out.outputs]
     if drop_generated:
         for c in choices:
@@ -181,7 +186,7 @@ async def _stream(
                 if o.finish_reason is not None:
                     finished.add(index)
                 if o.finish_reason == "abort":
-                    yield (SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error")).sse()
+                    yield aborted_error(state, "aborted").sse()
                     yield "data: [DONE]\n\n"
                     return
                 choice = fmt.choice(i, out, o, delta=True)

@@ -16,7 +16,7 @@ from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
-from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.completions import aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.protocol import STRICT, APIRequest, Seed
@@ -119,7 +119,7 @@ def add_infill_routes(app: FastAPI, state: ServerState) -> None:
         except ClientDisconnected:
             return JSONResponse({}, status_code=499)
         if final.outputs[0].finish_reason == "abort":
-            raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+            raise aborted_error(state)
         return JSONResponse(_final(final, state, final.outputs[0].text), headers=echo(client_id))
 
 
@@ -161,7 +161,7 @@ async def _events(generation: Generation, state: ServerState) -> AsyncIterator[s
         async for _, out in generation.stream():
             o = out.outputs[0]
             if o.finish_reason == "abort":
-                yield _error_event(SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error"))
+                yield _error_event(aborted_error(state, "aborted"))
                 return
             if o.finish_reason is not None:
                 yield _event(_final(out, state, o.delta_text))

@@ -20,7 +20,7 @@ from tokenmill import __version__
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.server.chat import CallWatch, start_chat, within_context
-from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.completions import SHUTDOWN_ERROR, aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.ollama_protocol import (
@@ -245,7 +245,7 @@ async def _respond(req: GenerationRequest, http_request: Request, state: ServerS
         return JSONResponse({}, status_code=499)
     o = final.outputs[0]
     if o.finish_reason == "abort":
-        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+        raise aborted_error(state)
     text, calls = reply.delta(o.text, finished=True)
     return JSONResponse(reply.final(final, calls, text))
 
@@ -255,7 +255,7 @@ async def _lines(generation: Generation, reply: _Reply, state: ServerState) -> A
         async for _, out in generation.stream():
             o = out.outputs[0]
             if o.finish_reason == "abort":
-                error = SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error")
+                error = aborted_error(state, "aborted")
                 yield _line(error.body("/api/"))
                 return
             text, calls = reply.delta(o.delta_text, o.finish_reason is not None)

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import RequestOutput
 from tokenmill.server.chat import CallWatch, start_chat
-from tokenmill.server.completions import SHUTDOWN_ERROR
+from tokenmill.server.completions import aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.request_ids import call_id, echo
@@ -156,7 +156,7 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
         return JSONResponse({}, status_code=499)
     o = final.outputs[0]
     if o.finish_reason == "abort":
-        raise SHUTDOWN_ERROR if state.shutting_down else APIError(500, "the request was aborted", "server_error")
+        raise aborted_error(state)
     text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
     return JSONResponse(turn.finish(final, text, calls), headers=echo(client_id))
 
@@ -210,7 +210,7 @@ async def _events(generation: Generation, watch: CallWatch, turn: _Turn, seq: _S
             o = out.outputs[0]
             if o.finish_reason == "abort":
                 state = turn.state
-                yield seq.error(SHUTDOWN_ERROR if state.shutting_down else APIError(500, "aborted", "server_error"))
+                yield seq.error(aborted_error(state, "aborted"))
                 return
             text, calls = watch.delta(o.delta_text, o.finish_reason is not None)
             if text and not text_so_far:
