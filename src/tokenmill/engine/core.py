@@ -1,5 +1,6 @@
 """The engine core: `step` = schedule -> run -> sample -> update, with speculation (spec_decode/speculator.py)
-and grammar masks as stages around it, outputs through the output processor (stop checks, logprobs).
+and grammar masks (structured_output.py) as stages around it, outputs through the output processor (stop checks,
+logprobs).
 
 One step: the scheduler picks tokens, the runner computes them in one forward pass, the sampler draws one token
 for every sequence whose tokens are all computed, then each new token is detokenized and checked against the
@@ -7,10 +8,8 @@ stop conditions. Finished sequences free their blocks at once; their slots go to
 """
 
 import itertools
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +18,7 @@ from tokenmill.config import EngineConfig
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, SampleState
 from tokenmill.engine.step_record import describe_step, step_header, step_time
+from tokenmill.engine.structured_output import Masks, StructuredOutputManager
 from tokenmill.executor.runner import TensorParallelRunner
 from tokenmill.outputs import RequestMetrics, RequestOutput
 from tokenmill.pooling_params import PoolingParams
@@ -61,9 +61,12 @@ class EngineCore:
         self.sampler = Sampler(runner.device)
         self.outputs = OutputProcessor(tokenizer, max_model_len, self._finish)
         self.requests: dict[str, Request] = {}
-        self._grammars: GrammarCompiler | None = None  # made at first use (grammars)
-        self._grammars_lock = threading.Lock()
-        self._mask_pool: ThreadPoolExecutor | None = None  # computes constrained rows' masks during the forward
+        self.structured = StructuredOutputManager(  # a stage of the step for constrained requests
+            tokenizer,
+            runner.model_config.vocab_size,
+            config.max_constraint_bytes,
+            config.max_constraint_compile_seconds,
+        )
         self.record_steps = False  # when set, each step leaves a description in last_step (for the explorer)
         self.last_step: dict[str, Any] | None = None
         # with record_steps: called with the step's description once it is scheduled, before its forward pass
@@ -92,17 +95,7 @@ class EngineCore:
     @property
     def grammars(self) -> "GrammarCompiler":
         """The structured-output compiler, made at first use (llguidance's tokenizer costs about 0.3 s)."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                from tokenmill.structured.grammars import GrammarCompiler
-
-                self._grammars = GrammarCompiler(
-                    self.tokenizer,
-                    self.runner.model_config.vocab_size,
-                    self.config.max_constraint_bytes,
-                    self.config.max_constraint_compile_seconds,
-                )
-            return self._grammars
+        return self.structured.compiler
 
     def queue(
         self,
@@ -124,7 +117,7 @@ class EngineCore:
         seq.pools = pooling is not None
         state = self.outputs.sample_state(seq, request)
         if params.structured_outputs is not None:
-            state.grammar = self.grammars.matcher(self.grammars.compile(params.structured_outputs))
+            state.grammar = self.structured.matcher(params.structured_outputs)
         request.samples.append(state)
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -241,33 +234,22 @@ class EngineCore:
         """The engine's state of a sequence of a request still in flight."""
         return next(x for x in self.requests[seq.request_id].samples if x.seq is seq)
 
-    def _start_grammar_masks(self, sched: SchedulerOutput) -> "Future[dict[int, torch.Tensor]] | None":
-        """The allowed tokens of every constrained sequence that samples this step (seq_id -> bool [vocab]),
-        computed in a thread while the forward pass runs (llguidance releases the GIL), or None. Proposing ones
-        are masked position by position as they are verified (_mask_now)."""
-        matchers = {
-            s.seq.seq_id: self._sample_of(s.seq).grammar
-            for s in sched.scheduled
-            if s.completes_sequence and s.seq.params.structured_outputs is not None and not s.draft_token_ids
-        }
-        if not matchers:
-            return None
-        if self._mask_pool is None:
-            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-grammar")
-        grammars = self.grammars
-
-        def compute() -> dict[int, torch.Tensor]:
-            allowed = grammars.allowed(list(matchers.values()))  # [C, vocab]
-            return dict(zip(matchers, allowed, strict=True))
-
-        return self._mask_pool.submit(compute)
+    def _start_grammar_masks(self, sched: SchedulerOutput) -> Masks | None:
+        """The masks of every constrained sequence that samples this step, computed while the forward pass runs;
+        proposing ones are masked position by position as they are verified (_mask_now)."""
+        return self.structured.start_masks(
+            {
+                s.seq.seq_id: self._sample_of(s.seq).grammar
+                for s in sched.scheduled
+                if s.completes_sequence and s.seq.params.structured_outputs is not None and not s.draft_token_ids
+            }
+        )
 
     def _mask_now(self, request: Request, sample: SampleState) -> torch.Tensor | None:
         """A constrained sample's allowed tokens where its grammar is now (bool [vocab]); with none allowed (or a
         limit hit) the sample ends with an error instead, and this is None."""
-        mask = self.grammars.allowed([sample.grammar])[0]
-        sample.allowed_tokens = int(mask.sum())
-        if sample.grammar.is_error() or not sample.allowed_tokens:
+        mask = self.structured.mask_now(sample)
+        if not self.structured.admits(sample, mask):
             self.outputs.fail_constraint(request, sample)
             return None
         return mask
@@ -277,7 +259,7 @@ class EngineCore:
         sched: SchedulerOutput,
         logits: torch.Tensor,
         touched: dict[str, Request],
-        masks: "Future[dict[int, torch.Tensor]] | None" = None,
+        masks: Masks | None = None,
     ) -> None:
         rows: list[SamplingRow] = []
         row_samples: list[tuple[Request, SampleState]] = []
@@ -303,8 +285,7 @@ class EngineCore:
                     # a sample forked this step starts where its parent, the request's first, is: the parent's mask
                     mask = allowed.get(sample.seq.seq_id)
                     row.allowed = mask if mask is not None else allowed[request.samples[0].seq.seq_id]
-                    sample.allowed_tokens = int(row.allowed.sum())
-                    if sample.grammar.is_error() or not sample.allowed_tokens:  # nothing may be sampled
+                    if not self.structured.admits(sample, row.allowed):  # nothing may be sampled
                         self.outputs.fail_constraint(request, sample)
                         touched[request.request_id] = request
                         continue

@@ -6,7 +6,7 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -36,9 +36,6 @@ from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES, base_model_note
 from tokenmill.tokenizer.fim import find_fim_tokens
 
-if TYPE_CHECKING:
-    from tokenmill.structured.grammars import GrammarCompiler
-
 logger = logging.getLogger(__name__)
 
 
@@ -56,7 +53,6 @@ class LLMEngine(EngineCore):
     ):
         start = time.monotonic()
         self.closed = False
-        self._grammars: GrammarCompiler | None = None  # close() may run before the core's parts are built
         bound_onednn_cache()  # before the first matrix product
         self.config = config or EngineConfig()
         # the model, dtype and quantization, validated once (config/model.py)
@@ -214,8 +210,9 @@ class LLMEngine(EngineCore):
         self.closed = True
         if self.tensor_parallel is not None:
             self.tensor_parallel.close()
-        if self._grammars is not None:
-            self._grammars.close()
+        structured = getattr(self, "structured", None)  # None when loading failed before the core was built
+        if structured is not None:
+            structured.close()
 
     def _max_model_len(self, cache_tokens: int) -> int:
         trained = self.model_config.max_position
