@@ -137,6 +137,13 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
     assert cycles(import_graph()) == []
 
 
+def test_no_python_file_in_src_is_over_500_lines() -> None:
+    """Small files with one job each; the C kernels (native/*.c) are not held to it."""
+    lines = {str(f.relative_to(SRC)): len(f.read_text().splitlines()) for f in SRC.rglob("*.py")}
+    assert len(lines) > 50  # the sources were found
+    assert {f: n for f, n in lines.items() if n > 500} == {}
+
+
 def test_the_checks_see_an_arrow_up_and_a_circle() -> None:
     graph = {
         "tokenmill.model.llama": {"tokenmill.engine.llm_engine"},
