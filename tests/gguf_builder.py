@@ -147,6 +147,8 @@ def write_hparams(writer: gguf.GGUFWriter, model: TinyModel) -> None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(scaling["factor"])
         writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    elif scaling.get("rope_type") == "longrope":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
     writer.add_rope_freq_base(model.rope_theta)
     writer.add_layer_norm_rms_eps(model.eps)
     if model.head_size is not None:

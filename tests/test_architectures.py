@@ -1,10 +1,10 @@
 """Real architectures from GGUF: tiny random-weight models of Llama 3.x (its rope scaling as a rope_freqs tensor), a
 Mistral-style llama (GQA, a head size that is not hidden / heads, untied head), Qwen 2.5 (Q/K/V biases), Qwen 3
-(QK-norm) and Gemma 3 shaped as the 1B and the 4B (sliding windows with their own rope base; the 4B's linear rope
-scaling on the global layers), written as llama.cpp's converter writes them (tests/gguf_builder.py), must give HF
-transformers' float32 logits and greedy tokens with the same weights. The same models saved by transformers
-(config.json's rope scaling) load too; rope frequencies at the real models' sizes match transformers'; and what
-the decoder does not implement is refused by name."""
+(QK-norm; and with YaRN) and Gemma 3 shaped as the 1B and the 4B (sliding windows with their own rope base; the
+4B's linear rope scaling on the global layers), written as llama.cpp's converter writes them
+(tests/gguf_builder.py), must give HF transformers' float32 logits and greedy tokens with the same weights. The same
+models saved by transformers (config.json's rope scaling) load too; rope frequencies at the real models' sizes match
+transformers'; and what the decoder does not implement is refused by name."""
 
 import json
 from dataclasses import replace
@@ -23,6 +23,7 @@ from tokenmill.layers.rotary import inverse_frequencies, llama3_frequency_factor
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config_from_source import model_config_from_source
+from tokenmill.model.hf_config import _rope_traits as rope_traits
 from tokenmill.model.registry import build_model
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
@@ -34,6 +35,7 @@ LLAMA3_SCALING = {  # Llama 3.1's parameters, the original context shrunk so tha
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 1024,
 }
+YARN_SCALING = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 CASES = {
     # Llama 3.2 1B-like: tied embeddings, GQA, base 500,000, frequencies kept / interpolated / divided by 8
     "llama3": TinyModel(
@@ -45,6 +47,17 @@ CASES = {
     "qwen2": TinyModel(arch="qwen2", rope_theta=1e6, eps=1e-6, tie_embeddings=True, seed=2),
     # Qwen 3 0.6B-like: QK-norm, heads of 32 over a hidden size of 64, tied embeddings
     "qwen3": TinyModel(arch="qwen3", head_size=32, rope_theta=1e6, eps=1e-6, tie_embeddings=True, seed=3),
+    # Qwen 3 with YaRN as its model cards enable it (factor 4), the original context shrunk to 64 positions so that
+    # a 16-frequency head has kept, ramped and interpolated frequencies; cos and sin scaled by 1 + 0.1 ln 4
+    "qwen3-yarn": TinyModel(
+        arch="qwen3",
+        head_size=32,
+        rope_theta=1e4,
+        rope_scaling=YARN_SCALING,
+        eps=1e-6,
+        tie_embeddings=True,
+        seed=7,
+    ),
     # Gemma 3 1B-like: one KV head, heads of 32, 7 layers (the sixth global), an 8-token window
     "gemma3-1b": TinyModel(
         arch="gemma3",
@@ -195,7 +208,8 @@ def test_config_reads_the_architecture(case: dict) -> None:
     assert c.rope_rows_permuted == (model.arch == "llama")  # llama.cpp permutes Q/K rows for llama files only
     assert c.attention_bias == (model.arch == "qwen2") and c.qk_norm == (model.arch in ("qwen3", "gemma3"))
     assert c.rope_scale == (8.0 if case["name"] in ("gemma3-4b", "gemma3-27b") else 1.0)
-    assert (c.rope_freq_factors is not None) == (case["name"] == "llama3")
+    assert (c.rope_freq_factors is not None) == (case["name"] in ("llama3", "qwen3-yarn"))
+    assert c.rope_attention_factor == pytest.approx(1 + 0.1 * np.log(4.0) if case["name"] == "qwen3-yarn" else 1.0)
     if model.arch == "gemma3":
         assert c.local_layers == tuple((i + 1) % 6 != 0 for i in range(model.layers)) and c.local_rope_theta == 1e4
         scalar = model.hidden // model.heads if model.layers == 62 else model.head_dim
@@ -220,11 +234,13 @@ def test_greedy_tokens_match_hf(case: dict) -> None:
 
 
 def test_checkpoint_saved_by_transformers_matches_hf(case: dict, tmp_path: Path) -> None:
-    """The same model as an HF directory: config.json's rope parameters (llama3, linear) give the frequencies of
-    the GGUF's metadata and rope_freqs tensor, and HF's logits."""
+    """The same model as an HF directory: config.json's rope parameters (llama3, linear, yarn) give the
+    frequencies of the GGUF's metadata and rope_freqs tensor, and HF's logits."""
     checkpoint = save_checkpoint(case["hf"], case["path"], tmp_path)
     from_hf, from_gguf = model_config_from_source(checkpoint), model_config_from_source(GGUFFile(case["path"]))
     assert from_hf.rope_scale == from_gguf.rope_scale and from_hf.local_rope_theta == from_gguf.local_rope_theta
+    assert from_hf.max_position == from_gguf.max_position
+    assert from_hf.rope_attention_factor == pytest.approx(from_gguf.rope_attention_factor, rel=1e-12)
     if from_gguf.rope_freq_factors is not None:
         assert np.allclose(from_hf.rope_freq_factors, from_gguf.rope_freq_factors, rtol=1e-6)
     ours, expected = prompt_logits(checkpoint), case["logits"]
@@ -253,7 +269,7 @@ def test_older_config_json_rope_keys(name: str, legacy: dict, tmp_path: Path) ->
     assert current.rope_scale != 1.0 or current.rope_freq_factors is not None
 
 
-@pytest.mark.parametrize("name", ["llama3", "gemma3-4b"])
+@pytest.mark.parametrize("name", ["llama3", "gemma3-4b", "qwen3-yarn"])
 def test_native_decoder_reads_the_scaled_rope_tables(name: str, tmp_path: Path) -> None:
     """Under int4 the native decoder computes generated tokens from the model's rope tables: with rope scaling (and
     Gemma's unscaled local tables beside the scaled global ones) its decode logits are the torch path's on the same
@@ -289,6 +305,25 @@ REAL_ROPE = {  # (head size, base, HF rope parameters) of the real models
     "Llama 3.1 8B": (128, 5e5, llama31_scaling(8.0)),
     "Llama 3.2 1B": (64, 5e5, llama31_scaling(32.0)),
     "Gemma 3 4B (global layers)": (256, 1e6, {"rope_type": "linear", "factor": 8.0}),
+    "Qwen3 8B (YaRN, as its card enables it)": (
+        128,
+        1e6,
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    ),
+    # DeepSeek-style mscale terms, and a YaRN without truncated ramp ends
+    "YaRN with mscale": (
+        64,
+        1e4,
+        {
+            "rope_type": "yarn",
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.707,
+            "truncate": False,
+            "beta_fast": 24,
+        },
+    ),  # fmt: skip
 }
 
 
@@ -299,9 +334,13 @@ def test_rope_frequencies_at_real_sizes_match_transformers(name: str) -> None:
     head_dim, base, params = REAL_ROPE[name]
     rope = {"rope_theta": base, **params}
     config = transformers.LlamaConfig(hidden_size=head_dim * 8, num_attention_heads=8, rope_parameters=rope)
-    expected, _ = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")
+    expected, attention = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")
     if params["rope_type"] == "linear":
         ours = [inverse_frequencies(head_dim, base, scale=params["factor"])]
+    elif params["rope_type"] == "yarn":
+        traits = rope_traits(config.to_dict(), "llama", head_dim, "config.json", UnsupportedModelError)
+        ours = [inverse_frequencies(head_dim, base, freq_factors=traits["rope_freq_factors"])]
+        assert traits["rope_attention_factor"] == pytest.approx(attention, rel=1e-12) and attention != 1.0
     else:
         keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
         from_config = llama3_frequency_factors(head_dim, base, *(params[k] for k in keys))
@@ -315,10 +354,11 @@ def test_rope_frequencies_at_real_sizes_match_transformers(name: str) -> None:
 # ---- what the decoder does not implement ----------------------------------------------------------------------------
 
 
-def test_yarn_rope_scaling_is_refused(tmp_path: Path) -> None:
-    model = TinyModel(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
-    path = write_tiny_gguf(tmp_path / "yarn.gguf", model)
-    with pytest.raises(UnsupportedModelError, match=r"yarn.gguf: rope scaling 'yarn' \(llama.rope.scaling.type\)"):
+def test_longrope_scaling_is_refused(tmp_path: Path) -> None:
+    model = TinyModel(rope_scaling={"rope_type": "longrope"})
+    path = write_tiny_gguf(tmp_path / "longrope.gguf", model)
+    match = r"longrope.gguf: rope scaling 'longrope' \(llama.rope.scaling.type\)"
+    with pytest.raises(UnsupportedModelError, match=match):
         model_config_from_source(GGUFFile(path))
 
 

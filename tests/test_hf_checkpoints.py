@@ -219,7 +219,8 @@ def test_unsupported_architecture_is_named(tmp_path: Path, tokenizer_files: Path
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}}, UnsupportedModelError, "yarn"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 5e5}}, UnsupportedModelError, "longrope"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, ModelFileError, "yarn' needs .*'factor'"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, ModelFileError, "llama3' needs .*'factor'"),
         ({"mlp_bias": True}, UnsupportedModelError, "mlp_bias"),
         ({"num_key_value_heads": 3}, ModelFileError, "not a multiple of 3 KV heads"),

@@ -27,6 +27,7 @@ LAYERS = {
     "tokenmill.runner": 5,
     "tokenmill.model": 4,
     "tokenmill.model.config": 2,  # what a GGUF's metadata says of the model: tensor parallelism's plan reads it
+    "tokenmill.model.rope_scaling": 2,  # YaRN's numbers, which model.config reads into the config
     "tokenmill.layers": 3,
     "tokenmill.distributed": 2,
     "tokenmill.loader": 2,

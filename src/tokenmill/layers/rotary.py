@@ -10,7 +10,8 @@ three tensor ops per layer, for Q and K together.
 Rope scaling changes only the frequencies: each is divided by its factor (Llama 3's per-frequency factors, GGUF's
 `rope_freqs` tensor, which ggml's rope divides the frequencies by) and by the linear scale (GGUF's
 `rope.scaling.factor`, which ggml multiplies the positions by the inverse of; HF transformers' "linear" rope type
-divides the frequencies by it). The native decoder reads the same tables.
+divides the frequencies by it). YaRN is per-frequency factors too (a ramp between interpolated and kept
+frequencies), and an attention factor that multiplies cos and sin. The native decoder reads the same tables.
 """
 
 import math
@@ -73,8 +74,10 @@ class RotaryEmbedding(nn.Module):
         base: float,
         scale: float = 1.0,
         freq_factors: Sequence[float] | None = None,
+        attention_factor: float = 1.0,
     ):
-        """`scale`: linear rope scaling (frequencies divided by it); `freq_factors`: a divisor per frequency."""
+        """`scale`: linear rope scaling (frequencies divided by it); `freq_factors`: a divisor per frequency;
+        `attention_factor`: cos and sin multiplied by it (YaRN's)."""
         super().__init__()
         if rotary_dim > head_dim or rotary_dim % 2:
             raise ValueError(f"rotary dimension {rotary_dim} must be even and at most the head size {head_dim}")
@@ -83,6 +86,8 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(rotary_dim, base, scale, freq_factors)  # [rot/2] radians per position
         angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)  # [max_pos, rot/2]
         cos, sin = angles.cos(), angles.sin()
+        if attention_factor != 1.0:
+            cos, sin = cos * attention_factor, sin * attention_factor
         self.register_buffer("cos_full", torch.cat([cos, cos], dim=-1), persistent=False)  # [max_pos, rot]
         self.register_buffer("sin_signed", torch.cat([-sin, sin], dim=-1), persistent=False)
 

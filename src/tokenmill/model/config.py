@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.model.rope_scaling import yarn_attention_factor, yarn_frequency_factors
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,11 @@ class ModelConfig:
     local_rope_theta: float | None = None  # the local layers' rope base, when different
     # rope scaling, of the global layers only (Gemma 3's local layers keep their plain frequencies; llama has no
     # local layers): every frequency divided by rope_scale (linear: Gemma 3 4B's 8), and each by its own factor
-    # (Llama 3's scaling: [rotary_dim / 2], GGUF's rope_freqs tensor)
+    # (Llama 3's scaling: [rotary_dim / 2], GGUF's rope_freqs tensor; YaRN's ramp), and cos and sin multiplied by
+    # rope_attention_factor (YaRN's)
     rope_scale: float = 1.0
     rope_freq_factors: tuple[float, ...] | None = None
+    rope_attention_factor: float = 1.0
     rope_rows_permuted: bool = True  # Q/K rows stored permuted for ggml's interleaved rope (llama's GGUF files)
     attention_bias: bool = False  # Q, K and V projections have biases (Qwen2)
     attention_scale: float | None = None  # softmax scale of the attention scores (None: 1 / sqrt(head_dim))
@@ -75,6 +78,12 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         if gguf.get(key):
             raise UnsupportedModelError(f"{gguf.path}: {key} (logit soft-capping) is not supported")
     rotary_dim = _int(gguf, f"{arch}.rope.dimension_count", head_dim)
+    rope_theta = float(gguf.get(f"{arch}.rope.freq_base", 10000.0))
+    trained = _int(gguf, f"{arch}.context_length", 2048)
+    freq_factors = _rope_freq_factors(gguf, rotary_dim)
+    yarn = _rope_yarn(gguf, arch, rotary_dim, rope_theta, trained)
+    if yarn is not None and freq_factors is not None:
+        raise UnsupportedModelError(f"{gguf.path}: YaRN together with rope_freqs.weight is not supported")
     embed = gguf.tensor("token_embd.weight")
     return ModelConfig(
         architecture=arch,
@@ -86,30 +95,65 @@ def model_config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         rotary_dim=rotary_dim,
-        rope_theta=float(gguf.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_theta=rope_theta,
         rms_norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position=_int(gguf, f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in gguf.tensors,
         rope_scale=_rope_linear_scale(gguf, arch),
-        rope_freq_factors=_rope_freq_factors(gguf, rotary_dim),
+        **(yarn or {"max_position": trained, "rope_freq_factors": freq_factors}),
         **ARCHITECTURE_TRAITS.get(arch, _llama)(gguf, arch, hidden),
     )
 
 
 def _rope_linear_scale(gguf: GGUFFile, arch: str) -> float:
     """The linear rope scaling factor, read as llama.cpp reads it: `rope.scaling.factor` (or the older
-    `rope.scale_linear`), of type "linear" unless `rope.scaling.type` says otherwise, and none when it says "none".
-    YaRN and LongRoPE (which change attention as well as frequencies) are refused."""
+    `rope.scale_linear`), of type "linear" unless `rope.scaling.type` says otherwise, and none when it says "none"
+    (YaRN's factor: _rope_yarn). LongRoPE and other types are refused."""
     kind = gguf.get(f"{arch}.rope.scaling.type", "linear")
+    if kind == "yarn":
+        return 1.0
     if kind not in ("linear", "none"):
         raise UnsupportedModelError(
             f"{gguf.path}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not supported "
-            "(linear scaling and Llama 3's rope_freqs are)"
+            "(linear, YaRN and Llama 3's rope_freqs are)"
         )
     factor = gguf.get(f"{arch}.rope.scaling.factor", gguf.get(f"{arch}.rope.scale_linear", 0.0))
     if not isinstance(factor, int | float) or factor < 0:
         raise ModelFileError(f"{gguf.path}: {arch}.rope.scaling.factor must be a positive number, not {factor!r}")
     return float(factor) if kind == "linear" and factor > 0 else 1.0  # llama.cpp: 0 means no scaling
+
+
+def _rope_yarn(gguf: GGUFFile, arch: str, rotary_dim: int, theta: float, trained: int) -> dict | None:
+    """YaRN (`rope.scaling.type` "yarn") as llama.cpp reads it -> ModelConfig's rope_freq_factors,
+    rope_attention_factor and max_position (the longer of context_length and factor x original_context_length),
+    or None for another type. llama.cpp's keys: rope.scaling.factor, .original_context_length (default:
+    context_length), .yarn_ext_factor (1), .yarn_beta_fast (32), .yarn_beta_slow (1) and .attn_factor or
+    .yarn_attn_factor (1), which multiplies YaRN's 1 + 0.1 ln(factor)."""
+    if gguf.get(f"{arch}.rope.scaling.type") != "yarn":
+        return None
+    key = f"{arch}.rope.scaling."
+
+    def number(name: str, default: float | None) -> float:
+        value = gguf.get(key + name, default)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ModelFileError(f"{gguf.path}: YaRN rope scaling needs a positive {key + name}, not {value!r}")
+        return float(value)
+
+    if gguf.get(key + "yarn_log_multiplier"):  # DeepSeek's mscale_all_dim: not a llama-family model's
+        raise UnsupportedModelError(f"{gguf.path}: {key}yarn_log_multiplier is not supported")
+    factor = number("factor", None)
+    original = int(number("original_context_length", trained))
+    ext = gguf.get(key + "yarn_ext_factor", 1.0)
+    ext = 1.0 if ext is None or ext < 0 else float(ext)  # llama.cpp: negative means YaRN's own, 1
+    factors = yarn_frequency_factors(
+        rotary_dim, theta, factor, original, number("yarn_beta_fast", 32.0), number("yarn_beta_slow", 1.0), ext
+    )
+    attn = number("attn_factor", gguf.get(key + "yarn_attn_factor", 1.0))
+    return {
+        "rope_freq_factors": factors,
+        # ggml: mscale = attn_factor * (1 + 0.1 ln(1 / freq_scale)) where ext_factor is not 0
+        "rope_attention_factor": attn * (yarn_attention_factor(factor) if ext else 1.0),
+        "max_position": max(trained, round(factor * original)),
+    }
 
 
 def _rope_freq_factors(gguf: GGUFFile, rotary_dim: int) -> tuple[float, ...] | None:

@@ -2,9 +2,10 @@
 
 Reads both the key names of transformers 5 (`rope_parameters`, `layer_types`) and of older checkpoints
 (`rope_theta`, `rope_scaling`, `rope_local_base_freq`, `sliding_window_pattern`). Rope scaling of the types
-"linear" and "llama3" becomes ModelConfig's rope_scale and rope_freq_factors (model/config.py). Whatever the shared
-decoder does not implement (other rope scaling such as YaRN, logit soft-capping, biases other than Qwen2's Q/K/V
-ones, Qwen's sliding windows) is refused here, by name, before any weight is read.
+"linear", "llama3" and "yarn" becomes ModelConfig's rope_scale, rope_freq_factors and rope_attention_factor
+(model/config.py). Whatever the shared decoder does not implement (other rope scaling such as dynamic NTK or
+LongRoPE, logit soft-capping, biases other than Qwen2's Q/K/V ones, Qwen's sliding windows) is refused here, by
+name, before any weight is read.
 """
 
 from typing import Any
@@ -13,6 +14,7 @@ from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.layers.rotary import llama3_frequency_factors
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config import ModelConfig
+from tokenmill.model.rope_scaling import yarn_attention_factor, yarn_frequency_factors
 
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 # tie_word_embeddings when config.json does not say (the defaults of transformers' config classes)
@@ -77,7 +79,7 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         head_dim=head_dim,
         rotary_dim=head_dim,
         rms_norm_eps=float(number("rms_norm_eps", 1e-6)),
-        max_position=int(number("max_position_embeddings", 2048)),
+        max_position=max(int(number("max_position_embeddings", 2048)), rope.pop("extended_context", 0)),
         tie_word_embeddings="output.weight" not in checkpoint.tensors,
         activation=activation,
         rope_rows_permuted=False,  # HF stores Q/K rows as its own (neox-style) rope reads them
@@ -115,8 +117,25 @@ def _rope_traits(cfg: dict[str, Any], arch: str, head_dim: int, where, refuse) -
             *(parameter(key, full.get(key)) for key in ("factor", "low_freq_factor", "high_freq_factor")),
             int(parameter("original_max_position_embeddings", original or cfg.get("max_position_embeddings"))),
         )
+    elif kind == "yarn":
+        # transformers: the top level's original_max_position_embeddings first, then the rope parameters', then
+        # max_position_embeddings; what it extends to counts as the trained length
+        factor = parameter("factor", full.get("factor"))
+        original = cfg.get("original_max_position_embeddings") or full.get("original_max_position_embeddings")
+        original = int(parameter("original_max_position_embeddings", original or cfg.get("max_position_embeddings")))
+        betas = [parameter(key, full.get(key) or default) for key, default in (("beta_fast", 32), ("beta_slow", 1))]
+        traits["rope_freq_factors"] = yarn_frequency_factors(
+            head_dim, theta, factor, original, *betas, truncate=full.get("truncate", True) is not False
+        )
+        attention = full.get("attention_factor")
+        traits["rope_attention_factor"] = (
+            parameter("attention_factor", attention)
+            if attention is not None
+            else yarn_attention_factor(factor, full.get("mscale"), full.get("mscale_all_dim"))
+        )
+        traits["extended_context"] = round(factor * original)
     elif kind != "default":
-        raise refuse(f"rope scaling {kind!r}")  # YaRN, dynamic NTK, LongRoPE: they change more than frequencies
+        raise refuse(f"rope scaling {kind!r}")  # dynamic NTK, LongRoPE: they change with the sequence's length
     if local is not None:
         traits["local_rope_theta"] = float(local.get("rope_theta", _DEFAULT_LOCAL_THETA))
     return traits

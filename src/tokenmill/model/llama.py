@@ -265,9 +265,17 @@ def rotary_embeddings(config: ModelConfig) -> tuple[RotaryEmbedding, RotaryEmbed
     native decoder reads the local tables only when they are another object). Rope scaling is the global layers'
     only: Gemma 3's local layers keep their own base, unscaled, as in HF transformers and llama.cpp."""
     c = config
-    rotary = RotaryEmbedding(c.head_dim, c.rotary_dim, c.max_position, c.rope_theta, c.rope_scale, c.rope_freq_factors)
+    rotary = RotaryEmbedding(
+        c.head_dim,
+        c.rotary_dim,
+        c.max_position,
+        c.rope_theta,
+        c.rope_scale,
+        c.rope_freq_factors,
+        c.rope_attention_factor,
+    )
     local_theta = c.local_rope_theta if c.local_rope_theta is not None else c.rope_theta
-    scaled = c.rope_scale != 1.0 or c.rope_freq_factors is not None
+    scaled = c.rope_scale != 1.0 or c.rope_freq_factors is not None or c.rope_attention_factor != 1.0
     if c.sliding_window is None or (local_theta == c.rope_theta and not scaled):
         return rotary, rotary
     return rotary, RotaryEmbedding(c.head_dim, c.rotary_dim, c.max_position, local_theta)
