@@ -45,8 +45,8 @@ class EngineConfig:
     num_kv_blocks: int | None = option(None, "KV-cache size in blocks (wins over --kv-cache-memory)", int)
     kv_cache_memory: str | int | None = option(
         None,
-        "KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, at most a quarter of available "
-        "memory; 70%% of free GPU memory on CUDA)",
+        "KV-cache size in bytes, e.g. 1GiB (default: 8,192 tokens on the CPU, or one --max-model-len sequence if "
+        "longer, at most a quarter of available memory; 70%% of free GPU memory on CUDA)",
         str,
     )
     # resolved by runner/kv_cache.py

@@ -1,5 +1,6 @@
 """The KV cache's element type, and how many KV blocks to allocate: from an explicit count, a memory budget, or a
-default (on the CPU, 8,192 tokens within a quarter of available memory; on CUDA, a share of free GPU memory)."""
+default (on the CPU, 8,192 tokens or one max_model_len sequence if longer, within a quarter of available memory; on
+CUDA, a share of free GPU memory)."""
 
 import logging
 
@@ -52,7 +53,9 @@ def num_kv_blocks_for(config: EngineConfig, bytes_per_block: int, device: torch.
         budget = int(available_memory_bytes(device) * DEFAULT_GPU_SHARE)
     else:
         budget = int(available_memory_bytes(device) * DEFAULT_CPU_SHARE)
-        return max(1, min(budget // bytes_per_block, -(-DEFAULT_CPU_CACHE_TOKENS // config.block_size)))
+        # a --max-model-len over the default gets room for one sequence of it (within the same share of memory)
+        tokens = max(DEFAULT_CPU_CACHE_TOKENS, config.max_model_len or 0)
+        return max(1, min(budget // bytes_per_block, -(-tokens // config.block_size)))
     return max(1, budget // bytes_per_block)
 
 
