@@ -9,7 +9,8 @@ over HF's 10 most likely next tokens after the prompt) and how many of the 32 gr
 the first difference (llama.cpp's greedy tokens are the reference file's); then their medians and maxima.
 Variants: tokenmill `none` (float32, the blocks dequantized), `auto` with every projection's products in one int8
 activation pass (the engine's default, ACTIVATION_PASSES: what llama.cpp does) and in two (the LM head always takes
-two), and llama.cpp 0.3.36 (the peers' environment).
+two), and llama.cpp 0.3.36 (the peers' environment); with --kv-int8 also 8-bit K/V: tokenmill's int8 (a scale per
+token and head) under `none` and `auto`, and llama.cpp's q8_0 (a scale per 32 values).
 """
 
 import argparse
@@ -71,12 +72,13 @@ def set_passes(llm: LLM, passes: int) -> None:
             module.passes = passes
 
 
-def llama_cpp(peers_python: str, path: Path, generations: list[dict]) -> list[float]:
+def llama_cpp(peers_python: str, path: Path, generations: list[dict], cache_type: str = "f16") -> list[float]:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as prompts:
         json.dump([g["prompt_ids"] for g in generations], prompts)
         prompts.flush()
         peer = [peers_python, str(ROOT / "benchmarks" / "peers" / "llamacpp_peer.py"), "--model", str(path)]
-        out = subprocess.run([*peer, "logprobs", "--prompts", prompts.name], capture_output=True, text=True, check=True)
+        command = [*peer, "logprobs", "--prompts", prompts.name, "--cache-type", cache_type]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout.strip().splitlines()[-1])["logprobs"]
     drifts = []
     for row, g in zip(rows, generations, strict=True):
@@ -88,7 +90,10 @@ def llama_cpp(peers_python: str, path: Path, generations: list[dict]) -> list[fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
+    parser.add_argument("--kv-int8", action="store_true", help="only the 8-bit K/V variants")
     args = parser.parse_args()
+    if args.kv_int8:
+        return int8_kv(args.peers_python)
     for name, path in (("smollm2", bundled_model_path()), ("gemma3", gemma3_270m_path())):
         generations = json.loads((DATA / f"{name}.json").read_text())["generations"]
         llama_agree = [agreement(g["llamacpp_greedy"], g["hf_fp32_greedy"]) for g in generations]
@@ -100,6 +105,21 @@ def main() -> None:
             variant = f"tokenmill auto, {passes} activation pass{'es' if passes > 1 else ''}"
             print(json.dumps(summary(variant, name, *tokenmill(auto, generations))), flush=True)
             auto.close()
+
+
+def int8_kv(peers_python: str) -> None:
+    """8-bit K/V beside 16-bit in each engine (llama.cpp's greedy tokens are not measured with q8_0: only its drift)."""
+    for name, path in (("smollm2", bundled_model_path()), ("gemma3", gemma3_270m_path())):
+        generations = json.loads((DATA / f"{name}.json").read_text())["generations"]
+        for cache_type in ("f16", "q8_0"):
+            drifts = llama_cpp(peers_python, path, generations, cache_type)
+            print(json.dumps(summary(f"llama.cpp, {cache_type} K/V", name, drifts, [0] * len(drifts))), flush=True)
+        for quantization in ("none", "auto"):
+            for kv in ("float16", "int8"):
+                llm = LLM(str(path), quantization=quantization, kv_cache_dtype=kv, enable_prefix_caching=False)
+                variant = f"tokenmill {quantization}, {kv} K/V"
+                print(json.dumps(summary(variant, name, *tokenmill(llm, generations))), flush=True)
+                llm.close()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from tests.test_quantized import q4_1_grid_weight
 from tokenmill import native
 from tokenmill.config import EngineConfig
 from tokenmill.errors import InvalidParameterError
+from tokenmill.layers import kv_quant
 from tokenmill.layers.native_decode import NativeLlamaDecoder
 from tokenmill.layers.quantized_linear import NativeLinear
 from tokenmill.loader.gguf_file import GGUFFile
@@ -46,7 +47,7 @@ def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> 
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", kernel_tests]
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stdout[-3000:]
-    assert "21 passed" in out.stdout, out.stdout[-500:]
+    assert "23 passed" in out.stdout, out.stdout[-500:]
 
 
 def two_pass_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,9 +123,9 @@ def test_q8_head_computes_with_two_pass_int8_activations(rows: int, out_features
     assert_two_pass_int8_product(out, x, w)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16", "bfloat16", "int8"])
 def test_native_decode_step_matches_the_torch_path(tmp_path: Path, kv_cache_dtype: str) -> None:
-    """Also with 16-bit caches, which the native attention reads and the torch path gathers."""
+    """Also with 16-bit and int8 caches, which the native attention reads and the torch path gathers."""
     model = TinyLlama(seed=11, tie_embeddings=True)
     path = write_tiny_llama(tmp_path / "tiny.gguf", model)
     runner = ModelRunner(
@@ -137,26 +138,34 @@ def test_native_decode_step_matches_the_torch_path(tmp_path: Path, kv_cache_dtyp
 
 
 def test_a_16_bit_kv_cache_takes_half_the_bytes(tmp_path: Path) -> None:
-    """The pool's bytes (its tensors' storage) per dtype: float16 and bfloat16 half of float32's, `auto` float16
-    under the native decoder and the model's float32 without it; an unknown dtype is refused by name."""
-    path = write_tiny_llama(tmp_path / "tiny.gguf", TinyLlama(seed=11, tie_embeddings=True))
+    """The pool's bytes (its tensors' storage) per dtype: float16 and bfloat16 half of float32's, int8 a quarter
+    plus its scales (4 bytes a head of 32 values here: 36/128), `auto` float16 under the native decoder and the
+    model's float32 without it; an unknown dtype is refused by name."""
+    model = TinyLlama(seed=11, tie_embeddings=True)
+    path = write_tiny_llama(tmp_path / "tiny.gguf", model)
     pools = {}
     for quantization, kv_cache_dtype in [("int4", "float32"), ("int4", "float16"), ("int4", "bfloat16"),
-                                         ("int4", "auto"), (None, "auto")]:  # fmt: skip
+                                         ("int4", "int8"), (None, "int8"), ("int4", "auto"),
+                                         (None, "auto")]:  # fmt: skip
         runner = ModelRunner(
             GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization, kv_cache_dtype=kv_cache_dtype
         )
         runner.allocate_kv_cache(64)
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for kv in runner.kv_caches for t in kv}
         assert sum(storages.values()) == 64 * runner.kv_bytes_per_block()
+        c = runner.config  # the explorer's formula (server/app.py's /explorer/info)
+        per_head = c.head_dim * runner.kv_dtype.itemsize + runner.kv_scale_bytes
+        assert runner.kv_bytes_per_block() == 2 * c.num_layers * 4 * c.num_kv_heads * per_head
         pools[quantization, kv_cache_dtype] = (runner.kv_dtype, sum(storages.values()))
     full = pools["int4", "float32"][1]
     assert pools["int4", "float16"] == (torch.float16, full // 2)
     assert pools["int4", "bfloat16"] == (torch.bfloat16, full // 2)
     assert pools["int4", "auto"] == (torch.float16, full // 2)
     assert pools[None, "auto"] == (torch.float32, full)
+    head = model.hidden // model.heads
+    assert pools["int4", "int8"] == pools[None, "int8"] == (torch.int8, full * (head + 4) // (4 * head))
     with pytest.raises(InvalidParameterError, match="kv_cache_dtype must be one of auto, float32, float16") as e:
-        EngineConfig(kv_cache_dtype="int8")
+        EngineConfig(kv_cache_dtype="fp8")
     assert e.value.param == "kv_cache_dtype"
 
 
@@ -225,6 +234,24 @@ def test_decode_step_kv_elements_round_as_torch_does(kv_cache_dtype: torch.dtype
     assert torch.equal(out.view(torch.int16), values.to(kv_cache_dtype).view(torch.int16))
 
 
+def test_decode_step_int8_kv_rows_are_torchs_bits() -> None:
+    """An int8 head written by the native decoder (values over max |x| / 127, rounded to nearest even, then the
+    float32 scale) is layers/kv_quant.py's encoding of it, byte for byte: ties at .5, values at the scale's edge, a
+    head of zeros; heads of 64 and 128 values, and the scalar path's 40."""
+    g = torch.Generator().manual_seed(0)
+    for dim in (40, 64, 128):
+        heads = torch.randn(6, dim, generator=g) * torch.logspace(-6, 4, 6).unsqueeze(1)
+        heads[1] = 0.0
+        heads[2, :4] = torch.tensor([127.0, 0.5, -1.5, 2.5])  # scale 1: ties round to even
+        for head in heads:
+            out = torch.empty(dim + 4, dtype=torch.int8)
+            assert lib.tm_kv_store(out.data_ptr(), head.contiguous().data_ptr(), dim, 3) == 0
+            expected = kv_quant.encode(head.unsqueeze(0))[0]
+            assert torch.equal(out, expected), (dim, head[:4])
+            back = kv_quant.decode(out.unsqueeze(0), torch.float32)[0]
+            assert (back - head).abs().max() <= head.abs().max() / 254 * 1.0001  # half a step of the scale
+
+
 def assert_decode_steps_match_the_torch_path(
     runner: ModelRunner, vocab_size: int
 ) -> tuple[torch.Tensor, list[StepChunk]]:
@@ -244,7 +271,7 @@ def assert_decode_steps_match_the_torch_path(
     # the same kernels for the projections; attention and norms sum in other orders, and a last-bit difference
     # can move an activation across a rounding boundary of its int8 quantization (one step: 1/64,516 of the block)
     # or the step's own K/V across one of a 16-bit cache (a float16 step is 2^-11 of the value, bfloat16's 2^-8)
-    tolerance = {torch.float32: 1e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2}[runner.kv_dtype]
+    tolerance = {torch.float32: 1e-3, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.int8: 3e-2}[runner.kv_dtype]
     assert torch.allclose(native_logits, torch_logits, rtol=tolerance, atol=tolerance)
     # batch invariance: each sequence's logits are the same bits alone as beside the others (and in any order)
     for i, chunk in enumerate(step):

@@ -677,14 +677,8 @@ def test_cached_tokens_and_token_ids(client: openai.OpenAI, model: str, llm: LLM
 
 def test_explorer_endpoints(server: ServerProcess) -> None:
     info = httpx.get(f"{server.url}/explorer/info").json()
-    assert (
-        info["kv_bytes_per_block"]
-        == 2
-        * info["num_layers"]
-        * info["block_size"]
-        * info["num_kv_heads"]
-        * info["head_dim"]
-        * info["kv_element_bytes"]
+    assert info["kv_bytes_per_block"] == 2 * info["num_layers"] * info["block_size"] * info["num_kv_heads"] * (
+        info["head_dim"] * info["kv_element_bytes"] + info["kv_scale_bytes"]
     )
     page = httpx.get(f"{server.url}/")
     assert page.status_code == 200 and "request explorer" in page.text

@@ -218,7 +218,8 @@ def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_re
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("quantization", "kv_cache_dtype"), [("auto", "float32"), ("int4", "float32"), ("auto", "float16")]
+    ("quantization", "kv_cache_dtype"),
+    [("auto", "float32"), ("int4", "float32"), ("auto", "float16"), ("auto", "int8")],
 )
 def test_three_ranks_quantized_agree_with_one(smollm2_reference: dict, quantization: str, kv_cache_dtype: str) -> None:
     """Each rank runs the quantized kernels (native 4-bit decoder, 8-bit head) on its shard: the first tokens of
@@ -227,8 +228,11 @@ def test_three_ranks_quantized_agree_with_one(smollm2_reference: dict, quantizat
     3, 16, 16, 16, 7 and 13 of 16 with a float32 cache (prompt 0 is where llama.cpp too leaves HF float32 after 6
     tokens). A float16 cache (`auto`'s) rounds K/V to 2^-11: a last-bit difference that crosses one of its
     rounding steps becomes that large, so fewer agree: measured 12, 1, 16, 16, 0, 11 (prompt 4's first token is a
-    near-tie); held to 4 prompts of 10 or more and 48 in all. (int8 is not held to this: its per-row scales are
-    taken over each rank's columns of the row-parallel weights, so its codes differ from one process's.)"""
+    near-tie); held to 4 prompts of 10 or more and 48 in all. An int8 cache (a scale per token and head: each
+    rank holds whole KV heads, so its codes are one process's but for such last bits) rounds to 1/127 of a head's
+    largest value, coarser still: measured 6, 0, 16, 16, 0, 11; held to 3 of 10 or more and 40 in all. (int8
+    weights are not held to this: their per-row scales are taken over each rank's columns of the row-parallel
+    weights, so their codes differ from one process's.)"""
     prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
     outs = {}
     for size in (1, 3):
@@ -238,8 +242,10 @@ def test_three_ranks_quantized_agree_with_one(smollm2_reference: dict, quantizat
     agree = [agreeing_prefix(x, y) for x, y in zip(outs[1], outs[3], strict=True)]
     if kv_cache_dtype == "float32":
         assert all(n >= 3 for n in agree) and sum(agree) >= 60, agree
-    else:
+    elif kv_cache_dtype == "float16":
         assert sum(n >= 10 for n in agree) >= 4 and sum(agree) >= 48, agree
+    else:
+        assert sum(n >= 10 for n in agree) >= 3 and sum(agree) >= 40, agree
 
 
 def test_tensor_parallel_size_is_checked() -> None:

@@ -25,7 +25,7 @@ from workload import make_workload, parse_range  # noqa: E402
 
 
 class Engine:
-    def __init__(self, path: str, n_ctx: int, n_seq_max: int, threads: int, n_batch: int = 512):
+    def __init__(self, path: str, n_ctx: int, n_seq_max: int, threads: int, n_batch: int = 512, cache_type="f16"):
         llama_cpp.llama_backend_init()
         start = time.monotonic()
         mparams = llama_cpp.llama_model_default_params()
@@ -37,6 +37,9 @@ class Engine:
         cparams.n_seq_max = n_seq_max
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
+        if cache_type == "q8_0":  # 8-bit K/V: llama.cpp needs flash attention for a quantized V
+            cparams.type_k = cparams.type_v = llama_cpp.GGML_TYPE_Q8_0
+            cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         self.load_seconds = time.monotonic() - start
         vocab = llama_cpp.llama_model_get_vocab(self.model)
@@ -111,21 +114,24 @@ def offline(engine: Engine, workload: list[tuple[list[int], int]]) -> dict:
     }
 
 
-def latency(engine: Engine, input_len: int, output_len: int, runs: int, seed: int) -> dict:
+def latency(
+    engine: Engine, input_len: int, output_len: int, runs: int, seed: int, warmup_len: int | None = None
+) -> dict:
     rng = np.random.default_rng(seed)
     ttfts, decodes = [], []
-    for run in range(runs + 1):  # the first run warms up
+    for run in range(runs + 1):  # the first run warms up (with warmup_len prompt tokens when given)
         engine.clear()
-        prompt = rng.integers(100, 10000, size=input_len).tolist()
+        length = (warmup_len or input_len) if run == 0 else input_len
+        prompt = rng.integers(100, 10000, size=length).tolist()
         start = time.monotonic()
         token = None
-        for i in range(0, input_len, engine.n_batch):
-            part = [(t, i + j, 0, i + j == input_len - 1) for j, t in enumerate(prompt[i : i + engine.n_batch])]
+        for i in range(0, length, engine.n_batch):
+            part = [(t, i + j, 0, i + j == length - 1) for j, t in enumerate(prompt[i : i + engine.n_batch])]
             got = engine.decode(part)
             token = got[-1] if got else token
         first = time.monotonic()
         for k in range(output_len - 1):
-            token = engine.decode([(token, input_len + k, 0, True)])[0]
+            token = engine.decode([(token, length + k, 0, True)])[0]
         end = time.monotonic()
         if run:
             ttfts.append(first - start)
@@ -158,12 +164,16 @@ def main() -> None:
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--runs", type=int, default=5)
     lat.add_argument("--seed", type=int, default=0)
+    lat.add_argument("--warmup-len", type=int, default=None, help="the warm-up run's prompt (default: --input-len)")
+    lat.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16", help="K/V element type (llama.cpp's)")
     logp = sub.add_parser("logprobs")
     logp.add_argument("--prompts", required=True, help="a JSON file: a list of token id lists")
+    logp.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16", help="K/V element type (llama.cpp's)")
     args = parser.parse_args()
     if args.bench == "logprobs":
         prompts = json.loads(Path(args.prompts).read_text())
-        engine = Engine(args.model, n_ctx=max(len(p) for p in prompts) + 16, n_seq_max=1, threads=args.threads)
+        n_ctx = max(len(p) for p in prompts) + 16
+        engine = Engine(args.model, n_ctx, 1, args.threads, cache_type=args.cache_type)
         result = next_token_logprobs(engine, prompts)
     elif args.bench == "offline":
         workload = make_workload(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.seed)
@@ -171,8 +181,9 @@ def main() -> None:
         engine = Engine(args.model, n_ctx=len(workload) * (longest + 16), n_seq_max=len(workload), threads=args.threads)
         result = offline(engine, workload)
     else:
-        engine = Engine(args.model, n_ctx=args.input_len + args.output_len + 16, n_seq_max=1, threads=args.threads)
-        result = latency(engine, args.input_len, args.output_len, args.runs, args.seed)
+        engine = Engine(args.model, args.input_len + args.output_len + 16, 1, args.threads, cache_type=args.cache_type)
+        result = latency(engine, args.input_len, args.output_len, args.runs, args.seed, args.warmup_len)
+        result["cache_type"] = args.cache_type
     result["load_seconds"] = round(engine.load_seconds, 3)
     result["llama_cpp_python"] = llama_cpp.__version__
     print(json.dumps(result))

@@ -11,13 +11,17 @@ from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 
 
-def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, runs: int, seed: int) -> dict[str, Any]:
+def run_latency(
+    llm_kwargs: dict[str, Any], input_len: int, output_len: int, runs: int, seed: int, warmup_len: int | None = None
+) -> dict[str, Any]:
+    """`warmup_len`: the first (unmeasured) request's prompt length, input_len by default (a shorter one warms the
+    kernels at a fraction of a long prompt's time)."""
     start = time.monotonic()
     llm = LLM(**llm_kwargs)
     load_s = time.monotonic() - start
     rng = np.random.default_rng(seed)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    warm = rng.integers(100, 10000, size=input_len).tolist()
+    warm = rng.integers(100, 10000, size=warmup_len or input_len).tolist()
     llm.generate({"prompt_token_ids": warm}, params, use_tqdm=False)
     ttfts, decodes, totals = [], [], []
     before = llm.stats()
@@ -31,6 +35,8 @@ def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, run
         totals.append(m.finished_time - m.arrival_time)
     ttft = statistics.median(ttfts)
     after = llm.stats()
+    engine = llm.engine  # the KV cache's bytes per token of context, every layer's K and V (this rank's heads)
+    kv_bytes_per_token = engine.runner.kv_bytes_per_block() // engine.config.block_size
     coordination = {**collective_figures(before, after), **spec_decode_figures(before, after)}
     llm.close()
     return {
@@ -42,6 +48,7 @@ def run_latency(llm_kwargs: dict[str, Any], input_len: int, output_len: int, run
         "prefill_tok_s": round(input_len / ttft, 2),
         "decode_tok_s": round(statistics.median(decodes), 2) if decodes else None,
         "end_to_end_s": round(statistics.median(totals), 3),
+        "kv_bytes_per_token": kv_bytes_per_token,
         **coordination,
         "load_seconds": round(load_s, 3),
         "options": {k: v for k, v in llm_kwargs.items() if v is not None},

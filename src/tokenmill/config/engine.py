@@ -7,7 +7,7 @@ from typing import Any
 from tokenmill.config.speculative import SpeculativeConfig
 from tokenmill.errors import InvalidParameterError
 
-KV_CACHE_DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16")  # runner/kv_cache.py resolves them
+KV_CACHE_DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16", "int8")  # runner/kv_cache.py resolves them
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2}
 _UNITS.update({"g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4})
 
@@ -52,7 +52,8 @@ class EngineConfig:
     # resolved by runner/kv_cache.py
     kv_cache_dtype: str = option(
         "auto",
-        "the KV cache's element type (default auto: float16 under the native CPU decoder, else the model's)",
+        "the KV cache's element type (default auto: float16 under the native CPU decoder, else the model's; "
+        "int8: a float32 scale per token and head)",
         str,
         choices=KV_CACHE_DTYPE_NAMES,
     )

@@ -247,7 +247,7 @@ def run_bench(args: argparse.Namespace) -> int:
         else:
             from tokenmill.bench.latency import run_latency
 
-            result = run_latency(llm_kwargs, args.input_len, args.output_len, args.runs, args.seed)
+            result = run_latency(llm_kwargs, args.input_len, args.output_len, args.runs, args.seed, args.warmup_len)
     if args.json:
         print(json.dumps(result))
     else:

@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     latency.add_argument("--input-len", type=int, default=128, help="prompt tokens (default 128)")
     latency.add_argument("--output-len", type=int, default=128, help="generated tokens (default 128)")
     latency.add_argument("--runs", type=int, default=5, help="requests, one after the other; medians (default 5)")
+    latency.add_argument(
+        "--warmup-len", type=int, default=None, help="the warm-up request's prompt tokens (default: --input-len)"
+    )
     serve_bench.add_argument(
         "--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)"
     )

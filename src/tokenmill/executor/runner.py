@@ -64,6 +64,10 @@ class TensorParallelRunner:
     def kv_dtype(self) -> torch.dtype:
         return self.runner.kv_dtype
 
+    @property
+    def kv_scale_bytes(self) -> int:
+        return self.runner.kv_scale_bytes
+
     def kv_bytes_per_block(self) -> int:
         """Rank 0's part (its KV heads); every rank holds the same number of blocks."""
         return self.runner.kv_bytes_per_block()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from tokenmill.layers import kv_quant
+
 
 @dataclass
 class DecodeBatch:
@@ -55,24 +57,32 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q [T, H, D], k/v [T, KVH, D]; caches [num_slots, KVH, D] (written in place) -> output [T, H, D].
+    """q [T, H, D], k/v [T, KVH, D]; caches [num_slots, KVH, D] (written in place; int8 ones [num_slots, KVH,
+    D + 4], layers/kv_quant.py) -> output [T, H, D].
 
-    Caches of another element type than q (16-bit K/V in a float32 model) hold k and v rounded to it; the new
-    tokens' own k and v are rounded the same way before they are attended to, so a position's attention sees the
-    same keys whether they came from this step or from the cache (a prompt's bits do not depend on its chunking)."""
-    if k_cache.dtype != k.dtype:
-        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
-    k, v = k.to(q.dtype), v.to(q.dtype)  # no copy when the cache has q's type
+    Caches of another element type than q (16-bit or int8 K/V in a float32 model) hold k and v rounded to it; the
+    new tokens' own k and v are rounded the same way before they are attended to, so a position's attention sees
+    the same keys whether they came from this step or from the cache (a prompt's bits do not depend on its
+    chunking)."""
+    if k_cache.dtype == torch.int8:
+        k_rows, v_rows = kv_quant.encode(k), kv_quant.encode(v)
+        k_cache.index_copy_(0, meta.slot_mapping, k_rows)
+        v_cache.index_copy_(0, meta.slot_mapping, v_rows)
+        k, v = kv_quant.decode(k_rows, q.dtype), kv_quant.decode(v_rows, q.dtype)
+    else:
+        if k_cache.dtype != k.dtype:
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # no copy when the cache has q's type
     heads, dim = q.shape[1], q.shape[2]
     kv_heads = k.shape[1]
     outputs = []
     d = meta.decode
     if d is not None:
         q_dec = q[d.token_start : d.token_start + d.num_seqs].unsqueeze(2)  # [S, H, 1, D]
-        keys = k_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim).to(q.dtype)
-        values = v_cache.index_select(0, d.kv_index).view(d.num_seqs, d.max_context, kv_heads, dim).to(q.dtype)
+        keys = _read(k_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
+        values = _read(v_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
         out = F.scaled_dot_product_attention(
             q_dec, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=d.mask, scale=scale, enable_gqa=True
         )  # [S, H, 1, D]
@@ -83,11 +93,17 @@ def paged_attention(
             keys = k[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)  # [1, KVH, q_len, D]
             values = v[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)
         else:
-            keys = k_cache.index_select(0, chunk.kv_index).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
-            values = v_cache.index_select(0, chunk.kv_index).to(q.dtype).transpose(0, 1).unsqueeze(0)
+            keys = _read(k_cache, chunk.kv_index, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
+            values = _read(v_cache, chunk.kv_index, q.dtype).transpose(0, 1).unsqueeze(0)
         out = _causal_in_query_blocks(q_c, keys, values, chunk.mask, scale)  # [1, H, q_len, D]
         outputs.append(out[0].transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _read(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cache's slots at index [n] -> [n, KVH, D] of dtype (int8 rows decoded with their scales)."""
+    rows = cache.index_select(0, index)
+    return kv_quant.decode(rows, dtype) if cache.dtype == torch.int8 else rows.to(dtype)
 
 
 QUERY_BLOCK = 128  # prompt positions per attention call: blocks at multiples of it in the sequence

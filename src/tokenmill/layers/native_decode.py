@@ -83,7 +83,8 @@ class DecodeStep(ctypes.Structure):
 
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
 # kv_elements.h's TM_KV_F32, TM_KV_F16, TM_KV_BF16: the caches' element types the native attention reads
-KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# kv_elements.h's TM_KV_*; int8 rows carry a float32 scale per head (layers/kv_quant.py)
+KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 def _pointer(norm: torch.nn.Module | None) -> int | None:
@@ -102,7 +103,7 @@ def _bias_pointer(bias: torch.Tensor | None) -> int | None:
 def _kv_dtype_code(k: torch.Tensor, v: torch.Tensor) -> int:
     """A layer's caches, contiguous and of one of the element types the native attention reads."""
     if k.dtype != v.dtype or k.dtype not in KV_DTYPE_CODES or not (k.is_contiguous() and v.is_contiguous()):
-        raise ValueError(f"the native decoder reads contiguous float32/float16/bfloat16 caches, not {k.dtype}")
+        raise ValueError(f"the native decoder reads contiguous float32/float16/bfloat16/int8 caches, not {k.dtype}")
     return KV_DTYPE_CODES[k.dtype]
 
 

@@ -60,7 +60,8 @@ static inline __m512 sum_lanes16(__m512 v[16]) {
 }
 #endif
 
-/* scores[j] = scale * q . k_j for the n keys at k_base + slots[j] * stride elements (dim each, of type T) */
+/* scores[j] = scale * q . k_j for the n keys at k_base + slots[j] * stride bytes (dim each, of type T; an int8
+ * key times its own scale) */
 ALWAYS_INLINE void qk_scores_of(const float *q, const void *k_base, int64_t stride, const int64_t *slots, int64_t n,
                                 int64_t dim, float scale, float *scores, const int T) {
     const int64_t element = tm_kv_element_bytes(T);
@@ -71,25 +72,28 @@ ALWAYS_INLINE void qk_scores_of(const float *q, const void *k_base, int64_t stri
         for (int64_t i = 0; i < dim / 16; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
         for (; j < n; j += 16) {
             __m512 dots[16]; /* per key, the products of q and k summed into 16 lanes */
+            float key_scales[16];
             for (int key = 0; key < 16; ++key) {
                 dots[key] = _mm512_setzero_ps();
+                key_scales[key] = 0.0f;
                 if (j + key >= n) continue;
-                const char *k = (const char *)k_base + slots[j + key] * stride * element;
+                const char *k = (const char *)k_base + slots[j + key] * stride;
                 for (int64_t i = 0; i < dim / 16; ++i)
                     dots[key] = _mm512_fmadd_ps(qv[i], kv_load16(k + 16 * i * element, T), dots[key]);
+                key_scales[key] = kv_scale(k, dim, T) * scale;
             }
-            const __m512 sums = _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale));
+            const __m512 sums = _mm512_mul_ps(sum_lanes16(dots), _mm512_loadu_ps(key_scales));
             _mm512_mask_storeu_ps(scores + j, n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1), sums);
         }
         return;
     }
 #endif
     for (; j < n; ++j) {
-        const void *k = (const char *)k_base + slots[j] * stride * element;
+        const void *k = (const char *)k_base + slots[j] * stride;
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < dim; ++i) dot += q[i] * kv_get(k, i, T);
-        scores[j] = dot * scale;
+        scores[j] = dot * (kv_scale(k, dim, T) * scale);
     }
 }
 
@@ -97,11 +101,12 @@ static void qk_scores(const float *q, const void *k_base, int64_t stride, const 
                       int64_t dim, float scale, float *scores, int64_t kv_dtype) {
     if (kv_dtype == TM_KV_F16) qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_F16);
     else if (kv_dtype == TM_KV_BF16) qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_BF16);
+    else if (kv_dtype == TM_KV_I8) qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_I8);
     else qk_scores_of(q, k_base, stride, slots, n, dim, scale, scores, TM_KV_F32);
 }
 
-/* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride elements (of type T); scores are
- * overwritten */
+/* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride bytes (of type T; an int8 value
+ * row times its own scale); scores are overwritten */
 ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t stride, const int64_t *slots,
                                      int64_t n, int64_t dim, float *out, const int T) {
     const int64_t element = tm_kv_element_bytes(T);
@@ -119,8 +124,8 @@ ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t 
         __m512 acc[16];
         for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_setzero_ps();
         for (int64_t j = 0; j < n; ++j) {
-            const __m512 p = _mm512_set1_ps(scores[j]);
-            const char *v = (const char *)v_base + slots[j] * stride * element;
+            const char *v = (const char *)v_base + slots[j] * stride;
+            const __m512 p = _mm512_set1_ps(scores[j] * kv_scale(v, dim, T));
             for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_fmadd_ps(p, kv_load16(v + 16 * i * element, T), acc[i]);
         }
         for (int64_t i = 0; i < dim / 16; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(inv)));
@@ -129,8 +134,8 @@ ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t 
 #endif
     for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-        const float p = scores[j];
-        const void *v = (const char *)v_base + slots[j] * stride * element;
+        const void *v = (const char *)v_base + slots[j] * stride;
+        const float p = scores[j] * kv_scale(v, dim, T);
 #pragma omp simd
         for (int64_t i = 0; i < dim; ++i) out[i] += p * kv_get(v, i, T);
     }
@@ -142,6 +147,7 @@ static void softmax_values(float *scores, const void *v_base, int64_t stride, co
                            int64_t dim, float *out, int64_t kv_dtype) {
     if (kv_dtype == TM_KV_F16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F16);
     else if (kv_dtype == TM_KV_BF16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_BF16);
+    else if (kv_dtype == TM_KV_I8) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_I8);
     else softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F32);
 }
 
@@ -179,7 +185,7 @@ static void rows_qkv(void *p, int64_t t0, int64_t t1) {
     const tm_llama_layer *layer = c->layer;
     const int64_t dim = c->dim, heads = c->heads, kv_heads = c->kv_heads, q_size = heads * dim;
     const int64_t kv_size = kv_heads * dim, qkv_n = tm_weight_n(&layer->qkv);
-    const int64_t element = tm_kv_element_bytes(layer->kv_dtype);
+    const int64_t slot_bytes = kv_heads * tm_kv_head_bytes(layer->kv_dtype, dim);
     for (int64_t t = t0; t < t1; ++t) {
         float *row = c->s.qkv_out + t * qkv_n;
         if (layer->qkv_bias) {
@@ -194,9 +200,9 @@ static void rows_qkv(void *p, int64_t t0, int64_t t1) {
         for (int64_t hd = 0; hd < heads + kv_heads; ++hd)
             rope_head(row + hd * dim, c->cos_full + t * dim, c->sin_signed + t * dim, dim);
         char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
-        kv_store_row(k_cache + c->slot_mapping[t] * kv_size * element, row + q_size, kv_size, (int)layer->kv_dtype);
-        kv_store_row(v_cache + c->slot_mapping[t] * kv_size * element, row + q_size + kv_size, kv_size,
-                     (int)layer->kv_dtype);
+        kv_store_heads(k_cache + c->slot_mapping[t] * slot_bytes, row + q_size, kv_heads, dim, (int)layer->kv_dtype);
+        kv_store_heads(v_cache + c->slot_mapping[t] * slot_bytes, row + q_size + kv_size, kv_heads, dim,
+                       (int)layer->kv_dtype);
     }
 }
 
@@ -204,8 +210,9 @@ static void rows_qkv(void *p, int64_t t0, int64_t t1) {
 static void pairs_attention(void *p, int64_t th0, int64_t th1) {
     const step_ctx *c = p;
     const tm_llama_layer *layer = c->layer;
-    const int64_t dim = c->dim, heads = c->heads, group = heads / c->kv_heads, kv_size = c->kv_heads * dim;
-    const int64_t qkv_n = tm_weight_n(&layer->qkv), element = tm_kv_element_bytes(layer->kv_dtype);
+    const int64_t dim = c->dim, heads = c->heads, group = heads / c->kv_heads;
+    const int64_t qkv_n = tm_weight_n(&layer->qkv), head_bytes = tm_kv_head_bytes(layer->kv_dtype, dim);
+    const int64_t slot_bytes = c->kv_heads * head_bytes;
     const char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
     for (int64_t th = th0; th < th1; ++th) {
         const int64_t t = th / heads, hd = th % heads, kvh = hd / group, ctx_len = c->ctx_lens[t];
@@ -214,9 +221,9 @@ static void pairs_attention(void *p, int64_t th0, int64_t th1) {
         const float *q = c->s.qkv_out + t * qkv_n + hd * dim;
         float *sc = c->s.scores + th * c->max_ctx;
         const int64_t *slots = c->ctx_slots + t * c->max_ctx + skip;
-        qk_scores(q, k_cache + kvh * dim * element, kv_size, slots, ctx_len - skip, dim, c->scale, sc,
+        qk_scores(q, k_cache + kvh * head_bytes, slot_bytes, slots, ctx_len - skip, dim, c->scale, sc,
                   layer->kv_dtype);
-        softmax_values(sc, v_cache + kvh * dim * element, kv_size, slots, ctx_len - skip, dim,
+        softmax_values(sc, v_cache + kvh * head_bytes, slot_bytes, slots, ctx_len - skip, dim,
                        c->s.attn + t * heads * dim + hd * dim, layer->kv_dtype);
     }
 }

@@ -171,14 +171,14 @@ void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t help
 typedef struct {
     const float *norm1, *norm2;                  /* [hidden] RMSNorm weights before attention and before the MLP */
     tm_weight qkv, o, gate_up, down;             /* projections (gate_up: gate rows, then up rows) */
-    void *k_cache, *v_cache;                     /* [slots, kv_heads, dim] of kv_dtype (kv_elements.h) */
+    void *k_cache, *v_cache;                     /* [slots, kv_heads, dim] of kv_dtype (int8: dim + 4) */
     /* what other architectures add (NULL / 0: llama's) */
     const float *q_norm, *k_norm;                /* [dim]: RMSNorm of each query and key head before rope (QK-norm) */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden]: norms of the blocks' outputs before the residual sums */
     int64_t window;                              /* > 0: attends to its `window` latest positions only (local layer) */
     int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
     const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
-    int64_t kv_dtype;                            /* the caches' element type: TM_KV_F32, TM_KV_F16 or TM_KV_BF16 */
+    int64_t kv_dtype;                            /* the caches' element type: TM_KV_F32, _F16, _BF16 or _I8 */
 } tm_llama_layer;
 
 

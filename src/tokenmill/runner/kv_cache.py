@@ -17,7 +17,8 @@ DEFAULT_CPU_SHARE = 0.25  # of available memory, at most
 DEFAULT_CPU_CACHE_TOKENS = 8192
 DEFAULT_GPU_SHARE = 0.7  # of free GPU memory after the weights are loaded
 
-KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# int8: values with a float32 scale per token and head (layers/kv_quant.py)
+KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, native_decoder: bool) -> torch.dtype:

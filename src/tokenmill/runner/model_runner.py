@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenmill import native
+from tokenmill.layers import kv_quant
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
 from tokenmill.loader.model_source import ModelSource
 from tokenmill.model.config import ModelConfig
@@ -105,9 +106,20 @@ class ModelRunner:
         """Bytes of one block of every layer's K and V (a block of each pool costs its layers' share)."""
         return self.config.num_layers * self.kv_bytes_per_layer_block()
 
+    @property
+    def kv_scale_bytes(self) -> int:
+        """Bytes of scale beside each head of each token (an int8 cache's float32; 0 for the float types)."""
+        return kv_quant.SCALE_BYTES if self.kv_dtype == torch.int8 else 0
+
     def kv_bytes_per_layer_block(self) -> int:
         c = self.config
-        return 2 * self.block_size * c.num_kv_heads * c.head_dim * self.kv_dtype.itemsize
+        return (
+            2
+            * self.block_size
+            * c.num_kv_heads
+            * kv_quant.head_width(c.head_dim, self.kv_dtype)
+            * self.kv_dtype.itemsize
+        )
 
     @property
     def num_local_layers(self) -> int:
@@ -115,14 +127,15 @@ class ModelRunner:
         return len(self.local_layers) if len(self.local_layers) < self.config.num_layers else 0
 
     def allocate_kv_cache(self, num_blocks: int, num_local_blocks: int = 0) -> None:
-        """Two tensors per layer, each [blocks * block_size, num_kv_heads, head_dim] (slot-major): num_blocks for
+        """Two tensors per layer, each [blocks * block_size, num_kv_heads, head_dim] (slot-major; int8 ones
+        head_dim + 4, layers/kv_quant.py): num_blocks for
         the full-attention layers, and num_local_blocks for the sliding-window ones when they have their own
         pool (> 0; else num_blocks for every layer)."""
         c = self.config
         local = set(self.local_layers) if num_local_blocks else set()
 
         def pool(layers: int, blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            shape = (layers, blocks * self.block_size, c.num_kv_heads, c.head_dim)
+            shape = (layers, blocks * self.block_size, c.num_kv_heads, kv_quant.head_width(c.head_dim, self.kv_dtype))
             # Written once now (zeros), so the cache is resident memory from the start instead of growing block by
             # block under load (prefix caching cycles through every block). Masked-out padding reads slot 0: zeros,
             # never NaN (NaN * 0 is NaN).

@@ -230,6 +230,7 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
             "head_dim": c.head_dim,
             "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
             "kv_element_bytes": runner.kv_dtype.itemsize,
+            "kv_scale_bytes": runner.kv_scale_bytes,
             "block_size": engine.config.block_size,
             "kv_blocks_total": engine.kv.num_blocks,
             "kv_bytes_per_block": runner.kv_bytes_per_block(),

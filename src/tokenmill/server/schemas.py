@@ -180,6 +180,7 @@ class ExplorerInfo(BaseModel):
     head_dim: int
     kv_dtype: str
     kv_element_bytes: int
+    kv_scale_bytes: int  # beside each head of each token: an int8 cache's float32 scale (0 for float types)
     block_size: int
     kv_blocks_total: int
     kv_bytes_per_block: int

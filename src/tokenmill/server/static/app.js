@@ -70,7 +70,9 @@ async function loadInfo() {
   const ranks = i.tensor_parallel_size > 1 ? ` · tensor parallel over ${i.tensor_parallel_size} ranks` : "";
   $("model-info").textContent = `${i.model} · ${i.quantization} · ${i.device}${ranks} · ${i.kv_blocks_total} KV blocks of ${i.block_size} tokens`;
   $("kv-formula").textContent = `one block = 2 (K and V) × ${i.num_layers} layers × ${i.block_size} tokens × ` +
-    `${i.num_kv_heads} KV heads × ${i.head_dim} dims × ${i.kv_element_bytes} bytes (${i.kv_dtype}) = ` +
+    `${i.num_kv_heads} KV heads × ` + (i.kv_scale_bytes
+      ? `(${i.head_dim} dims × ${i.kv_element_bytes} byte + a ${i.kv_scale_bytes}-byte scale) (${i.kv_dtype}) = `
+      : `${i.head_dim} dims × ${i.kv_element_bytes} bytes (${i.kv_dtype}) = `) +
     `${i.kv_bytes_per_block.toLocaleString()} bytes`;
   if (i.chat_template === false || i.base_model_note) document.querySelector('input[value="raw"]').checked = true;
   if (i.base_model_note) { $("model-note").textContent = i.base_model_note; $("model-note").hidden = false; }
