@@ -28,6 +28,7 @@ enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation (tm_llama_m
 
 typedef struct {
     float *x, *qkv_out, *attn, *gu, *delta, *scores;
+    float *partials; /* a long context's pieces: [m * heads * pieces, 2 + dim] (max, total, unnormalized sum) */
     tm_qx qx;       /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
     int64_t passes; /* of the activations' quantization */
 } tm_scratch;
@@ -106,9 +107,10 @@ static void qk_scores(const float *q, const void *k_base, int64_t stride, const 
 }
 
 /* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride bytes (of type T; an int8 value
- * row times its own scale); scores are overwritten */
+ * row times its own scale); scores are overwritten. With `stats`, one piece of a longer context: out gets the
+ * values weighted by exp(score - max) without dividing by their total, and stats [2] the max and the total. */
 ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t stride, const int64_t *slots,
-                                     int64_t n, int64_t dim, float *out, const int T) {
+                                     int64_t n, int64_t dim, float *out, float *stats, const int T) {
     const int64_t element = tm_kv_element_bytes(T);
     float best = -FLT_MAX;
     for (int64_t j = 0; j < n; ++j) best = scores[j] > best ? scores[j] : best;
@@ -118,7 +120,11 @@ ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t 
         scores[j] = expf(scores[j] - best);
         total += scores[j];
     }
-    const float inv = 1.0f / total;
+    const float inv = stats ? 1.0f : 1.0f / total;
+    if (stats) {
+        stats[0] = best;
+        stats[1] = total;
+    }
 #if defined(__AVX512F__)
     if (dim % 16 == 0 && dim <= 256) { /* the output stays in registers across the keys */
         __m512 acc[16];
@@ -144,11 +150,22 @@ ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t 
 }
 
 static void softmax_values(float *scores, const void *v_base, int64_t stride, const int64_t *slots, int64_t n,
-                           int64_t dim, float *out, int64_t kv_dtype) {
-    if (kv_dtype == TM_KV_F16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F16);
-    else if (kv_dtype == TM_KV_BF16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_BF16);
-    else if (kv_dtype == TM_KV_I8) softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_I8);
-    else softmax_values_of(scores, v_base, stride, slots, n, dim, out, TM_KV_F32);
+                           int64_t dim, float *out, float *stats, int64_t kv_dtype) {
+    if (kv_dtype == TM_KV_F16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_F16);
+    else if (kv_dtype == TM_KV_BF16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_BF16);
+    else if (kv_dtype == TM_KV_I8) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_I8);
+    else softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_F32);
+}
+
+/* Keys per piece of a long context (flash-decoding): a row's attention over more keys than this is split into
+ * pieces of this many, each a job of the team, whose partial softmaxes are combined after (rescaled to the
+ * largest max), so one long sequence keeps every thread busy however few its heads. A context of at most this
+ * many keys is one piece, computed as before. The split depends on the row's own context only: its bits do not
+ * depend on what else the step holds. */
+#define TM_ATTN_PIECE 512
+
+static inline int64_t attn_pieces(int64_t n) {
+    return n <= TM_ATTN_PIECE ? 1 : (n + TM_ATTN_PIECE - 1) / TM_ATTN_PIECE;
 }
 
 /* One row's residual addition: ht += delta (normalized in place first when the layer has a norm there) */
@@ -162,6 +179,7 @@ static inline void add_to_residual(float *ht, float *dt, const float *norm, floa
 typedef struct {
     float *hidden;
     int64_t m, h, heads, kv_heads, dim, max_ctx, activation;
+    int64_t pieces; /* of the longest context (attn_pieces(max_ctx)): attention's jobs are (row, head, piece) */
     float eps, scale;
     const int64_t *ctx_lens;
     tm_reduce_fn reduce;
@@ -206,25 +224,64 @@ static void rows_qkv(void *p, int64_t t0, int64_t t1) {
     }
 }
 
-/* (row, head) pairs [th0, th1): attention over the row's context in the caches */
-static void pairs_attention(void *p, int64_t th0, int64_t th1) {
+/* the keys row t's query sees in this layer: from `*skip` on, `n` of them (a local layer's query sees the last
+ * `window` slots of its context, its own position last) */
+static inline int64_t attended(const step_ctx *c, int64_t t, int64_t *skip) {
+    const int64_t ctx_len = c->ctx_lens[t], window = c->layer->window;
+    *skip = window > 0 && ctx_len > window ? ctx_len - window : 0;
+    return ctx_len - *skip;
+}
+
+/* (row, head, piece) units [u0, u1): attention over one piece of the row's context in the caches; a context of one
+ * piece goes straight to the output, the pieces of a longer one to the partials (pairs_combine) */
+static void pieces_attention(void *p, int64_t u0, int64_t u1) {
     const step_ctx *c = p;
     const tm_llama_layer *layer = c->layer;
     const int64_t dim = c->dim, heads = c->heads, group = heads / c->kv_heads;
     const int64_t qkv_n = tm_weight_n(&layer->qkv), head_bytes = tm_kv_head_bytes(layer->kv_dtype, dim);
     const int64_t slot_bytes = c->kv_heads * head_bytes;
     const char *k_cache = layer->k_cache, *v_cache = layer->v_cache;
-    for (int64_t th = th0; th < th1; ++th) {
-        const int64_t t = th / heads, hd = th % heads, kvh = hd / group, ctx_len = c->ctx_lens[t];
-        /* a local layer's query sees the last `window` slots of its context (its own position last) */
-        const int64_t skip = layer->window > 0 && ctx_len > layer->window ? ctx_len - layer->window : 0;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t th = u / c->pieces, piece = u % c->pieces, t = th / heads, hd = th % heads, kvh = hd / group;
+        int64_t skip;
+        const int64_t n = attended(c, t, &skip), pieces = attn_pieces(n);
+        if (piece >= pieces) continue; /* a shorter context than the step's longest */
+        const int64_t start = piece * TM_ATTN_PIECE;
+        const int64_t len = pieces == 1 ? n : (n - start < TM_ATTN_PIECE ? n - start : TM_ATTN_PIECE);
         const float *q = c->s.qkv_out + t * qkv_n + hd * dim;
-        float *sc = c->s.scores + th * c->max_ctx;
-        const int64_t *slots = c->ctx_slots + t * c->max_ctx + skip;
-        qk_scores(q, k_cache + kvh * head_bytes, slot_bytes, slots, ctx_len - skip, dim, c->scale, sc,
-                  layer->kv_dtype);
-        softmax_values(sc, v_cache + kvh * head_bytes, slot_bytes, slots, ctx_len - skip, dim,
-                       c->s.attn + t * heads * dim + hd * dim, layer->kv_dtype);
+        float *sc = c->s.scores + u * TM_ATTN_PIECE;
+        const int64_t *slots = c->ctx_slots + t * c->max_ctx + skip + start;
+        qk_scores(q, k_cache + kvh * head_bytes, slot_bytes, slots, len, dim, c->scale, sc, layer->kv_dtype);
+        float *part = c->s.partials + u * (2 + dim);
+        float *out = pieces == 1 ? c->s.attn + t * heads * dim + hd * dim : part + 2;
+        softmax_values(sc, v_cache + kvh * head_bytes, slot_bytes, slots, len, dim, out, pieces == 1 ? NULL : part,
+                       layer->kv_dtype);
+    }
+}
+
+/* (row, head) pairs [th0, th1) whose context came in pieces: their partial softmaxes rescaled to the largest max
+ * and summed, then divided by the total (the online softmax's combination) */
+static void pairs_combine(void *p, int64_t th0, int64_t th1) {
+    const step_ctx *c = p;
+    const int64_t dim = c->dim, heads = c->heads;
+    for (int64_t th = th0; th < th1; ++th) {
+        int64_t skip;
+        const int64_t pieces = attn_pieces(attended(c, th / heads, &skip));
+        if (pieces == 1) continue;
+        const float *parts = c->s.partials + th * c->pieces * (2 + dim);
+        float best = -FLT_MAX, total = 0.0f;
+        for (int64_t k = 0; k < pieces; ++k) best = parts[k * (2 + dim)] > best ? parts[k * (2 + dim)] : best;
+        float *out = c->s.attn + th * dim; /* row th / heads, head th % heads: [m, heads, dim] */
+        for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
+        for (int64_t k = 0; k < pieces; ++k) {
+            const float *part = parts + k * (2 + dim), w = expf(part[0] - best);
+            total += w * part[1];
+#pragma omp simd
+            for (int64_t i = 0; i < dim; ++i) out[i] += w * part[2 + i];
+        }
+        const float inv = 1.0f / total;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) out[i] *= inv;
     }
 }
 
@@ -274,14 +331,16 @@ static int sum_over_ranks(const step_ctx *c) {
 /* One decoder layer (c->layer). hidden [m, h] is updated in place (both residual additions). The K/V of each
  * token go to its slot in the caches before attention; token t then attends to the ctx_lens[t] cache slots listed
  * in ctx_slots[t * max_ctx ...] (its own position last). The calling thread runs the steps in order; each is one
- * job of the team (pool.c): rows, (row, head) pairs of attention, activation blocks and weight groups. */
+ * job of the team (pool.c): rows, (row, head, piece) units of attention, activation blocks and weight groups. */
 static int decode_layer(step_ctx *c) {
     const tm_llama_layer *layer = c->layer;
     const int64_t m = c->m, rows_pieces = m;
     tm_pool_for(rows_norm1, c, m, rows_pieces);
     project(c->s.x, m, &layer->qkv, &c->s, c->s.qkv_out);
     tm_pool_for(rows_qkv, c, m, rows_pieces);
-    tm_pool_for(pairs_attention, c, m * c->heads, m * c->heads);
+    const int64_t units = m * c->heads * c->pieces;
+    tm_pool_for(pieces_attention, c, units, units);
+    if (c->pieces > 1) tm_pool_for(pairs_combine, c, m * c->heads, m * c->heads);
     project(c->s.attn, m, &layer->o, &c->s, c->s.delta);
     if (sum_over_ranks(c)) return -3;
     tm_pool_for(rows_residual1, c, m, rows_pieces);
@@ -348,23 +407,25 @@ int tm_llama_decode(const tm_llama_model *md, const tm_decode_step *st) {
     widest = widest > heads * dim ? widest : heads * dim;
     step_ctx c = {.hidden = st->hidden, .m = m, .h = h, .heads = heads, .kv_heads = kv_heads, .dim = dim,
                   .max_ctx = st->max_ctx, .activation = md->activation, .eps = md->eps, .scale = md->scale,
-                  .ctx_lens = st->ctx_lens, .reduce = md->reduce, .reduce_ctx = md->reduce_ctx};
+                  .ctx_lens = st->ctx_lens, .reduce = md->reduce, .reduce_ctx = md->reduce_ctx,
+                  .pieces = attn_pieces(st->max_ctx)};
     tm_scratch *s = &c.s;
     s->x = malloc(sizeof(float) * m * (h > inter ? h : inter));
     s->qkv_out = malloc(sizeof(float) * m * qkv_n);
     s->attn = malloc(sizeof(float) * m * heads * dim);
     s->gu = malloc(sizeof(float) * m * 2 * inter);
     s->delta = malloc(sizeof(float) * m * h);
-    s->scores = malloc(sizeof(float) * m * heads * (st->max_ctx > 0 ? st->max_ctx : 1));
+    s->scores = malloc(sizeof(float) * m * heads * c.pieces * TM_ATTN_PIECE);
+    s->partials = malloc(sizeof(float) * m * heads * c.pieces * (2 + dim));
     s->passes = md->passes;
     int rc = tm_qx_alloc(&s->qx, m, widest, md->passes);
-    if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores) rc = -2;
+    if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores || !s->partials) rc = -2;
     if (rc == 0) {
         layers_args a = {&c, md, st, 0};
         tm_team_run(layers_body, &a);
         rc = a.rc;
     }
-    free(s->x); free(s->qkv_out); free(s->attn); free(s->gu); free(s->delta); free(s->scores);
+    free(s->x); free(s->qkv_out); free(s->attn); free(s->gu); free(s->delta); free(s->scores); free(s->partials);
     tm_qx_free(&s->qx);
     return rc;
 }
