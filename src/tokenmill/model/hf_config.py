@@ -52,6 +52,7 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         if cfg.get(key) is not None:
             raise refuse(key)
     rope = _rope_traits(cfg, arch, head_dim, where, refuse)
+    extended_context = rope.pop("extended_context", 0)  # YaRN's factor x original context: not a ModelConfig field
     traits: dict[str, Any] = {}
     if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         raise refuse("use_sliding_window")
@@ -79,7 +80,7 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         head_dim=head_dim,
         rotary_dim=head_dim,
         rms_norm_eps=float(number("rms_norm_eps", 1e-6)),
-        max_position=max(int(number("max_position_embeddings", 2048)), rope.pop("extended_context", 0)),
+        max_position=max(int(number("max_position_embeddings", 2048)), extended_context),
         tie_word_embeddings="output.weight" not in checkpoint.tensors,
         activation=activation,
         rope_rows_permuted=False,  # HF stores Q/K rows as its own (neox-style) rope reads them

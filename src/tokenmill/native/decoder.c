@@ -180,6 +180,7 @@ typedef struct {
     float *hidden;
     int64_t m, h, heads, kv_heads, dim, max_ctx, activation;
     int64_t pieces; /* of the longest context (attn_pieces(max_ctx)): attention's jobs are (row, head, piece) */
+    int64_t piece_keys; /* the scores scratch of one job: max_ctx keys with one piece, else TM_ATTN_PIECE */
     float eps, scale;
     const int64_t *ctx_lens;
     tm_reduce_fn reduce;
@@ -246,10 +247,9 @@ static void pieces_attention(void *p, int64_t u0, int64_t u1) {
         int64_t skip;
         const int64_t n = attended(c, t, &skip), pieces = attn_pieces(n);
         if (piece >= pieces) continue; /* a shorter context than the step's longest */
-        const int64_t start = piece * TM_ATTN_PIECE;
-        const int64_t len = pieces == 1 ? n : (n - start < TM_ATTN_PIECE ? n - start : TM_ATTN_PIECE);
+        const int64_t start = piece * TM_ATTN_PIECE, len = n - start < TM_ATTN_PIECE ? n - start : TM_ATTN_PIECE;
         const float *q = c->s.qkv_out + t * qkv_n + hd * dim;
-        float *sc = c->s.scores + u * TM_ATTN_PIECE;
+        float *sc = c->s.scores + u * c->piece_keys;
         const int64_t *slots = c->ctx_slots + t * c->max_ctx + skip + start;
         qk_scores(q, k_cache + kvh * head_bytes, slot_bytes, slots, len, dim, c->scale, sc, layer->kv_dtype);
         float *part = c->s.partials + u * (2 + dim);
@@ -409,17 +409,19 @@ int tm_llama_decode(const tm_llama_model *md, const tm_decode_step *st) {
                   .max_ctx = st->max_ctx, .activation = md->activation, .eps = md->eps, .scale = md->scale,
                   .ctx_lens = st->ctx_lens, .reduce = md->reduce, .reduce_ctx = md->reduce_ctx,
                   .pieces = attn_pieces(st->max_ctx)};
+    c.piece_keys = c.pieces == 1 ? (st->max_ctx > 0 ? st->max_ctx : 1) : TM_ATTN_PIECE;
     tm_scratch *s = &c.s;
     s->x = malloc(sizeof(float) * m * (h > inter ? h : inter));
     s->qkv_out = malloc(sizeof(float) * m * qkv_n);
     s->attn = malloc(sizeof(float) * m * heads * dim);
     s->gu = malloc(sizeof(float) * m * 2 * inter);
     s->delta = malloc(sizeof(float) * m * h);
-    s->scores = malloc(sizeof(float) * m * heads * c.pieces * TM_ATTN_PIECE);
-    s->partials = malloc(sizeof(float) * m * heads * c.pieces * (2 + dim));
+    s->scores = malloc(sizeof(float) * m * heads * c.pieces * c.piece_keys);
+    s->partials = c.pieces > 1 ? malloc(sizeof(float) * m * heads * c.pieces * (2 + dim)) : NULL; /* one piece: none */
     s->passes = md->passes;
     int rc = tm_qx_alloc(&s->qx, m, widest, md->passes);
-    if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores || !s->partials) rc = -2;
+    if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores || (c.pieces > 1 && !s->partials))
+        rc = -2;
     if (rc == 0) {
         layers_args a = {&c, md, st, 0};
         tm_team_run(layers_body, &a);

@@ -18,7 +18,9 @@ enum { TM_KV_F32 = 0, TM_KV_F16 = 1, TM_KV_BF16 = 2, TM_KV_I8 = 3 };
 static inline int tm_kv_dtype_ok(int64_t t) { return t >= TM_KV_F32 && t <= TM_KV_I8; }
 static inline int64_t tm_kv_element_bytes(int64_t t) { return t == TM_KV_F32 ? 4 : t == TM_KV_I8 ? 1 : 2; }
 /* bytes of one head of one token in the cache (an int8 head carries its scale) */
-static inline int64_t tm_kv_head_bytes(int64_t t, int64_t dim) { return t == TM_KV_I8 ? dim + 4 : dim * tm_kv_element_bytes(t); }
+static inline int64_t tm_kv_head_bytes(int64_t t, int64_t dim) {
+    return t == TM_KV_I8 ? dim + 4 : dim * tm_kv_element_bytes(t);
+}
 
 /* an int8 head's scale (1 for the other types, whose values are the floats themselves) */
 ALWAYS_INLINE float kv_scale(const void *head, int64_t dim, const int T) {
