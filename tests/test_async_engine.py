@@ -172,3 +172,43 @@ def test_listeners_hear_a_step_start_before_it_is_done(async_engine: AsyncEngine
     assert first_running["batch"][0]["kind"] == "prefill" and first_running["batch"][0]["prefill_chunk"] == 1
     assert "duration_ms" not in first_running and first_done["duration_ms"] > 0
     assert [b["tokens"] for b in first_running["batch"]] == [b["tokens"] for b in first_done["batch"]]
+
+
+def test_a_reader_that_falls_behind_holds_one_output_per_request(async_engine: AsyncEngine) -> None:
+    """40 steps' outputs for a reader that reads none until the end: one waits, the deltas of all of them in it."""
+    from tokenmill.engine.output_collector import OutputCollector
+
+    async def main():
+        collector = OutputCollector()
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        await async_engine.add_request("Once upon a time", params, None, collector)
+        while await async_engine.run_on_engine(lambda e: e.has_unfinished_requests()):
+            await asyncio.sleep(0.05)
+        waiting = len(collector)
+        return waiting, await collector.get()
+
+    waiting, out = run(main())
+    assert waiting == 1 and out.finished
+    o = out.outputs[0]
+    assert len(o.token_ids) == 40 and o.delta_token_ids == o.token_ids and o.delta_text == o.text
+
+
+def test_a_calls_requests_enter_in_one_command_all_or_none(async_engine: AsyncEngine) -> None:
+    from tokenmill.engine.output_collector import OutputCollector
+    from tokenmill.pooling_params import PoolingParams
+
+    async def main():
+        collector = OutputCollector()
+        good = [{"prompt_token_ids": [1, 2, 3 + i]} for i in range(5)]
+        bad = {"prompt_token_ids": [1, 10**9]}
+        with pytest.raises(InvalidParameterError):
+            await async_engine.add_requests([*good, bad], PoolingParams(), [f"x-{i}" for i in range(6)], collector)
+        left = await async_engine.run_on_engine(lambda e: (len(e.requests), len(collector)))
+        rids = await async_engine.add_requests(good, PoolingParams(), [f"y-{i}" for i in range(5)], collector, "y")
+        outs = [await collector.get() for _ in rids]
+        return left, rids, outs
+
+    left, rids, outs = run(main())
+    assert left == (0, 0)
+    assert rids == [f"y-{i}" for i in range(5)]
+    assert sorted(o.request_id for o in outs) == rids and all(o.finished and o.embedding for o in outs)

@@ -16,12 +16,13 @@ class FakeEngine:
         self.next_id = 0
         self.finished: list[Sequence] = []
 
-    def add(self, prompt_len: int, max_tokens: int, first_token: int = 0) -> Sequence:
+    def add(self, prompt_len: int, max_tokens: int, first_token: int = 0, group: str | None = None) -> Sequence:
         s = Sequence(
             self.next_id,
             f"r{self.next_id}",
             list(range(first_token, first_token + prompt_len)),
             SamplingParams(max_tokens=max_tokens),
+            group=group,
         )
         self.next_id += 1
         self.sched.add(s)
@@ -117,7 +118,7 @@ def test_preempted_sequence_goes_back_to_the_head_of_the_queue() -> None:
         e.step()
         if b.num_preemptions:
             break
-    assert e.sched.waiting[0] is b
+    assert e.sched.waiting.peek() is b
 
 
 def test_prefix_hits_skip_computation() -> None:
@@ -141,3 +142,50 @@ def test_same_prefix_arriving_together_is_computed_once() -> None:
     assert [s.seq for s in out.scheduled] == others
     assert all(s.num_new_tokens == 1 for s in out.scheduled)
     assert e.bm.prefix_hit_tokens == 3 * 16
+
+
+def test_a_call_of_many_prompts_cannot_hold_back_a_later_request() -> None:
+    """Waiting calls take turns at admission: a request arriving behind a 200-prompt call runs in the next step,
+    not after the whole call (first come first served would put it 200 prompts back)."""
+    e = FakeEngine(num_blocks=512, block_size=4, max_num_seqs=8, budget=24)
+    big = [e.add(8, 1, first_token=10 * i, group="embed") for i in range(200)]
+    out = e.step()
+    assert [s.seq for s in out.scheduled] == big[:3]  # 3 x 8 tokens fill the budget
+    chat = e.add(4, 4, first_token=5000, group="chat")
+    out = e.step()
+    assert chat in [s.seq for s in out.scheduled]
+    assert [s.seq for s in out.scheduled][:2] == [big[3], chat]  # the call's turn, then the new one's
+    steps = 1
+    while chat not in e.finished:
+        e.step()
+        steps += 1
+    assert steps == 4  # its prompt and first token, then 3 decodes: as if it were alone
+    e.run()
+    assert len(e.finished) == 201
+
+
+def test_sequences_without_a_group_are_first_come_first_served() -> None:
+    e = FakeEngine(num_blocks=512, block_size=4, max_num_seqs=2, budget=64)
+    seqs = [e.add(4, 2) for _ in range(6)]
+    e.run()
+    assert e.finished == seqs
+
+
+def test_the_waiting_queue_takes_turns_and_puts_a_preempted_sequence_first() -> None:
+    from tokenmill.scheduler.waiting_queue import WaitingQueue
+
+    def seq(i: int, group: str) -> Sequence:
+        return Sequence(i, f"r{i}", [1], SamplingParams(), group=group)
+
+    q = WaitingQueue()
+    a = [seq(i, "a") for i in range(3)]
+    b = [seq(10 + i, "b") for i in range(2)]
+    for s in [*a, *b]:
+        q.append(s)
+    assert len(q) == 5 and list(q) == [a[0], b[0], a[1], b[1], a[2]]
+    assert q.pop_front() is a[0] and q.peek() is b[0]
+    q.push_front(a[0])  # preempted: next again, its group in front
+    assert q.peek() is a[0]
+    assert q.remove(b[1]) and not q.remove(b[1])
+    assert [q.pop_front() for _ in range(len(q))] == [a[0], b[0], a[1], a[2]]
+    assert not q and len(q) == 0

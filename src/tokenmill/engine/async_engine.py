@@ -2,7 +2,9 @@
 
 The step loop runs in its own thread, so a forward pass never blocks the event loop. Every engine mutation
 (add, abort, step) happens on that thread: callers send commands through a queue and get results back through
-futures; outputs go to each request's asyncio.Queue with loop.call_soon_threadsafe.
+futures; outputs go to each request's OutputCollector with loop.call_soon_threadsafe (at most one output per
+request waits there: a slow reader never piles them up). An API call's requests are added, and aborted, in one
+command each, so a call of 2,048 prompts costs one round trip to the engine thread, not one per prompt.
 """
 
 import asyncio
@@ -10,13 +12,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.engine.output_collector import OutputCollector
 from tokenmill.errors import TokenmillError
 from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.runner.memory import MemoryTrimmer
 from tokenmill.sampling_params import SamplingParams
 
@@ -39,7 +43,7 @@ class AsyncEngine:
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector]] = {}
         self._stats: dict[str, Any] = engine.stats()
         self.error: BaseException | None = None
         # called on the engine thread (must not block) with {"type": "running", **the step's description} when a
@@ -137,16 +141,18 @@ class AsyncEngine:
         target = self._streams.get(request_id)
         if target is None:
             return
-        loop, q = target
+        loop, collector = target
         if isinstance(item, BaseException) or item.finished:
             self._streams.pop(request_id, None)
-        loop.call_soon_threadsafe(q.put_nowait, item)
+        loop.call_soon_threadsafe(collector.put, request_id, item)
 
     def _call(self, fn: Callable[[], Any]) -> Future:
         """Run fn on the engine thread; the future carries its result or exception."""
         future: Future = Future()
 
         def command() -> None:
+            if not future.set_running_or_notify_cancel():
+                return  # its caller stopped waiting before it ran (a cancelled task): do nothing
             if self.error is not None:
                 future.set_exception(EngineDeadError(f"the engine failed: {self.error!r}"))
                 return
@@ -172,24 +178,45 @@ class AsyncEngine:
     async def add_request(
         self,
         prompt: PromptInput,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         request_id: str | None = None,
-        out_queue: asyncio.Queue | None = None,
-    ) -> tuple[str, asyncio.Queue]:
-        """Queue a request; raises its validation error here. Returns its id and the queue its outputs go to
-        (`out_queue` lets several requests share one queue; outputs carry their request_id)."""
+        collector: OutputCollector | None = None,
+    ) -> tuple[str, OutputCollector]:
+        """Queue a request; raises its validation error here. Returns its id and the collector its outputs go to
+        (`collector` lets several requests share one; outputs carry their request_id)."""
+        collector = collector if collector is not None else OutputCollector()
+        (rid,) = await self.add_requests([prompt], params, [request_id], collector)
+        return rid, collector
+
+    async def add_requests(
+        self,
+        prompts: Sequence[PromptInput],
+        params: SamplingParams | PoolingParams | None,
+        request_ids: Sequence[str | None],
+        collector: OutputCollector,
+        group: str | None = None,
+    ) -> list[str]:
+        """Queue one call's requests in one command on the engine thread: all of them, or (the first validation
+        error raised here) none. `group`: they take their turns at admission together (one call, one group)."""
         if self.error is not None:
             raise EngineDeadError(f"the engine failed: {self.error!r}")
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = out_queue if out_queue is not None else asyncio.Queue()
 
-        def add() -> str:
-            rid = self.engine.add_request(request_id, prompt, params)
-            self._streams[rid] = (loop, q)
-            return rid
+        def add() -> list[str]:
+            added: list[str] = []
+            try:
+                for prompt, request_id in zip(prompts, request_ids, strict=True):
+                    rid = self.engine.add_request(request_id, prompt, params, group=group)
+                    self._streams[rid] = (loop, collector)
+                    added.append(rid)
+            except BaseException:
+                for rid in added:  # all or nothing: a bad prompt leaves none of the call running
+                    self._streams.pop(rid, None)
+                    self.engine.abort(rid)
+                raise
+            return added
 
-        rid = await asyncio.wrap_future(self._call(add))
-        return rid, q
+        return await asyncio.wrap_future(self._call(add))
 
     async def generate(
         self, prompt: PromptInput, params: SamplingParams | None = None, request_id: str | None = None
@@ -198,11 +225,11 @@ class AsyncEngine:
 
         Leaving the loop early (or a cancelled task) aborts the request and frees its blocks.
         """
-        rid, q = await self.add_request(prompt, params, request_id)
+        rid, collector = await self.add_request(prompt, params, request_id)
         finished = False
         try:
             while not finished:
-                item = await q.get()
+                item = await collector.get()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -211,20 +238,23 @@ class AsyncEngine:
             if not finished:
                 self.abort_nowait(rid)
 
-    def _abort_command(self, request_id: str) -> Callable[[], None]:
+    def _abort_command(self, request_ids: tuple[str, ...]) -> Callable[[], None]:
         def abort() -> None:
-            out = self.engine.abort(request_id)
-            if out is not None:
-                self._deliver(request_id, out)
+            for request_id in request_ids:
+                out = self.engine.abort(request_id)
+                if out is not None:
+                    self._deliver(request_id, out)
 
         return abort
 
-    def abort_nowait(self, request_id: str) -> None:
-        """Abort from any thread; the engine frees the request's blocks before its next step."""
-        self._call(self._abort_command(request_id))
+    def abort_nowait(self, *request_ids: str) -> None:
+        """Abort from any thread (several requests in one command); the engine frees their blocks before its next
+        step. Ids the engine does not hold (finished, never added) are no-ops."""
+        if request_ids:
+            self._call(self._abort_command(request_ids))
 
     async def abort(self, request_id: str) -> None:
-        await asyncio.wrap_future(self._call(self._abort_command(request_id)))
+        await asyncio.wrap_future(self._call(self._abort_command((request_id,))))
 
     async def run_on_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run fn(engine) on the engine thread between steps (for consistent reads such as integrity checks)."""

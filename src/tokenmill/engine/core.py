@@ -106,14 +106,16 @@ class EngineCore:
         max_tokens: int,
         arrival_time: float | None = None,
         pooling: PoolingParams | None = None,
+        group: str | None = None,
     ) -> None:
         """Queue a request already checked (the input processor's job): its first sequence waits to be scheduled.
-        `pooling`: an embedding request (its `params` only schedule it: nothing is sampled)."""
+        `pooling`: an embedding request (its `params` only schedule it: nothing is sampled). `group`: the requests
+        of one API call share one; groups take turns at admission (default: the request is a group of its own)."""
         metrics = RequestMetrics(arrival_time=arrival_time if arrival_time is not None else time.monotonic())
         request = Request(request_id, text, ids, params, metrics, pooling=pooling)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]
-        seq = Sequence(next(self._seq_ids), request_id, ids, params, 0, max_tokens)
+        seq = Sequence(next(self._seq_ids), request_id, ids, params, 0, max_tokens, group)
         seq.pools = pooling is not None
         state = self.outputs.sample_state(seq, request)
         if params.structured_outputs is not None:
@@ -306,7 +308,13 @@ class EngineCore:
         children = []
         for index in range(1, request.params.n):
             child = Sequence(
-                next(self._seq_ids), request.request_id, parent.token_ids, request.params, index, parent.max_tokens
+                next(self._seq_ids),
+                request.request_id,
+                parent.token_ids,
+                request.params,
+                index,
+                parent.max_tokens,
+                parent.group,
             )
             child.num_prompt_tokens = parent.num_prompt_tokens
             child.num_cached_tokens = parent.num_cached_tokens

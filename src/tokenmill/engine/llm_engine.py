@@ -249,9 +249,11 @@ class LLMEngine(EngineCore):
         prompt: PromptInput,
         params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
+        group: str | None = None,
     ) -> str:
         """Validate and queue a request (PoolingParams: an embedding of the prompt); raises InvalidParameterError /
-        PromptTooLongError when it cannot run."""
+        PromptTooLongError when it cannot run. `group`: the requests of one call share one, and waiting groups
+        take turns at admission (scheduler/waiting_queue.py); by default a request is a group of its own."""
         if self.closed:
             raise EngineClosedError("this engine was closed (close()); it takes no more requests: make a new one")
         params = params or SamplingParams()
@@ -266,7 +268,7 @@ class LLMEngine(EngineCore):
         if not ids:
             raise InvalidParameterError("the prompt is empty", "prompt")
         max_tokens = self.inputs.check_fits(len(ids), params)
-        self.queue(request_id, text, ids, params, max_tokens, arrival_time, pooling)
+        self.queue(request_id, text, ids, params, max_tokens, arrival_time, pooling, group)
         return request_id
 
     def check_params(self, params: SamplingParams | PoolingParams) -> None:

@@ -7,8 +7,10 @@ Each step has a token budget (max_num_batched_tokens) and a sequence cap (max_nu
    the rest of its prompt or what is left of the budget (a chunk). When the KV cache is out of blocks, the
    newest running sequence is preempted: its blocks are freed and it goes back to the head of the queue, to be
    recomputed later (its generated tokens are kept, so nothing is lost).
-2. then waiting sequences, first come first served, while budget, sequence slots and blocks last; a waiting
-   sequence first takes whatever prefix of it the prefix cache holds.
+2. then waiting sequences, while budget, sequence slots and blocks last, taking turns between API calls
+   (waiting_queue.py: round robin over groups, first come first served within one, so a call of 2,048 prompts
+   cannot hold back a request that arrives after it); a waiting sequence first takes whatever prefix of it the
+   prefix cache holds.
 
 The KV cache is asked only through its manager (kv_cache_manager.py), over one pool or, with sliding-window
 layers, two. After the step's tokens are sampled, `update_from_output` settles it: every scheduled sequence's
@@ -16,12 +18,12 @@ computed tokens (with the proposals that were accepted) enter the cache, and the
 batch and free their blocks.
 """
 
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tokenmill.scheduler.kv_cache_manager import KVAllocation, KVCacheManager, PrefixHit
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+from tokenmill.scheduler.waiting_queue import WaitingQueue
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
         self.config = config
         self.kv = kv
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._stopped: list[Sequence] = []  # stopped during the step: freed by update_from_output
@@ -124,9 +126,9 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        # 2. waiting sequences, first come first served (none while we had to preempt)
+        # 2. waiting sequences, the calls taking turns (none while we had to preempt)
         while self.waiting and budget > 0 and not out.preempted:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             slots_needed = seq.params.n if not seq.ever_scheduled else 1
             if len(self.running) + slots_needed > self.config.max_num_seqs:
                 break
@@ -149,7 +151,7 @@ class Scheduler:
                 kv.free(seq)
                 break
             self._add_copies(out, allocation)
-            self.waiting.popleft()
+            self.waiting.pop_front()
             seq.status = SequenceStatus.RUNNING
             seq.ever_scheduled = True
             self.running.append(seq)
@@ -180,7 +182,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.push_front(seq)
 
     def stop(self, seq: Sequence) -> None:
         """A sequence's last token was sampled in this step: it is finished now, and leaves the batch (its blocks
@@ -212,7 +214,7 @@ class Scheduler:
         """Remove a finished or aborted sequence wherever it is and free its blocks at once."""
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
-        elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
+        elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         elif seq in self._stopped:  # stopped in this step, then aborted before update_from_output
             self._stopped.remove(seq)

@@ -20,9 +20,12 @@ class Sequence:
         params: SamplingParams,
         sample_index: int = 0,
         max_tokens: int | None = None,
+        group: str | None = None,
     ):
         self.seq_id = seq_id
         self.request_id = request_id
+        # the sequences of one API call share a group; waiting groups take turns at admission (waiting_queue.py)
+        self.group = group if group is not None else request_id
         self.params = params
         self.sample_index = sample_index  # which of the request's n samples this is
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt, then generated tokens

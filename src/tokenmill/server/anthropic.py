@@ -57,6 +57,7 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
         params,
         req.openai_tools(),
         req.openai_tool_choice(),
+        http_request=http_request,
     )
     message_id = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}

@@ -45,9 +45,11 @@ async def start_chat(
     tool_choice: str | dict | None = None,
     add_generation_prompt: bool = True,
     context_limit: int | None = None,
+    http_request: Request | None = None,
 ) -> ChatCall:
     """Check the tools (OpenAI's shape), render the chat template and start generating; raises the 400s.
-    `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx)."""
+    `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx). `http_request`:
+    its client leaving while the call starts aborts it (ClientDisconnected)."""
     llm_engine = state.require_engine().engine
     functions = tools.check_tools(tool_list) if tool_list is not None else []
     mode, callable_functions = tools.chosen_functions(functions, tool_choice)
@@ -69,7 +71,7 @@ async def start_chat(
     if context_limit is not None:
         params = within_context(params, len(prompt_ids), context_limit)
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
-    await generation.start()
+    await generation.start(http_request)
     return ChatCall(generation, callable_functions)
 
 
@@ -137,6 +139,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         req.tools,
         req.tool_choice,
         req.add_generation_prompt,
+        http_request=http_request,
     )
     generation, callable_functions = chat.generation, chat.functions
     created = int(time.time())

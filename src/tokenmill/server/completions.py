@@ -112,7 +112,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
     generation = Generation(state, prompts, params, request_id, "/v1/completions", drop_generated)
-    await generation.start()
+    await generation.start(http_request)
     tokenizer = engine.engine.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)
     created = int(time.time())

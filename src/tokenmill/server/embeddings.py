@@ -45,7 +45,7 @@ async def create_embeddings(req: EmbeddingRequest, http_request: Request, state:
     state.require_engine()
     params = PoolingParams(req.pooling, req.normalize, req.dimensions)
     generation = Generation(state, split_prompts(req.input), params, request_id, "/v1/embeddings")
-    await generation.start()
+    await generation.start(http_request)
     try:
         finals = await generation.collect(http_request)
     except ClientDisconnected:

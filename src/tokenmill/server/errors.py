@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
@@ -38,6 +38,10 @@ ANTHROPIC_TYPES = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
+
+
+class ClientDisconnected(Exception):
+    """The client closed its connection before its answer was ready (its work is aborted; it gets no answer)."""
 
 
 class APIError(Exception):
@@ -131,6 +135,10 @@ def install_error_handlers(app: FastAPI, on_internal_error: Callable[[], None]) 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response(request.url.path)
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the log says it
 
     @app.exception_handler(InvalidParameterError)
     async def invalid_parameter(request: Request, exc: InvalidParameterError) -> JSONResponse:

@@ -2,8 +2,10 @@
 
 The call is admitted (or refused with 503, --max-queue) before anything else; text prompts are tokenized in a
 worker thread, never on the event loop or the engine's thread, so a long prompt stalls no other client. Every
-request is added before anything is returned, so a bad prompt fails the whole call with a 400 and leaves nothing
-running. Leaving the stream early (client gone, task cancelled) aborts whatever is still running.
+request is added in one engine command before anything is returned, so a bad prompt fails the whole call with a
+400 and leaves nothing running; the call's requests form one group, which takes its turns at admission beside the
+other calls (scheduler/waiting_queue.py). Work follows its client: a disconnect while the call is being started,
+or while it runs, aborts everything it added, and so does leaving the stream early (task cancelled).
 """
 
 import asyncio
@@ -19,17 +21,18 @@ from starlette.types import Receive, Scope, Send
 
 from tokenmill.engine.async_engine import EngineDeadError
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.engine.output_collector import OutputCollector
 from tokenmill.outputs import RequestOutput
+from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.server.errors import APIError
+from tokenmill.server.errors import APIError, ClientDisconnected
 from tokenmill.server.state import ServerState
 
 _call_ids = itertools.count()
 logger = logging.getLogger("tokenmill.requests")  # one line per API call (--disable-log-requests: none)
 
 
-class ClientDisconnected(Exception):
-    pass
+__all__ = ["ClientDisconnected", "Generation", "GenerationStream"]
 
 
 class GenerationStream(StreamingResponse):
@@ -58,7 +61,7 @@ class Generation:
         self,
         state: ServerState,
         prompts: list[PromptInput],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         api_id: str,
         endpoint: str = "",
         drop_generated: bool = False,
@@ -67,7 +70,7 @@ class Generation:
         self.drop_generated = drop_generated  # echo with max_tokens 0: the one token generated is not output
         self.endpoint = endpoint  # for the access line
         self.started = time.monotonic()
-        self._finals: dict[str, RequestOutput] = {}
+        self._latest: dict[str, RequestOutput] = {}  # each request's last output seen (the access line's counts)
         self._logged = False
         self.api_id = api_id  # engine request ids are "<api id>-<prompt index>", so step events name the call
         self.prompts = prompts
@@ -75,12 +78,18 @@ class Generation:
         self.call_id = f"call-{next(_call_ids)}"
         self.request_ids: list[str] = []
         self._index: dict[str, int] = {}
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._outputs = OutputCollector()
         self._pending: set[str] = set()
+        self._entered = False  # whether start() added every request (else close() aborts every id it may have)
         self._claimed = False  # whether this call holds its api id (released when it closes)
         self._status = "200"  # for the access line
 
-    async def start(self) -> None:
+    def _planned_ids(self) -> list[str]:
+        return [f"{self.api_id}-{i}" for i in range(len(self.prompts))]
+
+    async def start(self, http_request: Request | None = None) -> None:
+        """Admit the call, tokenize its prompts and add them to the engine. Raises the 400s and 503s; raises
+        ClientDisconnected (and leaves nothing running) when `http_request`'s client leaves meanwhile."""
         engine = self.state.require_engine()
         # a request that can never run is a 400, not a 503; in a worker thread, as its constraint may take a while
         # to compile (bounded by max_constraint_compile_seconds), which must stall no other client
@@ -88,21 +97,30 @@ class Generation:
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
-            self.state.admit(self.call_id, len(self.prompts) * self.params.n)
+            self.state.admit(self.call_id, len(self.prompts) * getattr(self.params, "n", 1))
         except BaseException:
             self.close()
             raise
         self.state.in_flight[self.call_id] = self._pending
+        entering = asyncio.ensure_future(self._enter())
         try:
-            prompts = await asyncio.to_thread(self._tokenized, engine.engine, self.prompts)
-            for i, prompt in enumerate(prompts):
-                rid, _ = await engine.add_request(prompt, self.params, f"{self.api_id}-{i}", out_queue=self._queue)
-                self.request_ids.append(rid)
-                self._index[rid] = i
-                self._pending.add(rid)
+            if http_request is None:
+                await entering
+            else:
+                await _unless_disconnected(entering, http_request)
         except BaseException:
+            entering.cancel()
             self.close()
             raise
+
+    async def _enter(self) -> None:
+        engine = self.state.require_engine()
+        prompts = await asyncio.to_thread(self._tokenized, engine.engine, self.prompts)
+        rids = await engine.add_requests(prompts, self.params, self._planned_ids(), self._outputs, group=self.api_id)
+        self.request_ids = rids
+        self._index = {rid: i for i, rid in enumerate(rids)}
+        self._pending.update(rids)
+        self._entered = True
 
     @staticmethod
     def _tokenized(engine: LLMEngine, prompts: list[PromptInput]) -> list[PromptInput]:
@@ -113,21 +131,28 @@ class Generation:
 
     def close(self) -> None:
         """Abort what is still running and stop counting this call (idempotent); log its access line."""
-        aborted = bool(self._pending)
+        aborted = bool(self._pending) or not self._entered
         self.abort()
+        for item in self._outputs.take_all():  # read too late, but the access line counts them
+            if isinstance(item, RequestOutput):
+                self._latest[item.request_id] = item
         self.state.in_flight.pop(self.call_id, None)
         self.state.release(self.call_id)
         if self._claimed:
             self._claimed = False
             self.state.api_ids.discard(self.api_id)
-        if not self._logged and self.request_ids and self.state.settings.log_requests:
+        if not self._logged and (self._latest or self._entered) and self.state.settings.log_requests:
             self._logged = True
             self._log_access(self._status if self._status != "200" or not aborted else "aborted")
 
     def _log_access(self, status: str) -> None:
-        finals = list(self._finals.values())
+        """One line for the call: its outputs as last seen (finished or not: an abandoned call counts what it
+        made), the finish reasons ("abort" for a request that never finished)."""
+        finals = list(self._latest.values())
         outputs = [o for f in finals for o in f.outputs]
-        reasons = sorted({o.finish_reason or "abort" for o in outputs}) or ["abort"]
+        reasons = {o.finish_reason or "abort" for f in finals for o in f.outputs}
+        if sum(f.finished for f in finals) < max(len(self.request_ids), 1):  # some never finished: aborted
+            reasons.add("abort")
         first = [f.metrics.first_token_time - f.metrics.arrival_time for f in finals if f.metrics.first_token_time]
         logger.info(
             "%s %s %s: %d prompt + %d output tokens, finish %s, TTFT %s, %.3f s",
@@ -136,7 +161,7 @@ class Generation:
             status,
             sum(len(f.prompt_token_ids) for f in finals),
             sum(len(o.token_ids) for o in outputs),
-            "/".join(reasons),
+            "/".join(sorted(reasons)),
             f"{min(first):.3f} s" if first else "-",
             time.monotonic() - self.started,
         )
@@ -145,12 +170,12 @@ class Generation:
         """Outputs as they come, each with the index of its prompt; ends when every request finished."""
         try:
             while self._pending:
-                item: Any = await self._queue.get()
+                item: Any = await self._outputs.get()
                 if isinstance(item, EngineDeadError):
                     raise APIError(500, str(item), "server_error", code="engine_dead")
+                self._latest[item.request_id] = item
                 if item.finished:
                     self._pending.discard(item.request_id)
-                    self._finals[item.request_id] = item
                     self.state.metrics.observe(item, count_generated=not self.drop_generated)
                 failed = next((o for o in item.outputs if o.finish_reason == "error"), None)
                 if failed is not None:  # its constraint could not be followed: the call fails, never "stop"s
@@ -188,11 +213,29 @@ class Generation:
         return [finals[i] for i in range(len(self.prompts))]
 
     def abort(self) -> None:
+        """Abort every request of the call still running, in one engine command. Before start() has added them
+        all, every id it may have added: an add still on its way to the engine thread runs before this abort, as
+        commands run in order (and the ids are this call's while it holds its api id)."""
         engine = self.state.engine
         if engine is None:
             return
-        for rid in list(self._pending):
-            engine.abort_nowait(rid)
+        if self._entered:
+            engine.abort_nowait(*self._pending)
+        elif self._claimed:
+            engine.abort_nowait(*self._planned_ids())
+
+
+async def _unless_disconnected(task: asyncio.Future, request: Request) -> None:
+    """Wait for `task`; ClientDisconnected (the task cancelled) if the client leaves first."""
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientDisconnected()
+    task.result()
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -110,7 +110,7 @@ def add_infill_routes(app: FastAPI, state: ServerState) -> None:
         max_tokens = state.output_limit(req.n_predict if req.n_predict > 0 else None, None)
         params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
         generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/infill")
-        await generation.start()
+        await generation.start(request)
         if req.stream:
             guarded = guarded_stream(_events(generation, state), state.metrics.internal_errors.inc, _error_event)
             return GenerationStream(guarded, generation, headers=echo(client_id))

@@ -135,6 +135,7 @@ async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
         req.tools or None,  # the ollama client sends [] for none
         "auto" if req.tools else None,
         context_limit=_context_limit(req, state),
+        http_request=http_request,
     )
     reply = _Reply(req.model, chat.functions, as_chat=True)
     return await _respond(req, http_request, state, chat.generation, reply)
@@ -159,7 +160,7 @@ async def _generate(req: GenerateRequest, http_request: Request, state: ServerSt
     if limit is not None:
         params = within_context(params, len(ids), limit)
     generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/api/generate")
-    await generation.start()
+    await generation.start(http_request)
     return await _respond(req, http_request, state, generation, _Reply(req.model, [], as_chat=False))
 
 
@@ -288,7 +289,7 @@ async def _embeddings(
     start = time.monotonic()
     prompts = await asyncio.to_thread(tokenized)
     generation = Generation(state, prompts, params, request_id, endpoint)
-    await generation.start()
+    await generation.start(http_request)
     try:
         finals = await generation.collect(http_request)
     except ClientDisconnected:

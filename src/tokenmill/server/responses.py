@@ -142,7 +142,14 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     max_tokens = state.output_limit(req.max_output_tokens, None)
     params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
     chat = await start_chat(
-        state, request_id, "/v1/responses", messages, params, req.chat_tools(), req.chat_tool_choice()
+        state,
+        request_id,
+        "/v1/responses",
+        messages,
+        params,
+        req.chat_tools(),
+        req.chat_tool_choice(),
+        http_request=http_request,
     )
     turn = _Turn(req, state, store, history)
     if req.stream:

@@ -164,9 +164,7 @@ class ServerState:
         """Abort every request in flight (the grace period of a shutdown has passed)."""
         if self.engine is None:
             return
-        for request_ids in list(self.in_flight.values()):
-            for rid in list(request_ids):
-                self.engine.abort_nowait(rid)
+        self.engine.abort_nowait(*(rid for request_ids in list(self.in_flight.values()) for rid in request_ids))
 
     async def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
