@@ -189,3 +189,26 @@ def test_the_waiting_queue_takes_turns_and_puts_a_preempted_sequence_first() -> 
     assert q.remove(b[1]) and not q.remove(b[1])
     assert [q.pop_front() for _ in range(len(q))] == [a[0], b[0], a[1], a[2]]
     assert not q and len(q) == 0
+
+
+def test_a_step_shared_by_calls_carries_a_limited_number_of_prompt_tokens() -> None:
+    """Stall-free steps: while more than one call has work, a step's prompt tokens are limited and shared between
+    the calls (decodes never limited); a call alone takes the whole budget."""
+    e = FakeEngine(num_blocks=1024, block_size=4, max_num_seqs=16, budget=64)
+    e.sched.prompt_tokens_when_shared = 12
+    big = [e.add(20, 1, first_token=100 * i, group="embed") for i in range(20)]
+    out = e.step()
+    assert out.num_batched_tokens == 64  # one call: the whole budget
+    chat = e.add(6, 5, first_token=9000, group="chat")
+    out = e.step()
+    assert chat.num_output_tokens == 1 and out.num_batched_tokens == 12  # 6 each: the chat's prompt in one step
+    for _ in range(3):
+        out = e.step()
+        by_group = {g: sum(s.num_new_tokens for s in out.scheduled if s.seq.group == g) for g in ("chat", "embed")}
+        assert by_group == {"chat": 1, "embed": 6}
+    e.step()  # the chat's last token
+    assert chat in e.finished
+    out = e.step()
+    assert out.num_batched_tokens == 64  # alone again
+    e.run()
+    assert all(s in e.finished for s in big)

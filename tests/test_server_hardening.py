@@ -248,7 +248,7 @@ def test_the_handler_of_last_resort_answers_json_with_an_error_id() -> None:
     async def boom() -> None:
         raise RuntimeError("a bug")
 
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, raise_server_exceptions=False, base_url="http://127.0.0.1") as client:
         r = client.get("/boom")
     error = assert_openai_error(r, 500)
     assert error["code"] == "internal_error" and r.headers["x-error-id"] in error["message"]
@@ -314,3 +314,11 @@ def test_a_client_that_leaves_before_the_first_byte_frees_everything(server: Ser
             time.sleep(0.05)
         assert r.status_code == 200, r.text
         wait_idle(server, timeout=8)  # the 4,000 tokens were aborted, not generated
+
+
+def test_paths_on_the_machine_are_shown_to_a_caller_with_the_key(server: ServerProcess) -> None:
+    """Without the key nothing is answered at all here; with it, the model's absolute path (tests/test_server_safety.py:
+    without a key set, only the file's name)."""
+    card = httpx.get(f"{server.url}/v1/models", headers=AUTH).json()["data"][0]
+    assert card["root"].startswith("/") and card["root"].endswith(".gguf")
+    assert httpx.get(f"{server.url}/server_info", headers=AUTH).json()["model_path"] == card["root"]

@@ -60,6 +60,13 @@ class EngineConfig:
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of shared prompt prefixes (default: on)")
     max_num_seqs: int = option(64, "sequences per step (default 64)", int)
     max_num_batched_tokens: int = option(512, "tokens per step: prefill chunks + decodes (default 512)", int)
+    decode_step_ms: float = option(
+        250.0,
+        "while more than one call has work, a step carries only the prompt tokens the engine computes in about this "
+        "many milliseconds (measured as it runs; at least a block), so a long prompt or a large embedding call does "
+        "not slow another client's stream or first token (default 250; 0: no limit)",
+        float,
+    )
     max_model_len: int | None = option(
         None, "prompt + output limit (default: the model's context, capped by the cache)", int
     )
@@ -129,6 +136,14 @@ class EngineConfig:
                 "kv_cache_dtype",
             )
         _positive_number("collective_timeout_s", self.collective_timeout_s)
+        if (
+            isinstance(self.decode_step_ms, bool)
+            or not isinstance(self.decode_step_ms, int | float)
+            or not (self.decode_step_ms >= 0)
+        ):
+            raise InvalidParameterError(
+                f"decode_step_ms must be 0 or more milliseconds, got {self.decode_step_ms!r}", "decode_step_ms"
+            )
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise InvalidParameterError(
                 "generation_config must be 'auto', 'tokenmill' or a path to a generation_config.json",

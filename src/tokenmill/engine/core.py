@@ -17,6 +17,7 @@ import torch
 from tokenmill.config import EngineConfig
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, SampleState
+from tokenmill.engine.step_pacer import StepPacer
 from tokenmill.engine.step_record import describe_step, step_header, step_time
 from tokenmill.engine.structured_output import Masks, StructuredOutputManager
 from tokenmill.executor.runner import TensorParallelRunner
@@ -74,6 +75,8 @@ class EngineCore:
         # the last step's size and time, recorded whatever record_steps says (the explorer shows it at page load)
         self.last_step_summary: dict[str, Any] | None = None
         self.num_steps = 0
+        # how many prompt tokens a step may carry while more than one call has work (step_pacer.py)
+        self.pacer = StepPacer(config.decode_step_ms, config.block_size, config.max_num_batched_tokens)
         self.prompt_tokens_total = 0  # prompt tokens computed (prefix-cache hits are not), for the throughput log
         self.generation_tokens_total = 0  # tokens sampled
         self._seq_ids = itertools.count()
@@ -150,6 +153,7 @@ class EngineCore:
         spec = self.config.speculative_config
         if spec is not None:
             self.speculator.plan(self.scheduler.running)
+        self.scheduler.prompt_tokens_when_shared = self.pacer.prompt_tokens_when_shared()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
@@ -182,6 +186,7 @@ class EngineCore:
             self.on_step_start(describe_step(sched, self._step_header(sched), self.requests))
         masks = self._start_grammar_masks(sched)  # computed while the forward runs
         result = self.runner.execute(chunks)
+        self.pacer.observe(sched.num_batched_tokens, time.monotonic() - now)
         self.num_steps += 1
         for s in sched.scheduled:
             prompt_len = s.seq.num_prompt_tokens

@@ -192,9 +192,17 @@ def run_serve(args: argparse.Namespace) -> int:
         max_tokens_default=args.max_tokens_default,
         max_tokens_limit=args.max_tokens_limit,
         log_stats_interval_s=args.log_stats_interval or None,
-        allowed_origins=[o.strip() for o in args.allowed_origins.split(",") if o.strip()],
+        host=args.host,
+        allowed_hosts=_names(args.allowed_hosts),
+        allowed_origins=_names(args.allowed_origins),
+        responses_store_bytes=args.responses_store_bytes,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
+
+
+def _names(flag: str) -> list[str]:
+    """A comma-separated flag's names."""
+    return [name.strip() for name in flag.split(",") if name.strip()]
 
 
 def run_torchrun_worker(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from dataclasses import fields
 
 from tokenmill import __version__
 from tokenmill.config import EngineConfig, ModelOptions
-from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
+from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
@@ -119,9 +119,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--allowed-origins",
-        default="*",
-        help="comma-separated origins web pages may call the API from (CORS; default *: any, as vLLM's and "
-        "llama.cpp's servers; '' for none)",
+        default="",
+        help="comma-separated origins whose web pages may call the API, beyond the local ones "
+        "(http(s)://localhost, 127.0.0.1, [::1], any port) and the server's own; '*' for any. Others get 403",
+    )
+    serve.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated Host names to answer beyond localhost, IP addresses and --host (a guard against "
+        "DNS rebinding: other names get 403); '*' for any, e.g. behind a proxy that keeps the client's Host",
+    )
+    serve.add_argument(
+        "--responses-store-bytes",
+        type=int,
+        default=DEFAULT_RESPONSES_STORE_BYTES,
+        help="the Responses API keeps its stored responses (at most 1,000) within this many bytes, the oldest "
+        f"dropped first (default {DEFAULT_RESPONSES_STORE_BYTES:,})",
     )
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
     serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")

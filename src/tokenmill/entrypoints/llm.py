@@ -126,9 +126,10 @@ class LLM:
     ) -> list[RequestOutput]:
         engine = self.engine
         ids: list[str] = []
+        group = f"generate-{engine.new_request_id()}"  # one call: its prompts take their turns together
         try:
             for prompt, p in zip(prompts, params, strict=True):
-                ids.append(engine.add_request(None, prompt, p))
+                ids.append(engine.add_request(None, prompt, p, group=group))
         except Exception:
             for request_id in ids:  # a bad prompt rejects the whole call; nothing is left half-run
                 engine.abort(request_id)

@@ -11,6 +11,11 @@ Each step has a token budget (max_num_batched_tokens) and a sequence cap (max_nu
    (waiting_queue.py: round robin over groups, first come first served within one, so a call of 2,048 prompts
    cannot hold back a request that arrives after it); a waiting sequence first takes whatever prefix of it the
    prefix cache holds.
+3. while more than one call has work (running or waiting), a step's prompt tokens are limited to
+   `prompt_tokens_when_shared` (the engine sets it from the step time it aims at: stall-free batching, after
+   Sarathi-Serve), shared equally between those calls (at least a block each), so one call's prompts, however
+   many, neither stretch the steps that stream another call's tokens nor hold back its first one. Decodes are
+   never limited; a call alone (an offline batch) is not either.
 
 The KV cache is asked only through its manager (kv_cache_manager.py), over one pool or, with sliding-window
 layers, two. After the step's tokens are sampled, `update_from_output` settles it: every scheduled sequence's
@@ -74,6 +79,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self._stopped: list[Sequence] = []  # stopped during the step: freed by update_from_output
+        # a step's prompt tokens while more than one call has work (None: no limit); set by the engine
+        self.prompt_tokens_when_shared: int | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -92,12 +99,13 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         kv = self.kv
         in_flight: set[int] = set()  # hashes of prompt blocks this step fills (prefix caching only)
+        share = _PromptShare(self.prompt_tokens_when_shared, self.running, self.waiting, kv.block_size)
 
         # 1. running sequences, oldest first
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = share.cap(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
             if num_new <= 0:
                 i += 1
                 continue
@@ -123,12 +131,16 @@ class Scheduler:
             self._add_copies(out, allocation)
             out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             self._note_in_flight(seq, num_new, in_flight)
+            share.spend(seq, num_new)
             budget -= num_new
             i += 1
 
         # 2. waiting sequences, the calls taking turns (none while we had to preempt)
+        spent_calls: set[str] = set()  # calls whose share of this step is used up (rule 3)
         while self.waiting and budget > 0 and not out.preempted:
             seq = self.waiting.peek()
+            if seq.group in spent_calls:
+                break  # every waiting call has had its turn
             slots_needed = seq.params.n if not seq.ever_scheduled else 1
             if len(self.running) + slots_needed > self.config.max_num_seqs:
                 break
@@ -138,7 +150,11 @@ class Scheduler:
                 if in_flight and self._next_block_in_flight(seq, hit.num_found, in_flight):
                     break  # another sequence is computing this prefix right now: hit it next step
             hit_tokens = hit.num_blocks * kv.block_size
-            num_new = min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget)
+            num_new = share.cap(seq, min(seq.num_tokens - seq.num_computed_tokens - hit_tokens, budget))
+            if num_new <= 0:  # its call's share is spent: the next call's turn
+                spent_calls.add(seq.group)
+                self.waiting.pass_turn()
+                continue
             if not kv.can_admit(seq, hit, num_new):
                 break
             if seq.num_computed_tokens == 0:
@@ -157,6 +173,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSequence(seq, seq.num_computed_tokens, num_new))
             self._note_in_flight(seq, num_new, in_flight)
+            share.spend(seq, num_new)
             budget -= num_new
         return out
 
@@ -221,3 +238,23 @@ class Scheduler:
             self.running.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.FINISHED
+
+
+class _PromptShare:
+    """What prompt tokens each call may still add to a step that more than one call shares (rule 3 above)."""
+
+    def __init__(self, limit: int | None, running: list[Sequence], waiting: WaitingQueue, block_size: int):
+        calls = {s.group for s in running} | waiting.groups()
+        self.limited = limit is not None and len(calls) > 1
+        self.per_call = max(block_size, (limit or 0) // max(len(calls), 1))
+        self.spent: dict[str, int] = {}
+
+    def cap(self, seq: Sequence, num_new: int) -> int:
+        """`num_new` tokens of `seq` (a chunk of its prompt, or a decode), as many as its call's share allows."""
+        if not self.limited or num_new <= 1:
+            return num_new
+        return min(num_new, self.per_call - self.spent.get(seq.group, 0))
+
+    def spend(self, seq: Sequence, num_new: int) -> None:
+        if self.limited and num_new > 1:
+            self.spent[seq.group] = self.spent.get(seq.group, 0) + num_new

@@ -37,6 +37,10 @@ class WaitingQueue:
                 if i < len(q):
                     yield q[i]
 
+    def groups(self) -> set[str]:
+        """The groups with a sequence waiting."""
+        return set(self._groups)
+
     def append(self, seq: Sequence) -> None:
         """A new sequence: at the back of its group (a new group goes to the back of the turns)."""
         queue = self._groups.get(seq.group)
@@ -70,6 +74,11 @@ class WaitingQueue:
         else:
             del self._groups[group]
         return seq
+
+    def pass_turn(self) -> None:
+        """The front group lets the next one go first (it may take nothing more this step)."""
+        if self._groups:
+            self._groups.move_to_end(next(iter(self._groups)))
 
     def remove(self, seq: Sequence) -> bool:
         """Take `seq` out wherever it waits (aborted); False when it does not wait here."""

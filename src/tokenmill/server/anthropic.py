@@ -41,6 +41,8 @@ def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
         functions = tools.check_tools(req.openai_tools()) if req.tools else []
         _, callable_functions = tools.chosen_functions(functions, req.openai_tool_choice())
         ids = await asyncio.to_thread(chat_prompt, engine, req.chat_messages(), callable_functions)
+        # as /v1/messages would: a prompt too long for the context is refused (however many messages make it up)
+        engine.inputs.check_prompt_length(len(ids))
         return {"input_tokens": len(ids)}
 
 

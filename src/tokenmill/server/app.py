@@ -27,7 +27,7 @@ from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
 from tokenmill.server.infill import add_infill_routes
-from tokenmill.server.middleware import APIKeyGuard, BodyLimit
+from tokenmill.server.middleware import APIKeyGuard, BodyLimit, HostOriginGuard, JSONBodies
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.responses import add_responses_routes
@@ -60,17 +60,22 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     def protected(path: str) -> bool:
         return path.startswith(PROTECTED_PREFIXES) or (settings.metrics_require_key and path == "/metrics")
 
-    # outermost first: the key is checked before a body is read, and bodies are bounded before they are parsed
+    # added innermost first. From the outside in: Host and Origin are checked before anything else; a browser's
+    # preflight (OPTIONS, no key) is answered by CORS; the key is checked before a body is read; bodies are
+    # bounded before they are parsed, and read as JSON whatever their Content-Type (safe behind the origin check)
+    policy = state.origin_policy
+    app.add_middleware(JSONBodies)
     app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
     app.add_middleware(APIKeyGuard, key=lambda: settings.api_key, protects=protected)
-    if settings.allowed_origins:  # outermost: a browser's preflight (OPTIONS, no key) is answered here
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.allowed_origins,
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=["x-request-id"],
-        )
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"] if policy.any_origin else list(policy.allowed_origins),
+        allow_origin_regex=None if policy.any_origin else policy.cors_origin_regex(),
+        allow_methods=["*"],
+        allow_headers=["*"],
+        expose_headers=["x-request-id"],
+    )
+    app.add_middleware(HostOriginGuard, policy=policy)
     with_model = error_responses(400, 401, 404, 413, 503)
 
     @app.get(
@@ -95,25 +100,25 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     # load balancers and uptime checks ask with HEAD: the same status, no body (not in the schema: HEAD has none)
     app.head("/health", include_in_schema=False)(health)
 
-    def model_card() -> dict:
+    def model_card(request: Request) -> dict:
         engine = state.require_engine()
         return {
             "id": state.model_name,
             "object": "model",
             "created": state.created,
             "owned_by": "tokenmill",
-            "root": state.model_path,
+            "root": state.shown_path(request),
             "max_model_len": engine.engine.max_model_len,
         }
 
     @app.get("/v1/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
-    async def models() -> dict:
-        return {"object": "list", "data": [model_card()]}
+    async def models(request: Request) -> dict:
+        return {"object": "list", "data": [model_card(request)]}
 
     # the OpenAI client's models.retrieve(id); ids with a slash ("org/name") are one path
     @app.get("/v1/models/{model_id:path}", response_model=schemas.ModelCard, responses=error_responses(401, 404, 503))
-    async def model(model_id: str) -> dict:
-        card = model_card()
+    async def model(model_id: str, request: Request) -> dict:
+        card = model_card(request)
         if model_id != card["id"]:
             raise APIError(
                 404,

@@ -14,11 +14,9 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.server.completions import SHUTDOWN_ERROR, split_prompts
 from tokenmill.server.generation import ClientDisconnected, Generation
-from tokenmill.server.protocol import APIRequest, prompt_problem
+from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest, prompt_problem
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.state import ServerState
-
-MAX_INPUTS = 2048  # OpenAI's limit on inputs in one call
 
 
 class EmbeddingRequest(APIRequest):
@@ -33,7 +31,7 @@ class EmbeddingRequest(APIRequest):
     @field_validator("input", mode="before")
     @classmethod
     def _input_shape(cls, value: Any) -> Any:
-        problem = prompt_problem(value, MAX_INPUTS, "input")
+        problem = prompt_problem(value, MAX_EMBEDDING_INPUTS, "input")
         if problem is not None:
             raise PydanticCustomError("input_shape", problem)
         return value

@@ -124,7 +124,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     ctx = first.get("ctx") or {}
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}", None
-    if first.get("type") in ("invalid_unicode", "unsupported_field"):
+    if first.get("type") in ("invalid_unicode", "unsupported_field", "field_error"):
         return first["msg"], ctx.get("param")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     where = ".".join(loc) if loc else "body"

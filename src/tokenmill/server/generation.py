@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -45,15 +45,19 @@ class GenerationStream(StreamingResponse):
         generation: "Generation",
         headers: dict[str, str] | None = None,
         media_type: str = "text/event-stream",  # Ollama's streams: "application/x-ndjson"
+        on_close: Callable[[], None] | None = None,  # also run however the response ends (after the call closes)
     ):
         super().__init__(events, media_type=media_type, headers=headers)
         self.generation = generation
+        self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.generation.close()
+            if self.on_close is not None:
+                self.on_close()
 
 
 class Generation:

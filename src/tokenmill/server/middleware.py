@@ -1,4 +1,5 @@
-"""ASGI middleware in front of the routes: the API key, and the limit on request body size.
+"""ASGI middleware in front of the routes: the Host and Origin checks, bodies read as JSON, the API key, and the
+limit on request body size.
 
 Plain ASGI classes (not BaseHTTPMiddleware), so that handlers still see client disconnects and streams pass
 through untouched.
@@ -10,6 +11,71 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenmill.server.errors import APIError
+from tokenmill.server.origins import OriginPolicy
+
+JSON = b"application/json"
+
+
+class HostOriginGuard:
+    """403 for a request whose Host is no name of this server (DNS rebinding) or that a web page of a disallowed
+    origin sends (its preflight included), before anything else runs (origins.py has the rules)."""
+
+    def __init__(self, app: ASGIApp, policy: OriginPolicy):
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            policy = self.policy
+            headers = dict(scope["headers"])
+            host = _text(headers.get(b"host"))
+            origin = _text(headers.get(b"origin"))
+            error = None
+            if not policy.host_allowed(host):
+                error = APIError(
+                    403,
+                    f"the Host header {host!r} is no name this server answers to (a guard against DNS rebinding); "
+                    "start it with --allowed-hosts NAME to answer it",
+                    code="host_not_allowed",
+                )
+            elif not policy.origin_allowed(origin, host):
+                error = APIError(
+                    403,
+                    f"web pages from {origin!r} may not call this server; start it with --allowed-origins {origin} "
+                    "to let them",
+                    code="origin_not_allowed",
+                )
+            if error is not None:
+                await error.response(scope["path"])(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class JSONBodies:
+    """Every request body is read as JSON, whatever its Content-Type says: Ollama's documented calls are
+    `curl URL -d '{...}'`, which sends application/x-www-form-urlencoded. Safe only behind HostOriginGuard: a web
+    page can send such a body without a preflight, so its origin must be checked first."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH", "DELETE"):
+            headers = scope["headers"]
+            kind = next((value for name, value in headers if name == b"content-type"), None)
+            if kind is None or not _is_json(kind):
+                rest = [(name, value) for name, value in headers if name != b"content-type"]
+                scope = {**scope, "headers": [*rest, (b"content-type", JSON)]}
+        await self.app(scope, receive, send)
+
+
+def _is_json(content_type: bytes) -> bool:
+    kind = content_type.split(b";", 1)[0].strip().lower()
+    return kind == JSON or kind.endswith(b"+json")
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 class APIKeyGuard:
@@ -24,15 +90,19 @@ class APIKeyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = self.key()
         if key and scope["type"] == "http" and self.protects(scope["path"]):
-            headers = dict(scope["headers"])
-            bearer = hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {key}".encode())
-            if not bearer and not hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode()):
+            if not carries_key(dict(scope["headers"]), key):
                 response = APIError(
                     401, "Incorrect API key provided; send it as 'Authorization: Bearer <key>'", code="invalid_api_key"
                 ).response(scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def carries_key(headers: dict[bytes, bytes], key: str) -> bool:
+    """Whether a request's headers (lowercase names) hold the API key, as a bearer token or as x-api-key."""
+    bearer = hmac.compare_digest(headers.get(b"authorization", b""), f"Bearer {key}".encode())
+    return bearer or hmac.compare_digest(headers.get(b"x-api-key", b""), key.encode())
 
 
 class BodyLimit:

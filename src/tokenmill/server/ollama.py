@@ -70,12 +70,12 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         }
 
     @app.post("/api/show", responses={**answers("the model's details"), **errors(400, 401, 404, 413, 503)})
-    async def show(req: ShowRequest) -> dict:
+    async def show(req: ShowRequest, request: Request) -> dict:
         name = req.model or req.name
         if name is None:
             raise APIError(400, "model is required", param="model")
         check_model(state, name)
-        return _show(state)
+        return _show(state, state.shown_path(request))
 
     @app.post("/api/chat", responses={**answers("the reply", NDJSON), **errors(400, 401, 404, 413, 503)})
     async def chat(req: ChatRequest, request: Request):
@@ -328,7 +328,7 @@ def _details(state: ServerState) -> dict:
     }
 
 
-def _show(state: ServerState) -> dict:
+def _show(state: ServerState, shown_path: str) -> dict:
     engine = state.require_engine().engine
     facts, c = engine.model_facts, engine.model_config
     defaults = engine.generation_defaults.sampling_values()
@@ -337,7 +337,7 @@ def _show(state: ServerState) -> dict:
     arch = facts.architecture
     capabilities = ["completion", "tools", "embedding"]
     return {
-        "modelfile": f"# served by tokenmill {__version__}\nFROM {state.model_path}\n"
+        "modelfile": f"# served by tokenmill {__version__}\nFROM {shown_path}\n"
         + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines()),
         "parameters": parameters,
         "template": template,

@@ -5,11 +5,11 @@ model (num_gpu, num_thread, ...) are fixed when `tokenmill serve` starts."""
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.server.protocol import APIRequest
+from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest, field_error
 from tokenmill.structured.params import StructuredOutputsParams
 
 # Ollama's option -> SamplingParams' field
@@ -163,6 +163,15 @@ class EmbedRequest(OllamaRequest):
     input: str | Annotated[list[str], Field(min_length=1)]
     truncate: bool = True  # Ollama's default: a too-long input is cut to the context (false: refused)
     dimensions: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _at_most_the_limit(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
+            raise field_error(
+                "input", f"{len(value):,} inputs in one call; at most {MAX_EMBEDDING_INPUTS:,} are allowed"
+            )
+        return value
 
 
 class LegacyEmbeddingsRequest(OllamaRequest):

@@ -26,6 +26,7 @@ from tokenmill.structured.params import StructuredOutputsParams
 from tokenmill.tokenizer.chat_template import ROLES
 
 MAX_PROMPTS_PER_REQUEST = 128  # a list of prompts becomes one engine request each (as many as n may ask for)
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs in one embeddings call, held on every API's
 
 TokenId = Annotated[int, Field(ge=0)]
 # a 64-bit seed, signed or not (as vLLM's int64 and llama.cpp's uint32/64 seeds); beyond it 400, as theirs
@@ -84,6 +85,11 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
 
 def unsupported_field_error(name: str, why: str = "is not supported by this server") -> PydanticCustomError:
     return PydanticCustomError("unsupported_field", "{param} " + why, {"param": name})
+
+
+def field_error(name: str, message: str) -> PydanticCustomError:
+    """A validation error whose message is said as is (no pydantic location prefix), naming the field."""
+    return PydanticCustomError("field_error", message, {"param": name})
 
 
 class APIRequest(BaseModel):

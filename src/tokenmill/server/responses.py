@@ -7,6 +7,7 @@ into output items: a message with output_text, or function_call items.
 """
 
 import json
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -28,33 +29,75 @@ from tokenmill.server.state import ServerState
 from tokenmill.structured.tools import ToolCall
 
 MAX_STORED = 1000
+logger = logging.getLogger(__name__)
 
 
 class ResponseStore:
-    """Responses by id, with the conversation each ends (messages, without the request's instructions)."""
+    """Responses by id, each with the conversation it ends (messages, without the request's instructions), kept
+    as compact JSON: at most `max_count` of them in at most `max_bytes`, the oldest dropped first. A response
+    still being made is kept with its status (in_progress) and no conversation yet."""
 
-    def __init__(self) -> None:
-        self._items: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+    def __init__(self, max_bytes: int, max_count: int = MAX_STORED):
+        self.max_bytes = max_bytes
+        self.max_count = max_count
+        self._items: OrderedDict[str, bytes] = OrderedDict()  # oldest first
+        self.num_bytes = 0
 
-    def put(self, body: dict, conversation: list[dict]) -> None:
-        self._items[body["id"]] = (body, conversation)
-        while len(self._items) > MAX_STORED:
-            self._items.popitem(last=False)
+    def __len__(self) -> int:
+        return len(self._items)
 
-    def get(self, response_id: str) -> tuple[dict, list[dict]]:
-        if response_id not in self._items:
-            raise APIError(
-                404, f"no response with id '{response_id}' is stored in this server", param="previous_response_id"
+    def put(self, body: dict, conversation: list[dict] | None) -> None:
+        """Store (or replace) a response; `conversation` None: it cannot be continued (not completed)."""
+        response_id = body["id"]
+        data = json.dumps({"body": body, "conversation": conversation}, separators=(",", ":")).encode()
+        self._drop(response_id)
+        if len(data) > self.max_bytes:
+            logger.warning(
+                "response %s is not stored: its %d bytes are more than --responses-store-bytes (%d)",
+                response_id,
+                len(data),
+                self.max_bytes,
             )
-        return self._items[response_id]
+            return
+        self._items[response_id] = data
+        self.num_bytes += len(data)
+        while len(self._items) > self.max_count or self.num_bytes > self.max_bytes:
+            self._drop(next(iter(self._items)))
+
+    def body(self, response_id: str) -> dict:
+        return self._entry(response_id, None)["body"]
+
+    def conversation(self, response_id: str) -> list[dict]:
+        """The conversation a completed response ends, for previous_response_id (404: not stored; 400: not
+        completed)."""
+        entry = self._entry(response_id, "previous_response_id")
+        if entry["conversation"] is None:
+            status = entry["body"]["status"]
+            raise APIError(
+                400,
+                f"response '{response_id}' is {status}: only a finished response can be continued",
+                param="previous_response_id",
+            )
+        return entry["conversation"]
 
     def delete(self, response_id: str) -> None:
-        self.get(response_id)
-        del self._items[response_id]
+        self._entry(response_id, None)
+        self._drop(response_id)
+
+    def _entry(self, response_id: str, param: str | None) -> dict:
+        data = self._items.get(response_id)
+        if data is None:
+            raise APIError(404, f"no response with id '{response_id}' is stored in this server", param=param)
+        return json.loads(data)
+
+    def _drop(self, response_id: str) -> None:
+        data = self._items.pop(response_id, None)
+        if data is not None:
+            self.num_bytes -= len(data)
 
 
 def add_responses_routes(app: FastAPI, state: ServerState) -> None:
-    store = ResponseStore()
+    store = ResponseStore(state.settings.responses_store_bytes)
 
     @app.post(
         "/v1/responses",
@@ -65,7 +108,7 @@ def add_responses_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v1/responses/{response_id}", responses={**answers("a stored response"), **error_responses(401, 404)})
     async def retrieve(response_id: str) -> dict:
-        return store.get(response_id)[0]
+        return store.body(response_id)
 
     @app.delete("/v1/responses/{response_id}", responses={**answers("deleted"), **error_responses(401, 404)})
     async def delete(response_id: str) -> dict:
@@ -84,8 +127,11 @@ class _Turn:
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.message_id = "msg_" + uuid.uuid4().hex[:24]
+        self.settled = False  # finished, or stored as cancelled or failed
 
-    def body(self, status: str, output: list[dict], final: RequestOutput | None = None) -> dict:
+    def body(
+        self, status: str, output: list[dict], final: RequestOutput | None = None, error: dict | None = None
+    ) -> dict:
         req = self.req
         incomplete = final is not None and final.outputs[0].finish_reason == "length"
         return {
@@ -107,7 +153,7 @@ class _Turn:
             "truncation": "disabled",
             "store": req.store,
             "metadata": req.metadata or {},
-            "error": None,
+            "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "usage": _usage(final) if final is not None else None,
         }
@@ -121,8 +167,24 @@ class _Turn:
     def output(self, text: str, calls: list[ToolCall] | None) -> list[dict]:
         return ([self.message_item(text)] if text or not calls else []) + [_call_item(c) for c in calls or []]
 
+    def begin(self) -> None:
+        """Stored (when the request asks) as in_progress while it is made: GET answers so meanwhile."""
+        if self.req.store:
+            self.store.put(self.body("in_progress", []), None)
+
+    def settle(self, error: APIError | None = None) -> None:
+        """The response ended unfinished: stored as failed (with the error) or cancelled (its client left, or the
+        server stopped it), so GET says what became of it. A no-op once it finished or settled."""
+        if self.settled:
+            return
+        self.settled = True
+        if self.req.store:
+            failure = None if error is None else {"code": error.code or error.type, "message": error.message}
+            self.store.put(self.body("cancelled" if error is None else "failed", [], None, failure), None)
+
     def finish(self, final: RequestOutput, text: str, calls: list[ToolCall] | None) -> dict:
         """The finished response's body, stored with its conversation when the request asks."""
+        self.settled = True
         body = self.body("completed", self.output(text, calls), final)
         if self.req.store:
             reply: dict[str, Any] = {"role": "assistant", "content": text}
@@ -136,7 +198,7 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     client_id, request_id = call_id(http_request, "resp")
     state.check_model(req.model)
     engine = state.require_engine().engine
-    history = list(store.get(req.previous_response_id)[1]) if req.previous_response_id else []
+    history = list(store.conversation(req.previous_response_id)) if req.previous_response_id else []
     history += req.input_messages()
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     max_tokens = state.output_limit(req.max_output_tokens, None)
@@ -152,20 +214,26 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
         http_request=http_request,
     )
     turn = _Turn(req, state, store, history)
+    turn.begin()
     if req.stream:
         seq = _Sequence()
         events = _events(chat.generation, CallWatch(chat.functions), turn, seq)
         guarded = guarded_stream(events, state.metrics.internal_errors.inc, seq.error)
-        return GenerationStream(guarded, chat.generation, headers=echo(client_id))
+        return GenerationStream(guarded, chat.generation, headers=echo(client_id), on_close=turn.settle)
     try:
         (final,) = await chat.generation.collect(http_request)
+        o = final.outputs[0]
+        if o.finish_reason == "abort":
+            raise aborted_error(state)
+        text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
+        return JSONResponse(turn.finish(final, text, calls), headers=echo(client_id))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
-    o = final.outputs[0]
-    if o.finish_reason == "abort":
-        raise aborted_error(state)
-    text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
-    return JSONResponse(turn.finish(final, text, calls), headers=echo(client_id))
+    except APIError as exc:
+        turn.settle(exc)
+        raise
+    finally:
+        turn.settle()
 
 
 def _call_item(call: ToolCall) -> dict:
@@ -255,4 +323,5 @@ async def _events(generation: Generation, watch: CallWatch, turn: _Turn, seq: _S
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             yield seq.event(kind, {"response": body})
     except APIError as exc:
+        turn.settle(exc)
         yield seq.error(exc)

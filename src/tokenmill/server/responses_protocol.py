@@ -9,11 +9,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
-from tokenmill.server.protocol import STRICT, APIRequest, unsupported_field_error
+from tokenmill.server.protocol import STRICT, APIRequest, field_error, unsupported_field_error
 from tokenmill.structured.params import StructuredOutputsParams
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
+# OpenAI's limits on a response's metadata: what a stored response may carry
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 
 
 class TextFormat(BaseModel):
@@ -42,7 +46,7 @@ class Reasoning(BaseModel):
 
 class ResponsesRequest(APIRequest):
     model: str | None = None
-    input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -62,6 +66,34 @@ class ResponsesRequest(APIRequest):
     top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = None  # log-probabilities: not served here
     conversation: None = None  # the Conversations API is not served
     prompt: None = None  # nor stored prompt templates
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_shape(cls, value: Any) -> Any:
+        if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, dict) for v in value)):
+            return value
+        if isinstance(value, list) and not value:
+            raise field_error("input", "input is an empty list: give a text or at least one input item")
+        raise field_error("input", "input must be a text or a list of input items (objects)")
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata_limits(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        if len(value) > MAX_METADATA_PAIRS:
+            raise field_error("metadata", f"metadata has {len(value)} pairs; at most {MAX_METADATA_PAIRS} are allowed")
+        for key, item in value.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise field_error(
+                    "metadata", f"a metadata key has {len(key)} characters; at most {MAX_METADATA_KEY_CHARS}"
+                )
+            if isinstance(item, str) and len(item) > MAX_METADATA_VALUE_CHARS:
+                raise field_error(
+                    "metadata",
+                    f"metadata[{key!r}] has {len(item)} characters; at most {MAX_METADATA_VALUE_CHARS} are allowed",
+                )
+        return value
 
     @field_validator("background")
     @classmethod

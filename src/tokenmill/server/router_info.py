@@ -2,7 +2,7 @@
 launch --worker-urls ...`): /server_info and /model_info when it registers a replica (the served model's name,
 its limits), and /get_load (how busy the replica is). The older /get_* names are answered too."""
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from tokenmill import __version__
 from tokenmill.server.schemas import ANY_OBJECT, answers, error_responses
@@ -10,11 +10,11 @@ from tokenmill.server.state import ServerState
 
 
 def add_router_routes(app: FastAPI, state: ServerState) -> None:
-    def server_info() -> dict:
+    def server_info(request: Request) -> dict:
         engine = state.require_engine().engine
         config = engine.config
         return {
-            "model_path": state.model_path,
+            "model_path": state.shown_path(request),
             "served_model_name": state.model_name,
             "version": f"tokenmill {__version__}",
             "tp_size": config.tensor_parallel_size,
@@ -25,11 +25,11 @@ def add_router_routes(app: FastAPI, state: ServerState) -> None:
             "max_model_len": engine.max_model_len,
         }
 
-    def model_info() -> dict:
+    def model_info(request: Request) -> dict:
         engine = state.require_engine().engine
         return {
-            "model_path": state.model_path,
-            "tokenizer_path": state.model_path,
+            "model_path": state.shown_path(request),
+            "tokenizer_path": state.shown_path(request),
             "is_generation": True,
             "model_type": engine.model_facts.architecture,
             "architectures": [engine.model_facts.architecture],

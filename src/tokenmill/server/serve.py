@@ -1,12 +1,15 @@
 """`tokenmill serve`: uvicorn with a graceful SIGTERM.
 
-On SIGTERM (or Ctrl-C) the server stops accepting connections and new requests, lets requests in flight finish
-for `--shutdown-grace` seconds, then aborts what is left (a stream gets a final error event) and exits.
+On SIGTERM (or Ctrl-C) the server takes no new requests (it keeps listening, so /health and new requests get a 503
+that says it is shutting down, as a load balancer expects), lets requests in flight finish for `--shutdown-grace`
+seconds, then aborts what is left (a stream gets a final error event), stops listening and exits. A second signal
+aborts at once.
 """
 
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -61,9 +64,17 @@ class TokenmillServer(uvicorn.Server):
         )
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.state.shutting_down and self._loop is not None:
+        loop = self._loop
+        if not self.state.shutting_down and loop is not None:
+            # drain first, still listening; uvicorn is told to exit (and stops listening) once it is done
             self.state.shutting_down = True
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+            return
+        if self.state.shutting_down:  # a second signal: no more waiting
+            self.state.abort_all()
+        self._stop_uvicorn(sig, frame)
+
+    def _stop_uvicorn(self, sig, frame) -> None:
         super().handle_exit(sig, frame)
         # uvicorn re-raises the signal after shutting down, so the process would die of it; a drained server
         # exits normally (status 0) instead
@@ -76,6 +87,8 @@ class TokenmillServer(uvicorn.Server):
         if not await self.state.wait_idle(grace):
             logger.warning("grace period over: aborting %d requests", len(self.state.in_flight))
             self.state.abort_all()
+            await self.state.wait_idle(5.0)  # their streams send their last (error) events
+        self._stop_uvicorn(signal.SIGTERM, None)
 
 
 def serve(
@@ -97,6 +110,7 @@ def serve(
         check_gguf_magic(path)
     if settings.api_key is None:
         settings.api_key = os.environ.get("TOKENMILL_API_KEY") or None
+    settings.host = host
     state = ServerState(settings)
     # load the model while the web stack is imported and started; /health says 503 until it is ready
     threading.Thread(target=_load_quietly, args=(state, prefetched), name="tokenmill-load", daemon=True).start()

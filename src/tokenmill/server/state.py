@@ -6,14 +6,19 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from starlette.requests import Request
 
 from tokenmill import __version__
 from tokenmill.engine.async_engine import AsyncEngine
-from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES
+from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 from tokenmill.server.errors import APIError
 from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
+from tokenmill.server.middleware import carries_key
+from tokenmill.server.origins import OriginPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +40,12 @@ class ServerSettings:
     max_tokens_default: int | None = None  # a request that names no max_tokens gets this (None: the API's default)
     max_tokens_limit: int | None = None  # no request may ask for more output tokens (400)
     log_stats_interval_s: float | None = 10.0  # a throughput line this often while busy (None: never)
-    # origins a web page may call the API from (CORS; ["*"]: any, as vLLM's and llama.cpp's servers; []: none)
-    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    host: str = "127.0.0.1"  # where it listens: a Host header may name it (origins.py)
+    # Host names answered beyond localhost, IP addresses and --host (["*"]: any; a guard against DNS rebinding)
+    allowed_hosts: list[str] = field(default_factory=list)
+    # origins whose web pages may call the API beyond the local ones (http(s)://localhost etc.; ["*"]: any)
+    allowed_origins: list[str] = field(default_factory=list)
+    responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES  # the Responses API's stored responses, at most
 
 
 class ServerState:
@@ -57,6 +66,19 @@ class ServerState:
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
         self.events = EventHub()
         self.ready = threading.Event()
+
+    @property
+    def origin_policy(self) -> OriginPolicy:
+        s = self.settings
+        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins))
+
+    def shown_path(self, http_request: Request) -> str:
+        """The model's path as a caller may see it: whole to a caller that sent the API key, else only the file's
+        (or directory's) name: where files live on the machine is no business of a caller without the key."""
+        key = self.settings.api_key
+        if key and carries_key(dict(http_request.scope["headers"]), key):
+            return self.model_path
+        return Path(self.model_path).name
 
     def output_limit(self, asked: int | None, api_default: int | None) -> int | None:
         """The max_tokens a request runs with: what it asked, else the server's default, else the model's (its

@@ -1,0 +1,35 @@
+"""How many prompt tokens a step may carry while more than one call has work (scheduler.py, rule 3).
+
+A step's time grows with its tokens: on a 2-core CPU 512 prompt tokens of the 135M model take about a second, so a
+stream whose decode shares each step with another call's prompt chunks (a 2,048-input embedding call, a long
+document) would get one token a second. The pacer keeps those steps near `target_ms`: it learns the engine's
+seconds per token from the steps that carry many tokens (an exponential average, so it follows a machine whose
+speed drifts or whose cores are shared) and gives the scheduler the tokens that fit, at least one KV block's worth
+so every prompt makes progress. Before it has measured, and with no target, nothing is limited.
+"""
+
+MIN_TOKENS_MEASURED = 32  # steps with fewer tokens (decodes alone) say little about the cost of a prompt token
+SMOOTHING = 0.3  # the weight of the newest step in the average
+
+
+class StepPacer:
+    def __init__(self, target_ms: float | None, min_tokens: int, max_tokens: int):
+        self.target_s = target_ms / 1000 if target_ms else None
+        self.min_tokens = min_tokens
+        self.max_tokens = max_tokens
+        self.seconds_per_token: float | None = None
+
+    def prompt_tokens_when_shared(self) -> int | None:
+        """The limit for the next step (None: none)."""
+        if self.target_s is None or self.seconds_per_token is None:
+            return None
+        fit = int(self.target_s / self.seconds_per_token)
+        return max(self.min_tokens, min(fit, self.max_tokens))
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        """A step of `num_tokens` took `seconds` (its forward pass and sampling)."""
+        if num_tokens < MIN_TOKENS_MEASURED or seconds <= 0:
+            return
+        rate = seconds / num_tokens
+        old = self.seconds_per_token
+        self.seconds_per_token = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate

@@ -1,0 +1,100 @@
+"""Which Host names and which web-page origins a server on a user's own machine answers.
+
+Two attacks reach a server that listens on 127.0.0.1 without a key: a page on any site calling it from the
+user's browser (cross-origin requests: refused unless the origin is allowed, even the "simple" ones a browser
+sends without asking first), and DNS rebinding (a page whose own name the attacker's DNS points at 127.0.0.1, so
+its requests are same-origin: the Host header still carries the attacker's name, and is refused). Ollama's rules,
+which the issue follows: Host must be a name the server is known by, and only local pages (and those given) may
+call it.
+
+Allowed Host names: localhost (and *.localhost), any IP address (a rebinding page can only send its DNS name),
+the --host value, the machine's own name when listening on every interface (0.0.0.0, ::), and --allowed-hosts
+(`*`: any). Allowed origins: http(s) pages on localhost, loopback addresses, any port; the page's own server
+(the request explorer: Origin is the Host it was loaded from); and --allowed-origins (`*`: any).
+"""
+
+import ipaddress
+import socket
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+ANY = "*"
+UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+@dataclass(frozen=True)
+class OriginPolicy:
+    listen_host: str = "127.0.0.1"  # --host
+    allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts, beyond the names above
+    allowed_origins: tuple[str, ...] = ()  # --allowed-origins, beyond the local ones
+    _host_names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = {_host_name(self.listen_host), *(_host_name(h) for h in self.allowed_hosts)}
+        if self.listen_host in UNSPECIFIED_HOSTS:
+            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        object.__setattr__(self, "_host_names", frozenset(names))
+
+    @property
+    def any_host(self) -> bool:
+        return ANY in self.allowed_hosts
+
+    @property
+    def any_origin(self) -> bool:
+        return ANY in self.allowed_origins
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        """Whether a request's Host header names this server (no header: a client that is no browser)."""
+        if host_header is None or self.any_host:
+            return True
+        name = _host_name(host_header)
+        return _is_local_name(name) or _is_ip(name) or name in self._host_names
+
+    def origin_allowed(self, origin: str | None, host_header: str | None) -> bool:
+        """Whether a page of `origin` may call the API (no Origin header: not a browser's cross-origin call). Call
+        it once the Host is allowed: a page of the server itself (Origin = its Host) is then allowed too."""
+        if origin is None or self.any_origin:
+            return True
+        normalized = origin.strip().rstrip("/").lower()
+        if normalized in {o.rstrip("/").lower() for o in self.allowed_origins}:
+            return True
+        try:
+            parts = urlsplit(normalized)
+            parts.port  # noqa: B018 - raises on a port that is no number
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or parts.hostname is None:
+            return False  # "null" (a sandboxed frame, a file:// page) and other schemes
+        if _is_local_name(parts.hostname):
+            return True
+        return host_header is not None and parts.netloc == host_header.strip().lower()
+
+    def cors_origin_regex(self) -> str:
+        """Starlette's CORSMiddleware answers the preflight of the origins this regex matches (local pages); the
+        exact ones given come as its list."""
+        return r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+
+
+def _host_name(host: str) -> str:
+    """`host` without its port, brackets and trailing dot, lowercased: "[::1]:8000" -> "::1"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def _is_local_name(name: str) -> bool:
+    name = name.strip("[]")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    return _is_ip(name) and ipaddress.ip_address(name).is_loopback
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
