@@ -10,10 +10,12 @@ from tokenmill.errors import InvalidParameterError
 def test_it_learns_the_cost_of_a_token_and_fits_the_target() -> None:
     pacer = StepPacer(250, min_tokens=16, max_tokens=512)
     assert pacer.prompt_tokens_when_shared() is None  # nothing measured yet: no limit
-    pacer.observe(4, 0.5)  # decodes alone: not a prompt token's cost
-    assert pacer.prompt_tokens_when_shared() is None
-    pacer.observe(500, 1.0)  # 2 ms a token
+    pacer.observe(500, 1.0)  # 2 ms a token (no fixed part known yet)
     assert pacer.prompt_tokens_when_shared() == 125
+    pacer.observe(4, 0.05)  # decodes alone: the fixed part of a step, which the prompt tokens fit beside
+    assert pacer.prompt_tokens_when_shared() == 100  # (250 - 50) ms / 2 ms
+    pacer.observe(500, 1.05)  # 50 ms + 500 x 2 ms
+    assert pacer.prompt_tokens_when_shared() == 100
     for _ in range(30):  # the machine got 4x faster: the limit follows
         pacer.observe(500, 0.25)
     assert 480 <= pacer.prompt_tokens_when_shared() <= 512

@@ -13,9 +13,9 @@ Each step has a token budget (max_num_batched_tokens) and a sequence cap (max_nu
    prefix cache holds.
 3. while more than one call has work (running or waiting), a step's prompt tokens are limited to
    `prompt_tokens_when_shared` (the engine sets it from the step time it aims at: stall-free batching, after
-   Sarathi-Serve), shared equally between those calls (at least a block each), so one call's prompts, however
-   many, neither stretch the steps that stream another call's tokens nor hold back its first one. Decodes are
-   never limited; a call alone (an offline batch) is not either.
+   Sarathi-Serve), shared equally between the calls that have prompt tokens to compute (at least a block each),
+   so one call's prompts, however many, neither stretch the steps that stream another call's tokens nor hold back
+   its first one. Decodes are never limited; a call alone (an offline batch) is not either.
 
 The KV cache is asked only through its manager (kv_cache_manager.py), over one pool or, with sliding-window
 layers, two. After the step's tokens are sampled, `update_from_output` settles it: every scheduled sequence's
@@ -246,7 +246,9 @@ class _PromptShare:
     def __init__(self, limit: int | None, running: list[Sequence], waiting: WaitingQueue, block_size: int):
         calls = {s.group for s in running} | waiting.groups()
         self.limited = limit is not None and len(calls) > 1
-        self.per_call = max(block_size, (limit or 0) // max(len(calls), 1))
+        # shared between the calls that have prompt tokens to compute; one that only decodes needs none
+        with_prompts = {s.group for s in running if s.num_tokens - s.num_computed_tokens > 1} | waiting.groups()
+        self.per_call = max(block_size, (limit or 0) // max(len(with_prompts), 1))
         self.spent: dict[str, int] = {}
 
     def cap(self, seq: Sequence, num_new: int) -> int:
