@@ -106,29 +106,42 @@ def _read(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch
     return kv_quant.decode(rows, dtype) if cache.dtype == torch.int8 else rows.to(dtype)
 
 
-QUERY_BLOCK = 128  # prompt positions per attention call: blocks at multiples of it in the sequence
+QUERY_BLOCK = 128  # prompt positions per attention call past the first block
+FIRST_BLOCKS = (16, 32, 64, 128)  # the first 128 positions' blocks end here: a short prompt pads to 16, 32 or 64
+
+
+def query_blocks(start: int, end: int) -> list[tuple[int, int]]:
+    """The blocks [a, b) of sequence positions that cover start..end-1. Where a block begins and ends depends on
+    the positions alone, never on how a prompt was chunked: 0-15, 16-31, 32-63, 64-127, then 128 at a time."""
+    blocks, a = [], 0
+    while a < end:
+        b = next((e for e in FIRST_BLOCKS if e > a), a + QUERY_BLOCK)
+        if b > start:
+            blocks.append((a, b))
+        a = b
+    return blocks
 
 
 def _causal_in_query_blocks(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """Causal attention of a chunk's queries q [1, H, q_len, D], the last q_len positions of the context keys /
-    values [1, KVH, ctx, D] -> [1, H, q_len, D], in blocks of QUERY_BLOCK positions aligned to the sequence
-    (0-127, 128-255, ...). Each block is one call of the same shapes whatever the chunking: its 128 query rows
-    (the chunk's, zeros elsewhere) against the keys of every position up to the block's end (zeros past the
-    context, masked). torch's kernels (flash and math alike) give a row different bits beside a different number
-    of rows or keys, so without this a prompt's numbers depended on how its steps were cut (chunked prefill next
-    to other requests), which one int8 activation pass turns into different greedy tokens (3 of 12 prompts).
-    `mask` [1, 1, q_len, ctx] bool: a sliding window's band (None: plain causal). 4-D inputs: torch's CPU flash
-    kernel takes only those (3-D ones fall back to the math path, 3.4x slower at 512 tokens of 32 heads)."""
+    values [1, KVH, ctx, D] -> [1, H, q_len, D], in blocks of positions fixed by the sequence (query_blocks). Each
+    block is one call of the same shapes whatever the chunking: its rows (the chunk's, zeros elsewhere) against
+    the keys of every position up to the block's end (zeros past the context, masked). torch's kernels (flash and
+    math alike) give a row different bits beside a different number of rows or keys, so without this a prompt's
+    numbers depended on how its steps were cut (chunked prefill next to other requests), which one int8
+    activation pass turns into different greedy tokens (3 of 12 prompts). The small first blocks keep a short
+    prompt (a chat turn, an embedding input) from paying for 128 x 128. `mask` [1, 1, q_len, ctx] bool: a sliding
+    window's band (None: plain causal). 4-D inputs: torch's CPU flash kernel takes only those (3-D ones fall back
+    to the math path, 3.4x slower at 512 tokens of 32 heads)."""
     heads, q_len, dim = q.shape[1], q.shape[2], q.shape[3]
     ctx = keys.shape[2]
     start = ctx - q_len  # the chunk's first position in its sequence
-    first, last = start // QUERY_BLOCK, (ctx - 1) // QUERY_BLOCK  # the blocks it touches
-    span = (last + 1) * QUERY_BLOCK  # every position up to the end of its last block
+    blocks = query_blocks(start, ctx)
+    base, span = blocks[0][0], blocks[-1][1]  # the first block's first position; the last one's end
     padded_keys = F.pad(keys, (0, 0, 0, span - ctx)) if span > ctx else keys  # [1, KVH, span, D]
     padded_values = F.pad(values, (0, 0, 0, span - ctx)) if span > ctx else values
-    base = first * QUERY_BLOCK  # the first block's first position
     positions = torch.arange(span, device=q.device)
     # [span - base, span]: which key each of the blocks' rows may see
     allowed = (positions.unsqueeze(0) <= positions[base:].unsqueeze(1)) & (positions < ctx)
@@ -142,20 +155,18 @@ def _causal_in_query_blocks(
         queries = q.new_zeros(1, heads, span - base, dim)  # the blocks' rows, the chunk's in place
         queries[:, :, start - base : ctx - base] = q
     outs = []
-    for block in range(first, last + 1):
-        rows = slice(block * QUERY_BLOCK - base, (block + 1) * QUERY_BLOCK - base)
-        end = (block + 1) * QUERY_BLOCK
-        block_mask = allowed[rows, :end]  # [128, end]
+    for a, b in blocks:
+        rows = slice(a - base, b - base)
         out = F.scaled_dot_product_attention(
             queries[:, :, rows],
-            padded_keys[:, :, :end],
-            padded_values[:, :, :end],
-            attn_mask=block_mask,
+            padded_keys[:, :, :b],
+            padded_values[:, :, :b],
+            attn_mask=allowed[rows, :b],  # [b - a, b]
             scale=scale,
             enable_gqa=True,
         )
         outs.append(out)
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, blocks * 128, D]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, span - base, D]
     return out[:, :, start - base : ctx - base]
 
 
