@@ -179,12 +179,13 @@ def test_every_option_has_help_and_there_is_a_version() -> None:
     assert out.returncode == 0 and out.stdout.strip() == f"tokenmill {__version__}"
 
 
-def _read_until(fd: int, wanted: bytes, seen: bytearray, timeout: float = 120) -> None:
-    """Read the terminal into `seen` until it holds `wanted` (after what it held before)."""
+def _read_until(fd: int, wanted: bytes, seen: bytearray, timeout: float = 120, start: int | None = None) -> None:
+    """Read the terminal into `seen` until it holds `wanted` after `start` (default: after what it held before;
+    name an earlier place when the read before may have brought it in already)."""
     import os
     import select
 
-    start, deadline = len(seen), time.monotonic() + timeout
+    start, deadline = len(seen) if start is None else start, time.monotonic() + timeout
     while wanted not in seen[start:]:
         assert time.monotonic() < deadline, f"no {wanted!r} in {bytes(seen[start:])[-500:]!r}"
         if select.select([fd], [], [], 0.5)[0]:
@@ -226,7 +227,8 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
         os.write(fd, b"typed ahead\x7fD")  # with a backspace
         _read_until(fd, b"time to first token", seen)
         answer = bytes(seen[typed_at:]).split(b"[", 1)[0]
-        _read_until(fd, b"> typed aheaD", seen, timeout=30)  # offered as the next line's start
+        # offered as the next line's start (the read of the answer's end may have brought it already)
+        _read_until(fd, b"> typed aheaD", seen, timeout=30, start=typed_at)
         assert b"time to first token" not in seen[:typed_at], "typed after the answer ended: proves nothing"
         assert b"typed" not in answer and b"300 generated" in seen
         assert seen.count(b"time to first token") == 1  # not sent as a message
@@ -238,8 +240,8 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
         _read_bytes(fd, 200, seen)  # the second answer is streaming
         assert b"time to first token" not in seen[streaming_from:]
         os.write(fd, b"second\rthi")
-        _read_until(fd, b"> second\r\n", seen)  # shown as sent, after the second answer's timings
-        _read_until(fd, b"> thi", seen)
+        _read_until(fd, b"> second\r\n", seen, start=streaming_from)  # shown as sent, after the second answer
+        _read_until(fd, b"> thi", seen, start=streaming_from)
         timings = seen.count(b"time to first token")
         assert timings == 3, bytes(seen[-800:])  # the third answer was the entered line's
     finally:
