@@ -235,7 +235,12 @@ def test_the_pool_tries_its_team_again_within_a_body_once_the_while_alone_is_ove
     caller_pieces = np.zeros(400, dtype=np.int64)
     try:
         set_threads(2, lib)
-        time.sleep(0.1)  # an earlier while alone is long past: this body's first one is the shortest
+        # an earlier while alone (a test's before, up to 2 s) is over and long past (200 ms: SOLO_AGAIN_NS), so
+        # this body's first one is the shortest
+        deadline = time.monotonic() + 5
+        while lib.tm_pool_solo() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
         stalls = lib.tm_pool_stalls()
         lib.tm_pool_probe(400, 16, 100, 30_000, caller_pieces.ctypes.data)
         shared = [job for job, pieces in enumerate(caller_pieces.tolist()) if pieces < 16]
