@@ -1,14 +1,13 @@
 """Gemma 3 (270M, from its GGUF) through the shared decoder in float32: the reference continuations and
-log-probabilities, a prompt longer than two sliding windows against HF transformers loaded live from the same
-file, mixed batches with prefix caching, the chat format, and the server."""
+log-probabilities, a prompt longer than two sliding windows against HF transformers on the same file
+(tests/data/hf_extra.json), mixed batches with prefix caching, the chat format, and the server."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from tests.hf_loading import fast_gguf_reading
+from tests.conftest import load_reference
 from tests.test_engine import token_lists
 from tests.test_golden import check_greedy, greedy
 from tokenmill import LLM, SamplingParams
@@ -21,24 +20,17 @@ def gemma(gemma3_path: Path) -> LLM:
     engine.engine.check_integrity()
 
 
-@pytest.fixture(scope="module")
-def hf_gemma(gemma3_path: Path):
-    import transformers
-
-    with fast_gguf_reading():
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            gemma3_path.parent, gguf_file=gemma3_path.name, dtype=torch.float32
-        )
-    return model.eval()
-
-
-def long_prompt(gemma: LLM) -> list[int]:
+def long_prompt_text() -> str:
     """About 1,200 tokens: more than two of the local layers' 512-token windows."""
     items = " ".join(
         f"Item {i}: the {['red', 'blue', 'green', 'old', 'new'][i % 5]} box holds {i * 7 % 13} stones."
         for i in range(90)
     )
-    return gemma.get_tokenizer().encode(items + " Question: which item holds the most stones? Answer:")
+    return items + " Question: which item holds the most stones? Answer:"
+
+
+def long_prompt(gemma: LLM) -> list[int]:
+    return gemma.get_tokenizer().encode(long_prompt_text())
 
 
 def test_architecture_traits(gemma: LLM) -> None:
@@ -66,25 +58,18 @@ def test_reference_prompts_from_text(gemma: LLM, gemma3_reference: dict) -> None
 
 
 @pytest.mark.slow
-def test_a_prompt_longer_than_the_window_matches_hf(gemma: LLM, hf_gemma) -> None:
+def test_a_prompt_longer_than_the_window_matches_hf(gemma: LLM) -> None:
     """1,193 tokens in 256-token chunks: local layers see only their window (a layer that saw everything would
-    move the log-probabilities far more than 1e-3)."""
+    move the log-probabilities far more than 1e-3). HF's tokens and log-probabilities: tests/data/hf_extra.json."""
+    expected = load_reference("hf_extra")["gemma3_long"]
     ids = long_prompt(gemma)
-    assert len(ids) > 2 * gemma.engine.model_config.sliding_window
-    with torch.no_grad():
-        expected = hf_gemma.generate(
-            torch.tensor([ids]),
-            max_new_tokens=12,
-            min_new_tokens=12,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    hf_logprobs = torch.log_softmax(expected.logits[0][0].float(), -1)  # after the prompt
+    assert ids == expected["prompt_ids"] and len(ids) > 2 * gemma.engine.model_config.sliding_window
     out = gemma.generate({"prompt_token_ids": ids}, greedy(12), use_tqdm=False)[0].outputs[0]
-    assert out.token_ids == expected.sequences[0, len(ids) :].tolist()
+    assert out.token_ids == expected["greedy"]
+    hf_logprobs = dict(zip(expected["top_ids"], expected["top_logprobs"], strict=True))
+    assert set(out.logprobs[0]) <= set(hf_logprobs)  # our top 10 (and the chosen token) among HF's top 20
     for token, lp in out.logprobs[0].items():
-        assert abs(lp.logprob - hf_logprobs[token].item()) < 1e-3
+        assert abs(lp.logprob - hf_logprobs[token]) < 1e-3
 
 
 @pytest.mark.slow

@@ -1,15 +1,13 @@
 """The bundled model in float32 against HF transformers float32 on the same GGUF: the shared reference data,
-then other prompts and texts computed live with transformers.
+then other prompts and texts (transformers' numbers in tests/data/hf_extra.json, tests/data/make_hf_extra.py).
 
 HF's reference continuations never stop at EOS (generation was forced to 32 tokens), so we ask for
 min_tokens=32, which bans EOS the same way; llama.cpp's continuations instead run on past EOS (ignore_eos)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.hf_loading import fast_gguf_reading
+from tests.conftest import load_reference
 from tokenmill import LLM, PoolingParams, SamplingParams
 
 OTHER_CHATS = [
@@ -23,7 +21,9 @@ OTHER_RAW = [
     "def fibonacci(n):\n",
     "In 1969, humans first",
 ]
+OTHER_NEW_TOKENS = 24
 SCORED_TEXT = "Tokenizers split text into pieces; the model then predicts the next piece, one at a time. 🚀"
+EMBEDDED_TEXTS = [SCORED_TEXT, "The cat sat on the mat.", "x"]
 
 
 def greedy(n: int) -> SamplingParams:
@@ -100,64 +100,46 @@ def test_reference_prompts_from_text(llm: LLM, smollm2_reference: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def hf_model(bundled_path: Path):
-    import transformers
-
-    with fast_gguf_reading():
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            bundled_path.parent, gguf_file=bundled_path.name, dtype=torch.float32
-        )
-    return model.eval()
+def hf_extra() -> dict:
+    """HF transformers float32 on the prompts and texts above (tests/data/make_hf_extra.py makes it again)."""
+    return load_reference("hf_extra")
 
 
 @pytest.mark.slow
-def test_other_prompts_against_hf(llm: LLM, hf_model) -> None:
+def test_other_prompts_against_hf(llm: LLM, hf_extra: dict) -> None:
     tokenizer = llm.get_tokenizer()
     prompts = [llm.engine.encode_chat([{"role": "user", "content": c}]) for c in OTHER_CHATS]
     prompts += [tokenizer.encode(r, add_special_tokens=True) for r in OTHER_RAW]
-    n = 24
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n), use_tqdm=False)
-    expected_tokens = []
-    for prompt, out in zip(prompts, outs, strict=True):
-        with torch.no_grad():
-            ids = torch.tensor([prompt])
-            logits = hf_model(ids).logits[0, -1]
-            hf = hf_model.generate(
-                ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=tokenizer.eos_token_id
-            )
-        expected_tokens.append(hf[0, len(prompt) :].tolist())
-        hf_logprobs = torch.log_softmax(logits.float(), -1)
-        top = torch.topk(hf_logprobs, 10)
+    expected = hf_extra["smollm2_other"]
+    assert prompts == [e["prompt_ids"] for e in expected]  # rendered and encoded as when HF was run
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(OTHER_NEW_TOKENS), use_tqdm=False)
+    for e, out in zip(expected, outs, strict=True):
         ours = out.outputs[0].logprobs[0]
-        for token, expected in zip(top.indices.tolist(), top.values.tolist(), strict=True):
-            assert abs(ours[token].logprob - expected) < 2e-3
-    check_greedy([o.outputs[0].token_ids for o in outs], expected_tokens)
+        for token, lp in zip(e["top_ids"], e["top_logprobs"], strict=True):
+            assert abs(ours[token].logprob - lp) < 2e-3
+    check_greedy([o.outputs[0].token_ids for o in outs], [e["greedy"] for e in expected])
 
 
 @pytest.mark.slow
-def test_prompt_logprobs_against_hf(llm: LLM, hf_model) -> None:
+def test_prompt_logprobs_against_hf(llm: LLM, hf_extra: dict) -> None:
     ids = llm.get_tokenizer().encode(SCORED_TEXT)
+    expected = hf_extra["smollm2_scored"]
+    assert ids == expected["ids"]
     out = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
-    with torch.no_grad():
-        expected = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), -1)
     assert out.prompt_logprobs[0] is None
     for pos in range(1, len(ids)):
         ours = out.prompt_logprobs[pos][ids[pos]].logprob
-        assert abs(ours - expected[pos - 1, ids[pos]].item()) < 2e-3, pos
+        assert abs(ours - expected["next_logprobs"][pos - 1]) < 2e-3, pos
 
 
 @pytest.mark.slow
-def test_embeddings_are_hf_final_hidden_states_pooled(llm: LLM, hf_model) -> None:
+def test_embeddings_are_hf_final_hidden_states_pooled(llm: LLM, hf_extra: dict) -> None:
     """An embedding is the final norm's output (transformers' last_hidden_state) pooled over the prompt: the mean
     or the last token's, normalized or not."""
     tokenizer = llm.get_tokenizer()
-    texts = [SCORED_TEXT, "The cat sat on the mat.", "x"]
-    means = llm.embed(texts)
-    lasts = llm.embed(texts, PoolingParams("last", normalize=False))
-    for text, mean, last in zip(texts, means, lasts, strict=True):
-        ids = tokenizer.encode(text, add_special_tokens=True)
-        with torch.no_grad():
-            states = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]  # [T, H]
-        expected_mean = torch.nn.functional.normalize(states.mean(0), dim=0)
-        assert torch.allclose(torch.tensor(mean), expected_mean, atol=2e-4), text
-        assert torch.allclose(torch.tensor(last), states[-1], rtol=1e-3, atol=2e-3), text
+    means = llm.embed(EMBEDDED_TEXTS)
+    lasts = llm.embed(EMBEDDED_TEXTS, PoolingParams("last", normalize=False))
+    for e, text, mean, last in zip(hf_extra["smollm2_embeddings"], EMBEDDED_TEXTS, means, lasts, strict=True):
+        assert tokenizer.encode(text, add_special_tokens=True) == e["ids"]
+        assert torch.allclose(torch.tensor(mean), torch.tensor(e["mean"]), atol=2e-4), text
+        assert torch.allclose(torch.tensor(last), torch.tensor(e["last"]), rtol=1e-3, atol=2e-3), text
