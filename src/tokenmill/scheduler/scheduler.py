@@ -244,10 +244,10 @@ class _PromptShare:
     """What prompt tokens each call may still add to a step that more than one call shares (rule 3 above)."""
 
     def __init__(self, limit: int | None, running: list[Sequence], waiting: WaitingQueue, block_size: int):
-        calls = {s.group for s in running} | waiting.groups()
-        self.limited = limit is not None and len(calls) > 1
+        waiting_calls = waiting.groups()
+        self.limited = limit is not None and len({s.group for s in running} | waiting_calls) > 1
         # shared between the calls that have prompt tokens to compute; one that only decodes needs none
-        with_prompts = {s.group for s in running if s.num_tokens - s.num_computed_tokens > 1} | waiting.groups()
+        with_prompts = {s.group for s in running if s.num_tokens - s.num_computed_tokens > 1} | waiting_calls
         self.per_call = max(block_size, (limit or 0) // max(len(with_prompts), 1))
         self.spent: dict[str, int] = {}
 
