@@ -378,3 +378,16 @@ def test_logit_soft_capping_is_refused(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "softcap.gguf", model)
     with pytest.raises(UnsupportedModelError, match=r"softcap.gguf: gemma3.final_logit_softcapping \(logit soft"):
         model_config_from_source(GGUFFile(path))
+
+
+@pytest.mark.parametrize("matrix_type", ["Q8_0", "Q4_0"])
+def test_an_untied_table_of_the_heads_type_gives_its_own_rows(matrix_type: str, tmp_path: Path) -> None:
+    """Under the quantized modes a tied table's rows are looked up from the head's blocks; an untied table of the
+    head's type (every matrix of a Q8_0 file: Llama 3.1 8B's, Qwen 2.5 7B's) is another tensor, whose rows are its
+    own (until 2026-12-03 they were the head's: every prompt embedded wrong)."""
+    model = TinyModel(hidden=256, seed=8)
+    path = write_tiny_gguf(tmp_path / "untied.gguf", model, matrix_type)
+    dense, _ = build_model(GGUFFile(path), torch.float32, torch.device("cpu"))
+    quantized, _ = build_model(GGUFFile(path), torch.float32, torch.device("cpu"), "auto")
+    ids = torch.arange(model.vocab_size)
+    assert torch.equal(quantized.embed(ids), dense.embed(ids))

@@ -235,7 +235,9 @@ class LlamaForCausalLM(nn.Module):
         weights = WeightLoader(source, quantization, self.dtype)
         head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
         self.lm_head = weights.head(head_name)
-        table = weights.embedding("token_embd.weight", self.lm_head)
+        # a tied head is the table itself: its rows can be looked up from the head's blocks (an untied head of the
+        # same type as the table is another tensor)
+        table = weights.embedding("token_embd.weight", self.lm_head if c.tie_word_embeddings else None)
         if isinstance(table, torch.Tensor):  # float: the table, which a tied dense head shares
             self.embed_tokens = nn.Parameter(table, False)
             if c.tie_word_embeddings:
