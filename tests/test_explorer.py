@@ -289,7 +289,7 @@ def test_another_tabs_request_shows_in_the_engine_panel(server, browser) -> None
     watcher = open_explorer(browser, server.url)
     other = open_explorer(browser, server.url)
     other.fill("#prompt", "Write a long story about a lighthouse.")
-    other.fill("#max-tokens", "200")
+    other.fill("#max-tokens", "48")  # 48 steps: each one an event the watcher sees
     other.click("#submit")
     watcher.wait_for_function("document.getElementById('eng-running').textContent === '1'", timeout=60_000)
     watcher.wait_for_function("document.getElementById('eng-requests').textContent.includes('chatcmpl')")
