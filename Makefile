@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PEERS := .venv-peers
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test-deps serve generate test test-fast lint clean bench-peers bench reference
+.PHONY: install test-deps serve generate test test-fast lint clean bench-peers bench reference moe-reference
 
 # `make serve PORT=8123 HOST=0.0.0.0 ARGS="--model gemma3-270m"`: where it listens, and any other serve options
 PORT ?= 8000
@@ -76,6 +76,18 @@ reference: install bench-peers
 	$(PEERS)/bin/python tests/data/make_reference.py \
 		--smollm2 "$$($(BIN)/python -c 'from tokenmill.loader.model_path import bundled_model_path as p; print(p())')" \
 		--gemma3 "$$($(BIN)/python -c 'from tokenmill.loader.model_path import gemma3_270m_path as p; print(p())')"
+
+# tests/data/moe_llamacpp.json made again by llama.cpp's own converter and llama.cpp (tests/data/make_moe_llamacpp.py);
+# the converter comes from llama-cpp-python's source distribution, the llama.cpp the peers' build runs
+LLAMA_CPP_SDIST := $(HOME)/.cache/tokenmill/llama-cpp-python-0.3.36
+moe-reference: install bench-peers
+	test -f $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36.tar.gz || $(PEERS)/bin/python -m pip download --quiet --no-deps \
+		--no-binary :all: llama-cpp-python==0.3.36 -d $(LLAMA_CPP_SDIST)
+	test -d $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36 || tar xzf $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36.tar.gz \
+		-C $(LLAMA_CPP_SDIST)
+	$(PEERS)/bin/python tests/data/make_moe_llamacpp.py \
+		--converter $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36/vendor/llama.cpp \
+		--tokenizer "$$($(BIN)/python -c 'from tokenmill.loader.model_path import bundled_model_path as p; print(p())')"
 
 clean:
 	rm -rf $(VENV) $(PEERS) .pytest_cache .ruff_cache *.egg-info

@@ -7,6 +7,7 @@ into HF transformers' model of the architecture and compare.
 """
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,22 @@ class TinyModel:
     special_tokens: dict[int, str] = field(default_factory=dict)  # token id -> its text, a control token
     final_logit_softcapping: float | None = None  # gemma3: written when set, as the converter does
     seed: int = 0
+    # a mixture of experts (arch qwen3moe, qwen2moe, olmoe; llama with experts is Mixtral): `experts` experts of
+    # width `expert_intermediate`, `experts_used` a token, in every layer but `dense_layers`; Qwen2-MoE's shared
+    # expert of width `shared_intermediate`
+    experts: int = 0
+    experts_used: int = 2
+    expert_intermediate: int = 32
+    shared_intermediate: int = 0
+    dense_layers: tuple[int, ...] = ()
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # HF names, float32
+
+    def is_moe(self, layer: int) -> bool:
+        return self.experts > 0 and layer not in self.dense_layers
+
+    @property
+    def mixtral(self) -> bool:
+        return self.arch == "llama" and self.experts > 0
 
     @property
     def head_dim(self) -> int:
@@ -77,12 +93,42 @@ class TinyModel:
             if self.arch == "qwen2":
                 for name, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
                     self.weights[p + f"self_attn.{name}.bias"] = w(size, scale=0.3)
-            if self.arch in ("qwen3", "gemma3"):
+            if self.arch in ("qwen2moe",):
+                for name, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+                    self.weights[p + f"self_attn.{name}.bias"] = w(size, scale=0.3)
+            if self.arch in ("qwen3", "gemma3", "qwen3moe"):
                 self.weights[p + "self_attn.q_norm.weight"] = norm(self.head_dim)
                 self.weights[p + "self_attn.k_norm.weight"] = norm(self.head_dim)
+            if self.arch == "olmoe":  # one norm over the whole Q, one over the whole K
+                self.weights[p + "self_attn.q_norm.weight"] = norm(q)
+                self.weights[p + "self_attn.k_norm.weight"] = norm(kv)
+            if self.is_moe(i):
+                self._make_experts(p, w)
             if self.arch == "gemma3":  # its post_attention_layernorm norms the attention's output
                 self.weights[p + "pre_feedforward_layernorm.weight"] = norm(self.hidden)
                 self.weights[p + "post_feedforward_layernorm.weight"] = norm(self.hidden)
+
+    def _make_experts(self, p: str, w) -> None:
+        """A mixture in place of layer `p`'s dense MLP, under the architecture's HF names. The router's scale makes
+        the routing decisive (its top-k gaps wider than float rounding), so every reader picks the same experts."""
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del self.weights[p + f"mlp.{name}.weight"]
+        block, names = (
+            ("block_sparse_moe", ("w1", "w3", "w2")) if self.mixtral else ("mlp", ("gate_proj", "up_proj", "down_proj"))
+        )
+        self.weights[p + f"{block}.gate.weight"] = w(self.experts, self.hidden, scale=0.5)
+        width = self.expert_intermediate
+        for e in range(self.experts):
+            gate, up, down = (p + f"{block}.experts.{e}.{n}.weight" for n in names)
+            self.weights[gate] = w(width, self.hidden, scale=0.15)
+            self.weights[up] = w(width, self.hidden, scale=0.15)
+            self.weights[down] = w(self.hidden, width, scale=0.15)
+        if self.shared_intermediate:
+            s = self.shared_intermediate
+            self.weights[p + "mlp.shared_expert.gate_proj.weight"] = w(s, self.hidden)
+            self.weights[p + "mlp.shared_expert.up_proj.weight"] = w(s, self.hidden)
+            self.weights[p + "mlp.shared_expert.down_proj.weight"] = w(self.hidden, s)
+            self.weights[p + "mlp.shared_expert_gate.weight"] = w(1, self.hidden, scale=0.5)
 
 
 TinyLlama = TinyModel  # the llama defaults
@@ -116,7 +162,7 @@ def llama3_rope_freqs(model: TinyModel) -> np.ndarray:
 def gguf_tensors(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array) of every tensor, as the converter makes them from the HF weights."""
     names = gguf.get_tensor_name_map(_ARCHES[model.arch], model.layers)
-    for hf_name, value in model.weights.items():
+    for hf_name, value in _experts_stacked(model):
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"no GGUF name for {hf_name} in {model.arch}")
@@ -129,6 +175,19 @@ def gguf_tensors(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
         yield name, value
     if (model.rope_scaling or {}).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_freqs(model)
+
+
+def _experts_stacked(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
+    """The HF weights, each layer's experts of a kind stacked into one [experts, rows, columns] tensor named as the
+    converter names it before mapping (`model.layers.0.mlp.experts.gate_proj`), in place of its first expert."""
+    expert = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
+    for hf_name, value in model.weights.items():
+        match = expert.fullmatch(hf_name)
+        if match is None:
+            yield hf_name, value
+        elif match.group(2) == "0":
+            stacked = [model.weights[f"{match.group(1)}.{e}.{match.group(3)}.weight"] for e in range(model.experts)]
+            yield f"{match.group(1)}.{match.group(3)}.weight", np.stack(stacked)
 
 
 def write_hparams(writer: gguf.GGUFWriter, model: TinyModel) -> None:
@@ -157,6 +216,13 @@ def write_hparams(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     if model.arch == "llama":
         writer.add_vocab_size(model.vocab_size)
         writer.add_rope_dimension_count(model.head_dim)
+    if model.experts:
+        writer.add_expert_count(model.experts)
+        writer.add_expert_used_count(model.experts_used)
+        if model.arch in ("qwen2moe", "qwen3moe"):  # the others' expert width is feed_forward_length
+            writer.add_expert_feed_forward_length(model.expert_intermediate)
+        if model.shared_intermediate:
+            writer.add_expert_shared_feed_forward_length(model.shared_intermediate)
     if model.arch == "gemma3":
         writer.add_rope_freq_base_swa(model.local_rope_theta)
         writer.add_sliding_window(model.sliding_window)
@@ -189,7 +255,8 @@ def write_tiny_gguf(path: Path, model: TinyModel, matrix_type: str = "F32", arch
     write_tokenizer(writer, model)
     qtype = gguf.GGMLQuantizationType[matrix_type]
     for name, value in gguf_tensors(model):
-        if value.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        router = name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))  # the converter keeps F32
+        if value.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not router:
             raw = gguf.quants.quantize(value, qtype)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         else:

@@ -211,8 +211,8 @@ def test_smollm2_as_safetensors_gives_the_ggufs_output(llm: LLM, bundled_path: P
 def test_unsupported_architecture_is_named(tmp_path: Path, tokenizer_files: Path) -> None:
     folder = write_tiny("llama", tmp_path, tokenizer_files)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["MixtralForCausalLM"]}))
-    with pytest.raises(UnsupportedModelError, match="MixtralForCausalLM.*supported: Gemma3ForCausalLM, Llama"):
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["PhiForCausalLM"]}))
+    with pytest.raises(UnsupportedModelError, match="PhiForCausalLM.*supported: Gemma3ForCausalLM, Llama"):
         LLM(str(folder))
 
 

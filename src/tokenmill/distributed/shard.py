@@ -6,6 +6,12 @@ TP 3, 6 + 3 at TP 2), and with each KV head replicated on several ranks when the
 intermediate dimension and the vocabulary are split evenly, the MLP on 32-weight block edges, so that every rank
 runs the quantized kernels on whole blocks of its own shard. Column-parallel weights (Q/K/V, gate/up, the
 embedding and LM head) are cut by rows, row-parallel ones (attention output, down) by columns.
+
+A mixture of experts is split the same way inside every expert: each rank holds a slice of every expert's width
+(and of a shared expert's), the router whole. Whole experts per rank (expert parallelism) would leave a rank idle
+whenever the router picks the other's experts (one sequence's 8 of Qwen3-30B-A3B's 128 rarely split evenly), and
+would need a second exchange of every token's rows; slices keep both ranks busy on every chosen expert and need
+only the sum after down that the dense MLP already takes.
 """
 
 import re
@@ -16,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.loader.experts import ExpertStack, expert_tensor
 from tokenmill.loader.gguf_file import GGUFFile, GGUFTensor, quant_block_shape
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config import ModelConfig
@@ -48,6 +55,8 @@ class ShardPlan:
     kv_heads: tuple[int, int]
     intermediate: tuple[int, int]
     vocab: tuple[int, int]
+    expert_intermediate: tuple[int, int] = (0, 0)
+    shared_intermediate: tuple[int, int] = (0, 0)
 
     @classmethod
     def for_rank(cls, config: ModelConfig, rank: int, world_size: int) -> "ShardPlan":
@@ -67,10 +76,21 @@ class ShardPlan:
                 )
             q = _even_split(c.num_heads, n, rank)
             kv = (q[0] // group, q[0] // group + 1)
-        if c.intermediate_size % (n * BLOCK_EDGE):
+        widths = [("intermediate_size", c.intermediate_size)] if not all(map(c.is_moe, range(c.num_layers))) else []
+        if c.num_experts:
+            widths.append(("the experts' intermediate size", c.expert_intermediate_size))
+            if c.shared_expert_intermediate_size:
+                widths.append(("the shared expert's intermediate size", c.shared_expert_intermediate_size))
+        for what, width in widths:
+            if width % (n * BLOCK_EDGE):
+                raise ShardingError(
+                    f"tensor_parallel_size {n} cannot split the MLP: {what} {width} is not a multiple of {n} x "
+                    f"{BLOCK_EDGE} (each rank takes whole {BLOCK_EDGE}-weight blocks)"
+                )
+        if c.qk_norm_whole and n > 1:
             raise ShardingError(
-                f"tensor_parallel_size {n} cannot split the MLP: intermediate_size {c.intermediate_size} is not a "
-                f"multiple of {n} x {BLOCK_EDGE} (each rank takes whole {BLOCK_EDGE}-weight blocks)"
+                f"tensor_parallel_size {n}: {c.architecture}'s QK-norm spans every head at once, which one rank's "
+                "heads cannot compute (use tensor_parallel_size 1)"
             )
         if c.vocab_size % n:
             raise ShardingError(f"tensor_parallel_size {n} does not divide the vocabulary size {c.vocab_size}")
@@ -79,7 +99,17 @@ class ShardPlan:
                 f"tensor_parallel_size {n}: rank {rank}'s attention heads {q[0]}..{q[1] - 1} of head_dim "
                 f"{c.head_dim} do not start and end on {BLOCK_EDGE}-weight block edges"
             )
-        return cls(c, rank, n, q, kv, _even_split(c.intermediate_size, n, rank), _even_split(c.vocab_size, n, rank))
+        return cls(
+            c,
+            rank,
+            n,
+            q,
+            kv,
+            _even_split(c.intermediate_size, n, rank),
+            _even_split(c.vocab_size, n, rank),
+            _even_split(c.expert_intermediate_size, n, rank),
+            _even_split(c.shared_expert_intermediate_size, n, rank),
+        )
 
     @property
     def local_config(self) -> ModelConfig:
@@ -90,10 +120,13 @@ class ShardPlan:
             num_kv_heads=self.kv_heads[1] - self.kv_heads[0],
             intermediate_size=self.intermediate[1] - self.intermediate[0],
             vocab_size=self.vocab[1] - self.vocab[0],
+            expert_intermediate_size=self.expert_intermediate[1] - self.expert_intermediate[0],
+            shared_expert_intermediate_size=self.shared_intermediate[1] - self.shared_intermediate[0],
         )
 
     def cut(self, name: str) -> tuple[int, int, int] | None:
-        """How tensor `name` is cut for this rank: (axis 0 rows or 1 columns, start, end), or None (whole)."""
+        """How tensor `name` is cut for this rank: (axis 0 rows or 1 columns, start, end), or None (whole). An
+        expert tensor's axes are each expert's (rows, columns)."""
         d = self.config.head_dim
         if name in ("token_embd.weight", "output.weight"):
             return 0, *self.vocab
@@ -109,6 +142,14 @@ class ShardPlan:
             return 0, *self.intermediate
         if kind == "ffn_down":
             return 1, *self.intermediate
+        if kind in ("ffn_gate_exps", "ffn_up_exps"):
+            return 0, *self.expert_intermediate
+        if kind == "ffn_down_exps":
+            return 1, *self.expert_intermediate
+        if kind in ("ffn_gate_shexp", "ffn_up_shexp"):
+            return 0, *self.shared_intermediate
+        if kind == "ffn_down_shexp":
+            return 1, *self.shared_intermediate
         return None
 
 
@@ -143,6 +184,16 @@ class ShardedGGUF:
         if cut is None:
             return tensor
         axis, start, end = cut
+        if len(tensor.shape) == 3:  # experts: the same cut of each
+            parts = [self._cut(expert_tensor(tensor, e), axis, start, end) for e in range(tensor.shape[0])]
+            return GGUFTensor(
+                name, tensor.ggml_type, (len(parts), *parts[0].shape), ExpertStack([p.data for p in parts])
+            )
+        return self._cut(tensor, axis, start, end)
+
+    @staticmethod
+    def _cut(tensor: GGUFTensor, axis: int, start: int, end: int) -> GGUFTensor:
+        name = tensor.name
         if axis == 0:
             return GGUFTensor(name, tensor.ggml_type, (end - start, *tensor.shape[1:]), tensor.data[start:end])
         rows, cols = tensor.shape

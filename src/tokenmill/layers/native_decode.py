@@ -127,6 +127,8 @@ class NativeLlamaDecoder:
         self.model = model
         self.lib = lib
         c = model.config
+        if c.num_experts or c.qk_norm_whole:  # generated tokens of these take the torch path (layers/moe.py)
+            raise ValueError("the native decoder computes dense MLPs and per-head QK-norms only")
         self.projections = [
             [
                 _packed(m)

@@ -19,8 +19,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.loader.experts import ExpertStack, release_expert_pages
 from tokenmill.loader.gguf_file import GGUFTensor
-from tokenmill.loader.pages import release_pages
 
 # config.json "architectures" -> tokenmill's architecture name (GGUF's general.architecture)
 HF_ARCHITECTURES = {
@@ -28,6 +28,10 @@ HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "MixtralForCausalLM": "llama",  # llama with a mixture of experts, as llama.cpp's converter writes it
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "OlmoeForCausalLM": "olmoe",
 }
 # safetensors dtype -> (GGUF tensor type, numpy dtype of its stored elements, bytes per value): bfloat16 is kept as
 # raw bytes, as GGUF files keep it (numpy has no bfloat16)
@@ -56,6 +60,23 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # mixtures of experts: the router, Qwen2-MoE's shared expert and its gate
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+# one expert's weights (Qwen's and OLMoE's names, Mixtral's w1/w3/w2) -> the GGUF 3-D tensor they are part of
+_EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps.weight",
+    "up_proj": "ffn_up_exps.weight",
+    "down_proj": "ffn_down_exps.weight",
+    "w1": "ffn_gate_exps.weight",
+    "w3": "ffn_up_exps.weight",
+    "w2": "ffn_down_exps.weight",
 }
 # Gemma's four norms per layer: its post_attention_layernorm is the norm of the attention's output
 _GEMMA_LAYER_NAMES = {
@@ -124,7 +145,7 @@ class HFCheckpoint:
 
     def release(self, tensor: GGUFTensor) -> None:
         """A weight was built from `tensor`: its pages of the mapped safetensors file are not needed any more."""
-        release_pages(tensor.data)
+        release_expert_pages(tensor.data)
 
     def tensor(self, name: str) -> GGUFTensor:
         if name not in self.tensors:
@@ -166,16 +187,51 @@ class HFCheckpoint:
     def _map_tensors(self) -> dict[str, GGUFTensor]:
         layer_names = _GEMMA_LAYER_NAMES if self._architecture == "gemma3" else _LAYER_NAMES
         tensors: dict[str, GGUFTensor] = {}
+        experts: dict[str, dict[int, GGUFTensor]] = {}  # GGUF 3-D tensor name -> expert -> its 2-D tensor
         for file in self._files():
             for hf_name, tensor in _read_safetensors(file).items():
                 name = _GLOBAL_NAMES.get(hf_name)
                 if name is None and (match := _LAYER.fullmatch(hf_name)):
-                    suffix = layer_names.get(match.group(2))
-                    name = f"blk.{match.group(1)}.{suffix}" if suffix else None
+                    layer, rest = match.groups()
+                    if (expert := _EXPERT.fullmatch(rest)) and expert.group(2) in _EXPERT_NAMES:
+                        stacked = f"blk.{layer}.{_EXPERT_NAMES[expert.group(2)]}"
+                        experts.setdefault(stacked, {})[int(expert.group(1))] = tensor
+                        continue
+                    if rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # transformers 5's fused form
+                        tensors.update(_fused_experts(f"blk.{layer}.", rest, tensor))
+                        continue
+                    suffix = layer_names.get(rest)
+                    name = f"blk.{layer}.{suffix}" if suffix else None
                 if name is None:
                     continue  # not a weight of the decoder (e.g. rotary_emb.inv_freq): checked by its shapes instead
                 tensors[name] = GGUFTensor(name, tensor.ggml_type, tensor.shape, tensor.data)
+        for name, by_expert in experts.items():
+            if sorted(by_expert) != list(range(len(by_expert))):
+                missing = sorted(set(range(max(by_expert) + 1)) - by_expert.keys())
+                raise ModelFileError(f"{self.path}: the experts of {name} (GGUF's name) lack expert(s) {missing}")
+            parts = [by_expert[e] for e in range(len(by_expert))]
+            if len({(p.shape, p.ggml_type) for p in parts}) != 1:
+                raise ModelFileError(f"{self.path}: the experts of {name} (GGUF's name) differ in shape or dtype")
+            stack = ExpertStack([p.data for p in parts])
+            tensors[name] = GGUFTensor(name, parts[0].ggml_type, (len(parts), *parts[0].shape), stack)
         return tensors
+
+
+def _fused_experts(prefix: str, name: str, tensor: GGUFTensor) -> dict[str, GGUFTensor]:
+    """transformers 5's fused expert tensors as GGUF's: `gate_up_proj` [experts, 2 x width, hidden] -> the gate and
+    up halves (views), `down_proj` [experts, hidden, width]."""
+    if len(tensor.shape) != 3:
+        raise ModelFileError(f"{name} of layer {prefix} is {tensor.shape}, expected [experts, rows, columns]")
+    if name.endswith("down_proj"):
+        down = prefix + "ffn_down_exps.weight"
+        return {down: GGUFTensor(down, tensor.ggml_type, tensor.shape, tensor.data)}
+    experts, rows, cols = tensor.shape
+    half = rows // 2
+    gate, up = prefix + "ffn_gate_exps.weight", prefix + "ffn_up_exps.weight"
+    return {
+        gate: GGUFTensor(gate, tensor.ggml_type, (experts, half, cols), tensor.data[:, :half]),
+        up: GGUFTensor(up, tensor.ggml_type, (experts, half, cols), tensor.data[:, half:]),
+    }
 
 
 def _optional_json(path: Path) -> dict[str, Any]:

@@ -45,6 +45,23 @@ class ModelConfig:
     attention_bias: bool = False  # Q, K and V projections have biases (Qwen2)
     attention_scale: float | None = None  # softmax scale of the attention scores (None: 1 / sqrt(head_dim))
     norm_scale_in_float32: bool = False  # RMSNorm weights multiply before rounding to a lower dtype (Gemma)
+    qk_norm_whole: bool = False  # the QK-norm spans the whole Q and K projections, not each head (OLMoE)
+    # mixture of experts (layers/moe.py): in the layers `moe_layers` marks, the MLP is `num_experts` experts of
+    # width `expert_intermediate_size`, of which a router picks `experts_per_token` for each token (softmax over
+    # all experts, the top k kept; their weights renormalized to sum 1 where `expert_weights_normalized`); with
+    # `shared_expert_intermediate_size`, a dense expert every token takes, gated by a sigmoid (Qwen2-MoE). The
+    # other layers keep the dense MLP of `intermediate_size`.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    expert_weights_normalized: bool = False
+    moe_layers: tuple[bool, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    expert_weights_scale: float = 1.0  # the chosen experts' weights multiplied by this (after renormalizing)
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether a layer's MLP is a mixture of experts."""
+        return self.num_experts > 0 and layer < len(self.moe_layers) and self.moe_layers[layer]
 
     def is_local(self, layer: int) -> bool:
         """Whether a layer attends only to its sliding window."""
@@ -172,8 +189,45 @@ def _rope_freq_factors(gguf: GGUFFile, rotary_dim: int) -> tuple[float, ...] | N
     return tuple(float(f) for f in factors)
 
 
+def _experts(gguf: GGUFFile, arch: str, normalized: bool) -> dict:
+    """The mixture-of-experts fields, read as llama.cpp reads them (`expert_count`, `expert_used_count`,
+    `expert_feed_forward_length`, else `feed_forward_length`; `expert_shared_feed_forward_length`, else
+    `feed_forward_length`, where the layers have a shared expert), or none for a dense model. Whether the chosen
+    experts' weights are renormalized is fixed per architecture in llama.cpp's graphs (`normalized`), unless the
+    file says (`expert_weights_norm`). A layer is a mixture where its file has a router (`ffn_gate_inp`); the
+    others are dense. Gating other than a softmax (DeepSeek's sigmoid) is refused."""
+    count = _int(gguf, f"{arch}.expert_count", 0)
+    if count == 0:
+        return {}
+    used = _int(gguf, f"{arch}.expert_used_count")
+    if not 0 < used <= count:
+        raise ModelFileError(f"{gguf.path}: {arch}.expert_used_count {used} is not between 1 and {count} experts")
+    gating = gguf.get(f"{arch}.expert_gating_func")
+    if gating not in (None, 1):  # llama.cpp: 1 softmax, 2 sigmoid
+        raise UnsupportedModelError(f"{gguf.path}: {arch}.expert_gating_func {gating} (not softmax) is not supported")
+    norm = gguf.get(f"{arch}.expert_weights_norm")
+    scale = float(gguf.get(f"{arch}.expert_weights_scale", 0.0) or 0.0)
+    layers = _int(gguf, f"{arch}.block_count")
+    moe_layers = tuple(f"blk.{i}.ffn_gate_inp.weight" in gguf.tensors for i in range(layers))
+    dense_width = _int(gguf, f"{arch}.feed_forward_length", 0)
+    shared = any(f"blk.{i}.ffn_up_shexp.weight" in gguf.tensors for i in range(layers))
+    return {
+        "num_experts": count,
+        "experts_per_token": used,
+        "expert_intermediate_size": _int(gguf, f"{arch}.expert_feed_forward_length", dense_width),
+        "expert_weights_normalized": bool(norm) if norm is not None else normalized,
+        "expert_weights_scale": scale if scale not in (0.0, 1.0) else 1.0,  # llama.cpp: 0 means none
+        "moe_layers": moe_layers,
+        "shared_expert_intermediate_size": (
+            _int(gguf, f"{arch}.expert_shared_feed_forward_length", dense_width) if shared else 0
+        ),
+    }
+
+
 def _llama(gguf: GGUFFile, arch: str, hidden: int) -> dict:
-    return {}
+    """Llama, and Mixtral: llama's layers with a mixture of experts for the MLP (`llama.expert_count`), the
+    chosen experts' weights renormalized."""
+    return _experts(gguf, arch, normalized=True)
 
 
 def _qwen2(gguf: GGUFFile, arch: str, hidden: int) -> dict:
@@ -185,6 +239,24 @@ def _qwen2(gguf: GGUFFile, arch: str, hidden: int) -> dict:
 def _qwen3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     """Qwen3 (dense): llama with an RMSNorm over each query and key head, no biases; Q/K rows unpermuted (neox)."""
     return {"qk_norm": True, "rope_rows_permuted": False}
+
+
+def _qwen2moe(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention, a mixture of experts whose chosen weights are
+    not renormalized, and a shared expert gated by a sigmoid of its own router row."""
+    return {**_qwen2(gguf, arch, hidden), **_experts(gguf, arch, normalized=False)}
+
+
+def _qwen3moe(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen3's attention and a mixture of experts whose chosen
+    weights are renormalized (llama.cpp's graph always renormalizes: the released models' norm_topk_prob)."""
+    return {**_qwen3(gguf, arch, hidden), **_experts(gguf, arch, normalized=True)}
+
+
+def _olmoe(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """OLMoE: llama with an RMSNorm over the whole Q and the whole K projection (not per head), neox rope, and a
+    mixture of experts whose chosen weights are not renormalized."""
+    return {"qk_norm": True, "qk_norm_whole": True, "rope_rows_permuted": False, **_experts(gguf, arch, False)}
 
 
 def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
@@ -216,4 +288,12 @@ def _gemma3_attention_scale(gguf: GGUFFile, arch: str, hidden: int, num_layers: 
 
 
 # the declarative differences of each architecture from llama, read from its GGUF metadata
-ARCHITECTURE_TRAITS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "gemma3": _gemma3}
+ARCHITECTURE_TRAITS = {
+    "llama": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "qwen2moe": _qwen2moe,
+    "qwen3moe": _qwen3moe,
+    "olmoe": _olmoe,
+}

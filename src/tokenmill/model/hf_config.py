@@ -19,6 +19,9 @@ from tokenmill.model.rope_scaling import yarn_attention_factor, yarn_frequency_f
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 # tie_word_embeddings when config.json does not say (the defaults of transformers' config classes)
 _TIED_BY_DEFAULT = {"llama": False, "qwen2": False, "qwen3": False, "gemma3": True}
+# whether an architecture's router renormalizes the chosen experts' weights when config.json does not say (the
+# defaults of transformers' config classes; Mixtral always does)
+_NORM_TOPK_BY_DEFAULT = {"llama": True, "qwen2moe": False, "qwen3moe": False, "olmoe": False}
 
 
 def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
@@ -46,7 +49,7 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         raise refuse(f"activation {cfg.get('hidden_activation') or cfg.get('hidden_act')!r}")
     if cfg.get("mlp_bias"):
         raise refuse("mlp_bias")
-    if cfg.get("attention_bias") and arch != "qwen2":
+    if cfg.get("attention_bias") and arch not in ("qwen2", "qwen2moe"):
         raise refuse("attention_bias (biases on every attention projection)")
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if cfg.get(key) is not None:
@@ -54,12 +57,20 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
     rope = _rope_traits(cfg, arch, head_dim, where, refuse)
     extended_context = rope.pop("extended_context", 0)  # YaRN's factor x original context: not a ModelConfig field
     traits: dict[str, Any] = {}
-    if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    if arch in ("qwen2", "qwen3", "qwen2moe", "qwen3moe") and cfg.get("use_sliding_window"):
         raise refuse("use_sliding_window")
-    if arch == "qwen2":
+    if arch == "llama" and cfg.get("sliding_window") is not None:  # Mixtral's (null in the released models)
+        raise refuse("sliding_window")
+    if arch == "qwen2" or (arch == "qwen2moe" and cfg.get("qkv_bias", True)):
         traits["attention_bias"] = True
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "gemma3", "qwen3moe", "olmoe"):
         traits["qk_norm"] = True
+    if arch == "olmoe":
+        if cfg.get("clip_qkv") is not None:
+            raise refuse("clip_qkv")
+        traits["qk_norm_whole"] = True
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        traits.update(_expert_traits(cfg, arch, num_layers, checkpoint, number))
     if arch == "gemma3":
         traits.update(
             sandwich_norms=True,
@@ -87,6 +98,31 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         **rope,
         **traits,
     )
+
+
+def _expert_traits(cfg: dict[str, Any], arch: str, num_layers: int, checkpoint: HFCheckpoint, number) -> dict:
+    """ModelConfig's mixture-of-experts fields from config.json: `num_experts` (Qwen, OLMoE) or
+    `num_local_experts` (Mixtral), `num_experts_per_tok`, the experts' width (`moe_intermediate_size`, else
+    `intermediate_size`), `norm_topk_prob`, the dense layers (`mlp_only_layers`, and every layer i with
+    (i + 1) % `decoder_sparse_step` != 0), and Qwen2-MoE's `shared_expert_intermediate_size`."""
+    count = int(number("num_experts", cfg.get("num_local_experts")))
+    used = int(number("num_experts_per_tok"))
+    if not 0 < used <= count:
+        raise ModelFileError(f"{checkpoint.path / 'config.json'}: num_experts_per_tok {used} is not 1 to {count}")
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = set(cfg.get("mlp_only_layers") or ())
+    moe_layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if arch == "qwen2moe" else 0
+    normalized = cfg.get("norm_topk_prob", _NORM_TOPK_BY_DEFAULT[arch]) if arch != "llama" else True
+    return {
+        "num_experts": count,
+        "experts_per_token": used,
+        "expert_intermediate_size": int(width),
+        "expert_weights_normalized": bool(normalized),
+        "moe_layers": moe_layers,
+        "shared_expert_intermediate_size": shared,
+    }
 
 
 def _rope_traits(cfg: dict[str, Any], arch: str, head_dim: int, where, refuse) -> dict[str, Any]:

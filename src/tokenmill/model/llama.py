@@ -1,6 +1,7 @@
 """The shared decoder: the llama architecture (SmolLM2, Llama 2/3, Mistral-style dense models: RMSNorm, rope,
 GQA, SwiGLU) and what other architectures declare as differences in ModelConfig (Gemma 3: GeGLU, QK-norm,
-sandwich norms, scaled embeddings, sliding-window local layers with their own rope base).
+sandwich norms, scaled embeddings, sliding-window local layers with their own rope base; Mixtral, Qwen2-MoE,
+Qwen3-MoE and OLMoE: a mixture of experts for the MLP, layers/moe.py).
 
 The model takes the flattened new tokens of a whole step ([T] ids and positions) plus AttentionMetadata; it never
 sees a padded batch. Q/K/V and gate/up projections are fused into one matmul each.
@@ -16,6 +17,7 @@ from torch import nn
 from tokenmill.layers.activation import ACTIVATIONS
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, windowed
 from tokenmill.layers.linear import Linear
+from tokenmill.layers.moe import MixtureOfExperts
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
 from tokenmill.loader.gguf_file import GGUFFile
@@ -64,8 +66,11 @@ class LlamaAttention(nn.Module):
         self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size, dtype=dtype), False)
         if not config.attention_bias:
             self.qkv_bias = None
-        self.q_norm = rms_norm(config, config.head_dim) if config.qk_norm else None
-        self.k_norm = rms_norm(config, config.head_dim) if config.qk_norm else None
+        # each head's query and key normed (Qwen3, Gemma 3), or the whole Q and K projections (OLMoE)
+        self.qk_norm_whole = config.qk_norm_whole
+        q_width, k_width = (self.q_size, self.kv_size) if config.qk_norm_whole else (self.head_dim, self.head_dim)
+        self.q_norm = rms_norm(config, q_width) if config.qk_norm else None
+        self.k_norm = rms_norm(config, k_width) if config.qk_norm else None
 
     def forward(self, step: StepContext, x: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         # submodules are called through .forward: the nn.Module call machinery costs ~1 ms per decoded token
@@ -73,8 +78,12 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj.forward(x)  # [T, (H + 2 KVH) * D]
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
-        qk = qkv[:, : self.q_size + self.kv_size].view(tokens, self.qk_heads, self.head_dim)
-        if self.q_norm is not None:  # each head normalized on its own, before rope
+        if self.qk_norm_whole:  # before rope, over all heads at once
+            q, k = qkv[:, : self.q_size + self.kv_size].split([self.q_size, self.kv_size], dim=1)
+            qk = torch.cat([self.q_norm.forward(q), self.k_norm.forward(k)], dim=1).view(tokens, self.qk_heads, -1)
+        else:
+            qk = qkv[:, : self.q_size + self.kv_size].view(tokens, self.qk_heads, self.head_dim)
+        if self.q_norm is not None and not self.qk_norm_whole:  # each head normalized on its own, before rope
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat([self.q_norm.forward(q), self.k_norm.forward(k)], dim=1)
         rotary, rope, meta = (step.local_rotary, step.local_rope, step.local_meta) if self.local else step[:3]
@@ -105,17 +114,50 @@ class LlamaMLP(nn.Module):
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks; with sandwich norms (Gemma) each block's output is normed as well,
-    before the residual addition (the attention's by post_attention_norm; the MLP's input by
-    post_attention_layernorm, as llama names its second norm, and its output by post_mlp_norm)."""
+def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
+    """A layer's mixture of experts, its weights not yet loaded."""
+    c = config
+    return MixtureOfExperts(
+        c.hidden_size,
+        c.num_experts,
+        c.experts_per_token,
+        c.expert_weights_normalized,
+        ACTIVATIONS[c.activation],
+        c.expert_weights_scale,
+        shared=c.shared_expert_intermediate_size > 0,
+    )
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False):
+
+def load_experts(moe: MixtureOfExperts, weights: WeightLoader, prefix: str) -> None:
+    """A mixture's weights from GGUF's tensors of the layer `prefix` ("blk.3."): the router (`ffn_gate_inp`), every
+    expert's gate and up rows fused into one projection and its down projection (`ffn_{gate,up,down}_exps`, 3-D),
+    and a shared expert with its gate (`ffn_*_shexp`, `ffn_gate_inp_shexp`) where the layer has one."""
+    p = prefix
+    router = weights.float_tensor(p + "ffn_gate_inp.weight", torch.float32)
+    gate_ups = weights.experts([p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"])
+    downs = weights.experts([p + "ffn_down_exps.weight"])
+    shared = shared_gate = None
+    if moe.shared_gate is not None:
+        shared = (
+            weights.linear([(p + "ffn_gate_shexp.weight", None), (p + "ffn_up_shexp.weight", None)]),
+            weights.linear([(p + "ffn_down_shexp.weight", None)]),
+        )
+        shared_gate = weights.float_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).reshape(-1)
+    moe.load(router, list(zip(gate_ups, downs, strict=True)), shared, shared_gate)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks (the MLP dense, or a mixture of experts: layers/moe.py); with sandwich
+    norms (Gemma) each block's output is normed as well, before the residual addition (the attention's by
+    post_attention_norm; the MLP's input by post_attention_layernorm, as llama names its second norm, and its
+    output by post_mlp_norm)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False, moe: bool = False):
         super().__init__()
         self.input_layernorm = rms_norm(config, config.hidden_size)
         self.self_attn = LlamaAttention(config, dtype, local)
         self.post_attention_layernorm = rms_norm(config, config.hidden_size)
-        self.mlp = LlamaMLP(config, dtype)
+        self.mlp: LlamaMLP | MixtureOfExperts = LlamaMLP(config, dtype) if not moe else mixture_of_experts(config)
         sandwich = config.sandwich_norms
         self.post_attention_norm = rms_norm(config, config.hidden_size) if sandwich else None
         self.post_mlp_norm = rms_norm(config, config.hidden_size) if sandwich else None
@@ -143,7 +185,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Parameter(torch.empty(0, config.hidden_size, dtype=dtype), False)
         self.rotary, self.local_rotary = rotary_embeddings(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, config.is_local(i)) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, dtype, config.is_local(i), config.is_moe(i)) for i in range(config.num_layers)
         )
         self.norm = rms_norm(config, config.hidden_size)
         # built by load_weights; with tied embeddings and no quantization, its weight is the embedding table itself
@@ -221,9 +263,14 @@ class LlamaForCausalLM(nn.Module):
                 ],
             ),
             (layer.self_attn, "o_proj", [(p + "attn_output.weight", None)]),
-            (layer.mlp, "gate_up_proj", [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)]),
-            (layer.mlp, "down_proj", [(p + "ffn_down.weight", None)]),
-        ]
+        ] + (
+            []
+            if isinstance(layer.mlp, MixtureOfExperts)
+            else [
+                (layer.mlp, "gate_up_proj", [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)]),
+                (layer.mlp, "down_proj", [(p + "ffn_down.weight", None)]),
+            ]
+        )
 
     def load_weights(self, source: GGUFFile, quantization: str | None = None) -> None:
         """Build every weight from `source` in the kernels of `quantization` (None: dequantized to the compute
@@ -249,6 +296,8 @@ class LlamaForCausalLM(nn.Module):
             p = f"blk.{i}."
             for parent, name, sources in self._projections(i, layer):
                 setattr(parent, name, weights.linear(sources))
+            if isinstance(layer.mlp, MixtureOfExperts):
+                load_experts(layer.mlp, weights, p)
             if c.attention_bias:
                 names = [(n.replace(".weight", ".bias"), heads) for n, heads in self._projections(i, layer)[0][2]]
                 biases = [weights.float_rows(n, heads) for n, heads in names]

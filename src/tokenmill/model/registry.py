@@ -22,6 +22,9 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "gemma3": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
+    "qwen2moe": LlamaForCausalLM,
+    "qwen3moe": LlamaForCausalLM,
+    "olmoe": LlamaForCausalLM,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURES))
 
@@ -84,19 +87,44 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                 p + "attn_k.weight": (kv, c.hidden_size),
                 p + "attn_v.weight": (kv, c.hidden_size),
                 p + "attn_output.weight": (c.hidden_size, q),
-                p + "ffn_gate.weight": (c.intermediate_size, c.hidden_size),
-                p + "ffn_up.weight": (c.intermediate_size, c.hidden_size),
-                p + "ffn_down.weight": (c.hidden_size, c.intermediate_size),
             }
         )
+        shapes.update(_mlp_shapes(c, i))
         if c.attention_bias:
             shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
         if c.qk_norm:
-            shapes.update({p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,)})
+            q_norm, k_norm = (q, kv) if c.qk_norm_whole else (d, d)
+            shapes.update({p + "attn_q_norm.weight": (q_norm,), p + "attn_k_norm.weight": (k_norm,)})
         if c.sandwich_norms:
             shapes.update(
                 {p + "post_attention_norm.weight": (c.hidden_size,), p + "post_ffw_norm.weight": (c.hidden_size,)}
             )
+    return shapes
+
+
+def _mlp_shapes(c: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s MLP tensors: the dense gate/up/down, or a mixture's router [E, hidden] and 3-D expert
+    tensors [E, rows, columns], and its shared expert where it has one."""
+    p, h = f"blk.{layer}.", c.hidden_size
+    if not c.is_moe(layer):
+        i = c.intermediate_size
+        return {p + "ffn_gate.weight": (i, h), p + "ffn_up.weight": (i, h), p + "ffn_down.weight": (h, i)}
+    e, i = c.num_experts, c.expert_intermediate_size
+    shapes = {
+        p + "ffn_gate_inp.weight": (e, h),
+        p + "ffn_gate_exps.weight": (e, i, h),
+        p + "ffn_up_exps.weight": (e, i, h),
+        p + "ffn_down_exps.weight": (e, h, i),
+    }
+    if (s := c.shared_expert_intermediate_size) > 0:
+        shapes.update(
+            {
+                p + "ffn_gate_inp_shexp.weight": (h,),  # or [1, hidden], as HF and the converter store it
+                p + "ffn_gate_shexp.weight": (s, h),
+                p + "ffn_up_shexp.weight": (s, h),
+                p + "ffn_down_shexp.weight": (h, s),
+            }
+        )
     return shapes
 
 
@@ -114,7 +142,7 @@ def check_tensor_shapes(source: ModelSource, config: ModelConfig) -> None:
         tensor = source.tensors.get(name)
         if tensor is None:
             missing.append(name)
-        elif tuple(tensor.shape) != shape:
+        elif tuple(tensor.shape) != shape and tuple(tensor.shape) != (1, *shape):  # a vector as a [1, n] matrix
             wrong.append(f"{name} is {tuple(tensor.shape)}, expected {shape}")
     if missing or wrong:
         parts = []

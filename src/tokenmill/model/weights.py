@@ -33,6 +33,7 @@ from tokenmill.layers.quantized_linear import (
     gguf_rows_from_float,
 )
 from tokenmill.loader.dequantize import dequantize
+from tokenmill.loader.experts import expert_tensor
 from tokenmill.loader.gguf_file import GGUFTensor
 
 FOUR_BIT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q4_K"))  # int4 keeps these
@@ -91,22 +92,27 @@ class WeightLoader:
     def float_tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A tensor dequantized, in `dtype` (default: the compute dtype): norms, biases, dense weights."""
         t = self._tensor(name)
-        value = dequantize(t.data, t.ggml_type, t.shape).to(dtype or self.dtype)
+        value = self._float_of(t, dtype)
         self._release(t)
         return value
 
-    def _raw(self, name: str, heads: int | None) -> tuple[np.ndarray, GGUFTensor]:
+    def _float_of(self, t: GGUFTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return dequantize(t.data, t.ggml_type, t.shape).to(dtype or self.dtype)
+
+    def _raw(self, t: GGUFTensor, heads: int | None) -> np.ndarray:
         """A tensor's raw rows as stored (uint8 [rows, bytes per row]: a view of the file, or with rope rows put back
         in HF's order a copy)."""
-        t = self._tensor(name)
         rows = np.asarray(t.data).reshape(t.shape[0], -1).view(np.uint8)
         if heads:
             rows = unpermute_rope_rows(torch.from_numpy(np.array(rows, copy=True)), heads).numpy()
-        return rows, t
+        return rows
 
     def float_rows(self, name: str, heads: int | None) -> torch.Tensor:
         """A tensor dequantized, rope rows put back in HF's order."""
-        rows = self.float_tensor(name)
+        return self._float_rows_of(self._tensor(name), heads)
+
+    def _float_rows_of(self, t: GGUFTensor, heads: int | None) -> torch.Tensor:
+        rows = self._float_of(t)
         return unpermute_rope_rows(rows, heads) if heads else rows
 
     # ---- modules -------------------------------------------------------------------------------------------------
@@ -114,31 +120,43 @@ class WeightLoader:
     def linear(self, sources: list[TensorSource]) -> nn.Module:
         """One projection made of `sources` stacked by rows (a fused Q/K/V or gate/up), in the kernel its mode and
         the file's types call for."""
-        float_weight = lambda: self._stacked(self.float_rows, sources)  # noqa: E731 - read only where needed
+        tensors = [self._tensor(name) for name, _ in sources]
+        layer = self._linear_of([(t, heads) for t, (_, heads) in zip(tensors, sources, strict=True)])
+        for t in tensors:  # built (dequantized or repacked): the file's copy is not needed any more
+            self._release(t)
+        return layer
+
+    def experts(self, names: list[str]) -> list[nn.Module]:
+        """The experts of a mixture: for each, one projection of its parts of the 3-D tensors `names` stacked by
+        rows (gate + up; down), built as `linear` builds a projection (its own kernel over its own blocks)."""
+        tensors = [self._tensor(name) for name in names]
+        count = tensors[0].shape[0]
+        layers = [self._linear_of([(expert_tensor(t, e), None) for t in tensors]) for e in range(count)]
+        for t in tensors:
+            self._release(t)
+        return layers
+
+    def _linear_of(self, sources: list[tuple[GGUFTensor, int | None]]) -> nn.Module:
+        float_weight = lambda: self._stacked([self._float_rows_of(t, heads) for t, heads in sources])  # noqa: E731
         if self.mode is None:
             return Linear.of(float_weight())
         lib = native.load()
         if self.mode == "int8" or lib is None:  # torch's kernels, from float: one projection at a time
             return Int8Linear(float_weight()) if self.mode == "int8" else Int4Linear(float_weight())
-        parts = [self._native_part(name, heads, self.mode) for name, heads in sources]
-        layer = NativeLinear(_joined(parts), self._tensor(sources[0][0]).shape[-1], ACTIVATION_PASSES, lib)
-        for name, _ in sources:  # repacked: the file's copy is not needed any more
-            self._release(self._tensor(name))
-        return layer
+        parts = [self._native_part(t, heads, self.mode) for t, heads in sources]
+        return NativeLinear(_joined(parts), sources[0][0].shape[-1], ACTIVATION_PASSES, lib)
 
-    def _native_part(self, name: str, heads: int | None, mode: str) -> NativePart:
+    def _native_part(self, t: GGUFTensor, heads: int | None, mode: str) -> NativePart:
         """One source tensor as raw rows of a type the native products read: the file's own blocks where the mode
         keeps them (auto: every native type; int4: the 4-bit ones), else the float values made into Q4_1 rows
         (auto: float tensors; int4: anything finer)."""
-        ggml_type = self._tensor(name).ggml_type
         keep = NATIVE_TYPES if mode == "auto" else FOUR_BIT_TYPES
-        if ggml_type in keep:
-            return self._raw(name, heads)[0], ggml_type
-        rows = gguf_rows_from_float(self.float_rows(name, heads), GGMLQuantizationType.Q4_1)
+        if t.ggml_type in keep:
+            return self._raw(t, heads), t.ggml_type
+        rows = gguf_rows_from_float(self._float_rows_of(t, heads), GGMLQuantizationType.Q4_1)
         return rows.numpy(), GGMLQuantizationType.Q4_1
 
-    def _stacked(self, read: Callable[[str, int | None], torch.Tensor], sources: list[TensorSource]) -> torch.Tensor:
-        parts = [read(name, heads) for name, heads in sources]
+    def _stacked(self, parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def head(self, name: str) -> nn.Module:
@@ -151,7 +169,7 @@ class WeightLoader:
         if lib is None:
             return BFloat16Head(self.float_tensor(name))
         if tensor.ggml_type in NATIVE_TYPES:
-            part = self._native_part(name, None, "auto")
+            part = self._native_part(tensor, None, "auto")
         else:
             rows = gguf_rows_from_float(self.float_tensor(name), GGMLQuantizationType.Q8_0)
             part = (rows.numpy(), GGMLQuantizationType.Q8_0)
