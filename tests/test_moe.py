@@ -245,3 +245,18 @@ def test_quantized_experts_match_their_float_blocks(type_name: str) -> None:
     exact, native = outputs
     assert all(isinstance(m, NativeLinear) and m.part_types == [qtype] for m in moe.gate_up)  # not re-coded
     assert (native - exact).abs().max() < 0.02 * exact.abs().max(), (native - exact).abs().max() / exact.abs().max()
+
+
+@pytest.mark.slow
+def test_two_ranks_give_one_ranks_tokens(tmp_path: Path) -> None:
+    """Tensor parallelism over gloo: each rank holds a slice of every expert's width (64 = 2 ranks x 32-weight
+    blocks), the router whole; in float32 the greedy tokens are one rank's."""
+    path = write_tiny_gguf(tmp_path / "moe.gguf", replace(CASES["qwen3moe"], expert_intermediate=64, weights={}))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = {"prompt_token_ids": PROMPT}
+    one = LLM(str(path)).generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    two = LLM(str(path), tensor_parallel_size=2)
+    try:
+        assert two.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == one
+    finally:
+        two.close()
