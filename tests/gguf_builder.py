@@ -130,6 +130,23 @@ class TinyModel:
             self.weights[p + "mlp.shared_expert.down_proj.weight"] = w(self.hidden, s)
             self.weights[p + "mlp.shared_expert_gate.weight"] = w(1, self.hidden, scale=0.5)
 
+    def hf_shape(self) -> dict[str, Any]:
+        """The model's shape as transformers' config classes name it (the fields every architecture shares)."""
+        shape = dict(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            max_position_embeddings=self.context,
+            rms_norm_eps=self.eps,
+            tie_word_embeddings=self.tie_embeddings,
+        )
+        if self.head_size is not None:
+            shape["head_dim"] = self.head_size
+        return shape
+
 
 TinyLlama = TinyModel  # the llama defaults
 

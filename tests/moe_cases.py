@@ -39,20 +39,10 @@ LLAMACPP_VOCAB = 49152  # the bundled SmolLM2 tokenizer's, which llama.cpp's con
 
 def hf_config(model: TinyModel) -> transformers.PretrainedConfig:
     common = dict(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden,
-        intermediate_size=model.intermediate,
-        num_hidden_layers=model.layers,
-        num_attention_heads=model.heads,
-        num_key_value_heads=model.kv_heads,
-        max_position_embeddings=model.context,
-        rms_norm_eps=model.eps,
-        tie_word_embeddings=model.tie_embeddings,
+        model.hf_shape(),
         rope_parameters={"rope_type": "default", "rope_theta": model.rope_theta},
         num_experts_per_tok=model.experts_used,
     )
-    if model.head_size is not None:
-        common["head_dim"] = model.head_size
     if model.arch == "qwen3moe":  # llama.cpp's qwen3moe always renormalizes, as the released models do
         return transformers.Qwen3MoeConfig(
             **common, num_experts=model.experts, moe_intermediate_size=model.expert_intermediate,

@@ -112,19 +112,7 @@ def hf_config(model: TinyModel) -> transformers.PretrainedConfig:
     """The transformers config of the same model: the rope parameters of the global layers, and Gemma's local
     ones; query_pre_attn_scalar as a GGUF file implies it (llama.cpp): the head size (Gemma 3 270M to 12B), but
     hidden / heads for 62 layers (the 27B)."""
-    common = dict(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden,
-        intermediate_size=model.intermediate,
-        num_hidden_layers=model.layers,
-        num_attention_heads=model.heads,
-        num_key_value_heads=model.kv_heads,
-        max_position_embeddings=model.context,
-        rms_norm_eps=model.eps,
-        tie_word_embeddings=model.tie_embeddings,
-    )
-    if model.head_size is not None:
-        common["head_dim"] = model.head_size
+    common = model.hf_shape()
     rope = {"rope_type": "default", "rope_theta": model.rope_theta, **(model.rope_scaling or {})}
     if model.arch == "gemma3":
         local = {"rope_type": "default", "rope_theta": model.local_rope_theta}

@@ -21,7 +21,7 @@ _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh
 _TIED_BY_DEFAULT = {"llama": False, "qwen2": False, "qwen3": False, "gemma3": True}
 # whether an architecture's router renormalizes the chosen experts' weights when config.json does not say (the
 # defaults of transformers' config classes; Mixtral always does)
-_NORM_TOPK_BY_DEFAULT = {"llama": True, "qwen2moe": False, "qwen3moe": False, "olmoe": False}
+_NORM_TOPK_BY_DEFAULT = {"qwen2moe": False, "qwen3moe": False, "olmoe": False}
 
 
 def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:

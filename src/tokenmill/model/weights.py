@@ -109,7 +109,10 @@ class WeightLoader:
 
     def float_rows(self, name: str, heads: int | None) -> torch.Tensor:
         """A tensor dequantized, rope rows put back in HF's order."""
-        return self._float_rows_of(self._tensor(name), heads)
+        t = self._tensor(name)
+        rows = self._float_rows_of(t, heads)
+        self._release(t)
+        return rows
 
     def _float_rows_of(self, t: GGUFTensor, heads: int | None) -> torch.Tensor:
         rows = self._float_of(t)
