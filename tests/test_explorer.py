@@ -266,18 +266,25 @@ def test_accepted_proposals_are_marked_on_their_chips(server, browser) -> None:
 
 def test_two_tabs_each_highlight_their_own_sequence(server, browser) -> None:
     tabs = [open_explorer(browser, server.url, viewport={"width": 1280, "height": 1100}) for _ in range(2)]
+    # each tab latches the moment its engine panel shows both sequences with its own one marked: the two requests
+    # share the batch for only part of their steps, and the tabs are watched at once, not one after the other
+    latch_both_in_the_batch = """() => { window.bothSeen = false;
+        const panel = document.getElementById('eng-requests');
+        new MutationObserver(() => {
+            const seqs = panel.querySelectorAll('.seq');
+            const mine = panel.querySelectorAll('.seq.mine');
+            const id = document.getElementById('fig-request').textContent;
+            if (seqs.length >= 2 && mine.length === 1 && mine[0].dataset.requestId === `chatcmpl-${id}-0`)
+                window.bothSeen = true;
+        }).observe(panel, { childList: true, subtree: true, attributes: true }); }"""
+    for tab in tabs:
+        tab.evaluate(latch_both_in_the_batch)
     for tab, prompt in zip(tabs, ("Write a poem about the sea.", "Write a story about a fox."), strict=True):
         tab.fill("#prompt", prompt)
         tab.fill("#max-tokens", "40")
         tab.click("#submit")
-    both_in_the_batch = """() => {
-        const seqs = document.querySelectorAll('#eng-requests .seq');
-        const mine = document.querySelectorAll('#eng-requests .seq.mine');
-        const id = document.getElementById('fig-request').textContent;
-        return seqs.length >= 2 && mine.length === 1 && mine[0].dataset.requestId === `chatcmpl-${id}-0`;
-    }"""
     for i, tab in enumerate(tabs):
-        tab.wait_for_function(both_in_the_batch, timeout=60_000)
+        tab.wait_for_function("window.bothSeen", timeout=60_000)
         tab.screenshot(path=str(ARTIFACTS / f"explorer-two-tabs-{i + 1}.png"), full_page=True)
     assert tabs[0].inner_text("#fig-request") != tabs[1].inner_text("#fig-request")
     for tab in tabs:
