@@ -9,7 +9,7 @@ import torch
 from tokenmill import native
 from tokenmill.loader.dequantize import dequantize
 
-QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 # byte offsets of the float16 scale fields inside one block, per type
 F16_FIELDS = {
     "Q8_0": [0],
@@ -20,6 +20,7 @@ F16_FIELDS = {
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "MXFP4": [],  # its exponent byte: any value is a power of two
 }
 
 
@@ -80,6 +81,16 @@ def test_round_trip_is_close_to_the_original() -> None:
         qtype = gguf.GGMLQuantizationType[name]
         ours = dequantize(gguf.quants.quantize(values, qtype), qtype, values.shape).numpy()
         assert np.abs(ours - values).max() < tol, name
+
+
+def test_mxfp4_exponents_at_both_ends() -> None:
+    """MXFP4's two smallest exponents are denormal halves (ggml_e8m0_to_fp32_half), the largest 2^126."""
+    qtype = gguf.GGMLQuantizationType.MXFP4
+    raw = random_blocks(qtype, rows=4, blocks_per_row=2, seed=5).reshape(-1, 17)
+    raw[:, 0] = [0, 1, 2, 127, 128, 200, 254, 255][: len(raw)]
+    expected = gguf.quants.dequantize(raw, qtype)
+    with np.errstate(over="ignore"):  # 2^127 x 12 is infinite in both
+        assert np.array_equal(dequantize(raw, qtype, expected.shape).numpy(), expected)
 
 
 def test_unsupported_type_is_a_clear_error() -> None:

@@ -115,6 +115,19 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (d_sub * q.reshape(n, 16, 16).float()).reshape(n, QK_K)
 
 
+# MXFP4's e2m1 values, doubled (ggml's kvalues_mxfp4): its exponent's float is halved to match
+_MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+
+
+def _mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's blocks: an E8M0 exponent e, then 16 bytes of 4-bit codes (values j and j + 16 in byte j);
+    d = 2^(e - 128) as ggml_e8m0_to_fp32_half builds its bits (the two smallest exponents as denormals)."""
+    e = blocks[:, :1].to(torch.int32)
+    bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)  # [n, 1]
+    d = bits.view(torch.float32)
+    return d * _MXFP4_VALUES[_nibbles(blocks[:, 1:]).long()]
+
+
 _BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLQuantizationType.Q8_0: _q8_0,
     GGMLQuantizationType.Q4_0: _q4_0,
@@ -124,6 +137,7 @@ _BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.T
     GGMLQuantizationType.Q4_K: _q4_k,
     GGMLQuantizationType.Q5_K: _q5_k,
     GGMLQuantizationType.Q6_K: _q6_k,
+    GGMLQuantizationType.MXFP4: _mxfp4,
 }
 
 

@@ -20,7 +20,7 @@ from tokenmill.loader.pages import release_pages
 # Tensor types tokenmill can turn into weights (see dequantize.py).
 SUPPORTED_TENSOR_TYPES = frozenset(
     GGMLQuantizationType[name]
-    for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+    for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 )
 
 
