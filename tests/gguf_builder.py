@@ -56,6 +56,10 @@ class TinyModel:
         return self.experts > 0 and layer not in self.dense_layers
 
     @property
+    def gpt_oss(self) -> bool:
+        return self.arch == "gpt-oss"
+
+    @property
     def mixtral(self) -> bool:
         return self.arch == "llama" and self.experts > 0
 
@@ -102,7 +106,9 @@ class TinyModel:
             if self.arch == "olmoe":  # one norm over the whole Q, one over the whole K
                 self.weights[p + "self_attn.q_norm.weight"] = norm(q)
                 self.weights[p + "self_attn.k_norm.weight"] = norm(kv)
-            if self.is_moe(i):
+            if self.gpt_oss:
+                self._make_gpt_oss(p, w)
+            elif self.is_moe(i):
                 self._make_experts(p, w)
             if self.arch == "gemma3":  # its post_attention_layernorm norms the attention's output
                 self.weights[p + "pre_feedforward_layernorm.weight"] = norm(self.hidden)
@@ -130,6 +136,28 @@ class TinyModel:
             self.weights[p + "mlp.shared_expert.down_proj.weight"] = w(self.hidden, s)
             self.weights[p + "mlp.shared_expert_gate.weight"] = w(1, self.hidden, scale=0.5)
 
+    def _make_gpt_oss(self, p: str, w) -> None:
+        """gpt-oss's layer under transformers' names: biases on every attention projection, a sink logit per head,
+        a router with a bias, and the experts fused as transformers holds them (`gate_up_proj` [E, hidden, 2 x
+        width], inputs by outputs, gate and up columns interleaved; `down_proj` [E, width, hidden]) with their
+        biases. The experts' weights are values MXFP4 holds exactly (mxfp4_round), so its files and the float
+        ones are the same model."""
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del self.weights[p + f"mlp.{name}.weight"]
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        e, width = self.experts, self.expert_intermediate
+        for name, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", self.hidden)):
+            self.weights[p + f"self_attn.{name}.bias"] = w(size, scale=0.3)
+        self.weights[p + "self_attn.sinks"] = w(self.heads, scale=1.0)
+        self.weights[p + "mlp.router.weight"] = w(e, self.hidden, scale=0.5)
+        self.weights[p + "mlp.router.bias"] = w(e, scale=0.5)
+        gate_up = mxfp4_round(w(e, 2 * width, self.hidden, scale=0.3))  # rows: outputs, quantized along inputs
+        self.weights[p + "mlp.experts.gate_up_proj"] = np.ascontiguousarray(gate_up.transpose(0, 2, 1))
+        self.weights[p + "mlp.experts.gate_up_proj_bias"] = w(e, 2 * width, scale=0.3)
+        down = mxfp4_round(w(e, self.hidden, width, scale=0.3))
+        self.weights[p + "mlp.experts.down_proj"] = np.ascontiguousarray(down.transpose(0, 2, 1))
+        self.weights[p + "mlp.experts.down_proj_bias"] = w(e, self.hidden, scale=0.3)
+
     def hf_shape(self) -> dict[str, Any]:
         """The model's shape as transformers' config classes name it (the fields every architecture shares)."""
         shape = dict(
@@ -149,6 +177,21 @@ class TinyModel:
 
 
 TinyLlama = TinyModel  # the llama defaults
+
+
+def mxfp4_round(values: np.ndarray) -> np.ndarray:
+    """float32 [..., k] -> the nearest values MXFP4 blocks of 32 along the last axis hold (gguf.quants' quantizer)."""
+    qtype = gguf.GGMLQuantizationType.MXFP4
+    return gguf.quants.dequantize(gguf.quants.quantize(values, qtype), qtype).reshape(values.shape)
+
+
+def hf_mxfp4(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF MXFP4 rows uint8 [..., rows, k / 32 * 17] -> the Hub's (blocks [..., rows, k / 32, 16], scales [...,
+    rows, k / 32]): each block's exponent, and its codes with value 2i in byte i's low nibble, 2i + 1 in its high."""
+    blocks = raw.reshape(*raw.shape[:-1], -1, 17)
+    scales, packed = blocks[..., 0], blocks[..., 1:]
+    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [..., 32] in value order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), np.ascontiguousarray(scales)
 
 
 def permute_for_ggml(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -179,7 +222,7 @@ def llama3_rope_freqs(model: TinyModel) -> np.ndarray:
 def gguf_tensors(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array) of every tensor, as the converter makes them from the HF weights."""
     names = gguf.get_tensor_name_map(_ARCHES[model.arch], model.layers)
-    for hf_name, value in _experts_stacked(model):
+    for hf_name, value in _gpt_oss_split(model) if model.gpt_oss else _experts_stacked(model):
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"no GGUF name for {hf_name} in {model.arch}")
@@ -192,6 +235,28 @@ def gguf_tensors(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
         yield name, value
     if (model.rope_scaling or {}).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_freqs(model)
+
+
+def _gpt_oss_split(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
+    """gpt-oss's HF weights as llama.cpp's converter (conversion/gpt_oss.py) renames and splits them before mapping:
+    `sinks` + ".weight"; the fused experts transposed to [E, outputs, inputs] and gate_up split into its even
+    (gate) and odd (up) outputs, their biases likewise."""
+    for hf_name, value in model.weights.items():
+        if hf_name.endswith("self_attn.sinks"):
+            yield hf_name + ".weight", value
+        elif hf_name.endswith("experts.gate_up_proj"):
+            outputs = value.transpose(0, 2, 1)
+            yield hf_name.replace("gate_up_proj", "gate_proj.weight"), np.ascontiguousarray(outputs[:, ::2])
+            yield hf_name.replace("gate_up_proj", "up_proj.weight"), np.ascontiguousarray(outputs[:, 1::2])
+        elif hf_name.endswith("experts.gate_up_proj_bias"):
+            yield hf_name.replace("gate_up_proj_bias", "gate_proj.bias"), np.ascontiguousarray(value[..., ::2])
+            yield hf_name.replace("gate_up_proj_bias", "up_proj.bias"), np.ascontiguousarray(value[..., 1::2])
+        elif hf_name.endswith("experts.down_proj"):
+            yield hf_name.replace("down_proj", "down_proj.weight"), np.ascontiguousarray(value.transpose(0, 2, 1))
+        elif hf_name.endswith("experts.down_proj_bias"):
+            yield hf_name.replace("down_proj_bias", "down_proj.bias"), value
+        else:
+            yield hf_name, value
 
 
 def _experts_stacked(model: TinyModel) -> Iterator[tuple[str, np.ndarray]]:
@@ -236,10 +301,12 @@ def write_hparams(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     if model.experts:
         writer.add_expert_count(model.experts)
         writer.add_expert_used_count(model.experts_used)
-        if model.arch in ("qwen2moe", "qwen3moe"):  # the others' expert width is feed_forward_length
+        if model.arch in ("qwen2moe", "qwen3moe", "gpt-oss"):  # the others' expert width is feed_forward_length
             writer.add_expert_feed_forward_length(model.expert_intermediate)
         if model.shared_intermediate:
             writer.add_expert_shared_feed_forward_length(model.shared_intermediate)
+    if model.gpt_oss:
+        writer.add_sliding_window(model.sliding_window)
     if model.arch == "gemma3":
         writer.add_rope_freq_base_swa(model.local_rope_theta)
         writer.add_sliding_window(model.sliding_window)
@@ -262,9 +329,12 @@ def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     writer.add_eos_token_id(1)
 
 
-def write_tiny_gguf(path: Path, model: TinyModel, matrix_type: str = "F32", arch: str | None = None) -> Path:
+def write_tiny_gguf(
+    path: Path, model: TinyModel, matrix_type: str = "F32", arch: str | None = None, expert_type: str | None = None
+) -> Path:
     """The model as a GGUF file, its matrices stored as `matrix_type` (vectors stay F32, as the converter keeps
-    them). `arch` writes another general.architecture over the same tensors (for tests of unsupported ones)."""
+    them) and the experts' 3-D ones as `expert_type` where given (gpt-oss's MXFP4). `arch` writes another
+    general.architecture over the same tensors (for tests of unsupported ones)."""
     if not model.weights:
         model.make_weights()
     writer = gguf.GGUFWriter(str(path), arch or model.arch)
@@ -273,7 +343,11 @@ def write_tiny_gguf(path: Path, model: TinyModel, matrix_type: str = "F32", arch
     qtype = gguf.GGMLQuantizationType[matrix_type]
     for name, value in gguf_tensors(model):
         router = name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))  # the converter keeps F32
-        if value.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not router:
+        if expert_type is not None and value.ndim == 3:
+            expert_qtype = gguf.GGMLQuantizationType[expert_type]
+            raw = gguf.quants.quantize(value, expert_qtype)
+            writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=expert_qtype)
+        elif value.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not router:
             raw = gguf.quants.quantize(value, qtype)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         else:

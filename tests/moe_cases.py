@@ -1,14 +1,18 @@
-"""tests/test_moe.py's tiny mixtures of experts, shared with tests/data/make_moe_llamacpp.py (which runs them through
-llama.cpp's converter and llama.cpp in the peers' environment): the builder's models, the prompt, and each
-model's transformers config."""
+"""tests/test_moe.py's and tests/test_gpt_oss.py's tiny mixtures of experts, shared with
+tests/data/make_moe_llamacpp.py (which runs them through llama.cpp's converter and llama.cpp in the peers'
+environment): the builder's models, the prompt, each model's transformers config, and gpt-oss's MXFP4 checkpoint
+as the Hub ships it."""
 
 import hashlib
+import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import transformers
+from safetensors.numpy import save_file
 
-from tests.gguf_builder import TinyModel
+from tests.gguf_builder import TinyModel, hf_mxfp4
 from tokenmill.loader.gguf_file import GGUFFile
 
 CASES = {
@@ -31,6 +35,27 @@ CASES = {
         rope_theta=1e6, seed=14,
     ),
 }  # fmt: skip
+# 4 layers (sliding, full, sliding, full) with a window of 8 positions under a 40-token prompt; 4 query heads on 2
+# KV heads; 4 experts of 32, 2 a token; YaRN over an original context of 64
+GPT_OSS = TinyModel(
+    arch="gpt-oss", layers=4, head_size=16, intermediate=32, experts=4, experts_used=2, expert_intermediate=32,
+    sliding_window=8, rope_theta=150000.0, eps=1e-5, seed=15,
+    rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+)  # fmt: skip
+
+
+def gpt_oss_hf_config(model: TinyModel, truncate: bool = True) -> transformers.GptOssConfig:
+    """transformers' config of the model; `truncate`: YaRN's correction range floored and ceiled (llama.cpp always
+    does; the released gpt-oss's config says false, which only a checkpoint can tell)."""
+    shape = dict(model.hf_shape(), intermediate_size=model.expert_intermediate)
+    rope = {"rope_theta": model.rope_theta, "truncate": truncate, "beta_fast": 32.0, "beta_slow": 1.0}
+    return transformers.GptOssConfig(
+        **shape, num_local_experts=model.experts, num_experts_per_tok=model.experts_used,
+        sliding_window=model.sliding_window, rope_parameters={**model.rope_scaling, **rope},
+        architectures=["GptOssForCausalLM"],
+    )  # fmt: skip
+
+
 PROMPT = [int(t) for t in np.random.default_rng(21).integers(3, 96, size=40)]
 GREEDY_TOKENS = 16
 LLAMACPP_CASES = tuple(sorted(CASES))  # each checked against llama.cpp too (tests/data/moe_llamacpp.json)
@@ -64,3 +89,23 @@ def tensor_digests(path: Path) -> dict[str, list]:
         name: [t.ggml_type.name, list(t.shape), hashlib.sha256(np.ascontiguousarray(t.data).tobytes()).hexdigest()]
         for name, t in GGUFFile(path).tensors.items()
     }
+
+
+def write_mxfp4_checkpoint(model: TinyModel, float_dir: Path, out: Path) -> None:
+    """The checkpoint as openai/gpt-oss-20b ships it: the experts' weights as MXFP4 `*_blocks` [E, outputs,
+    inputs / 32, 16] and `*_scales` [E, outputs, inputs / 32] (gate and up outputs interleaved, as transformers
+    holds them), everything else as saved, and config.json's quantization_config."""
+    out.mkdir()
+    tensors = {}
+    for name, value in model.weights.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            outputs = np.ascontiguousarray(value.transpose(0, 2, 1))  # [E, outputs, inputs]
+            raw = gguf.quants.quantize(outputs, gguf.GGMLQuantizationType.MXFP4)
+            tensors[name + "_blocks"], tensors[name + "_scales"] = hf_mxfp4(raw)
+        else:
+            tensors[name] = np.ascontiguousarray(value)
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((float_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "tokenizer.json").write_bytes((float_dir / "tokenizer.json").read_bytes())

@@ -4,7 +4,8 @@ mixtures of experts, so that `make test` can check tokenmill against llama.cpp w
 For each case (the test's models with the bundled SmolLM2 tokenizer's 49,152 ids, which the converter recognises):
 the builder's weights (tests/gguf_builder.py, numpy's seeded generator: the same floats everywhere) are saved as
 a Hugging Face directory (config.json from transformers' config class, one safetensors tensor per expert as the
-Hub has them, SmolLM2's tokenizer.json), `convert_hf_to_gguf.py --outtype f32` (from llama-cpp-python's source
+Hub has them, gpt-oss's experts as MXFP4 blocks and scales, SmolLM2's tokenizer.json), `convert_hf_to_gguf.py
+--outtype f32` (from llama-cpp-python's source
 distribution, the llama.cpp that llama-cpp-python 0.3.36 builds) makes the GGUF, and llama.cpp runs it greedily
 from the test's prompt. Recorded per case: every tensor the converter wrote (name, type, shape, SHA-256 of its
 bytes: the test checks that tests/gguf_builder.py writes the same file) and llama.cpp's greedy tokens.
@@ -30,12 +31,50 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from tests.moe_cases import CASES, GREEDY_TOKENS, LLAMACPP_CASES, LLAMACPP_VOCAB, PROMPT, hf_config, tensor_digests  # noqa: E402
+from tests.moe_cases import (  # noqa: E402
+    CASES,
+    GPT_OSS,
+    GREEDY_TOKENS,
+    LLAMACPP_CASES,
+    LLAMACPP_VOCAB,
+    PROMPT,
+    gpt_oss_hf_config,
+    hf_config,
+    tensor_digests,
+    write_mxfp4_checkpoint,
+)
 from tokenmill.loader.gguf_file import GGUFFile  # noqa: E402
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer  # noqa: E402
 
 
+def write_tokenizer(folder: Path, tokenizer_gguf: Path) -> None:
+    Tokenizer.from_gguf(GGUFFile(tokenizer_gguf)).backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
+        )
+    )
+
+
+def write_gpt_oss_checkpoint(folder: Path, tokenizer_gguf: Path) -> None:
+    """gpt-oss as the Hub ships it: its experts MXFP4 blocks and scales (which the converter keeps as GGUF MXFP4)."""
+    model = replace(GPT_OSS, vocab_size=LLAMACPP_VOCAB, weights={})
+    model.make_weights()
+    config = gpt_oss_hf_config(model)
+    config.bos_token_id, config.eos_token_id = 1, 2
+    source = folder.with_name(folder.name + "-config")
+    source.mkdir()
+    config.save_pretrained(source)
+    write_tokenizer(source, tokenizer_gguf)
+    folder.rmdir()
+    write_mxfp4_checkpoint(model, source, folder)
+    (folder / "tokenizer_config.json").write_bytes((source / "tokenizer_config.json").read_bytes())
+
+
 def write_checkpoint(name: str, folder: Path, tokenizer_gguf: Path) -> None:
+    if name == "gpt-oss":
+        write_gpt_oss_checkpoint(folder, tokenizer_gguf)
+        return
     model = replace(CASES[name], vocab_size=LLAMACPP_VOCAB, weights={})
     model.make_weights()
     config = hf_config(model)
@@ -48,13 +87,7 @@ def write_checkpoint(name: str, folder: Path, tokenizer_gguf: Path) -> None:
     config.save_pretrained(folder)
     weights = {n: torch.from_numpy(np.ascontiguousarray(w)) for n, w in model.weights.items()}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer = Tokenizer.from_gguf(GGUFFile(tokenizer_gguf))
-    tokenizer.backend.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
-        )
-    )
+    write_tokenizer(folder, tokenizer_gguf)
 
 
 def greedy(path: Path) -> list[int]:
@@ -75,9 +108,11 @@ def main() -> None:
     parser.add_argument("--converter", required=True, help="llama.cpp's folder holding convert_hf_to_gguf.py")
     parser.add_argument("--tokenizer", required=True, help="the bundled SmolLM2 GGUF (its tokenizer)")
     parser.add_argument("--out", default=str(ROOT / "tests" / "data" / "moe_llamacpp.json"))
+    parser.add_argument("--only", nargs="*", help="make these cases again, keep the others' records")
     args = parser.parse_args()
-    results = {}
-    for name in sorted(LLAMACPP_CASES):
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if args.only and out.is_file() else {}
+    for name in sorted(args.only or [*LLAMACPP_CASES, "gpt-oss"]):
         with tempfile.TemporaryDirectory() as tmp:
             folder, gguf_path = Path(tmp) / name, Path(tmp) / f"{name}.gguf"
             folder.mkdir()
@@ -91,7 +126,7 @@ def main() -> None:
                 raise SystemExit(f"{name}: convert_hf_to_gguf.py failed:\n{done.stdout[-3000:]}{done.stderr[-6000:]}")
             results[name] = {"tensors": tensor_digests(gguf_path), "greedy": greedy(gguf_path)}
             print(name, results[name]["greedy"], flush=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    out.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
 
 
 if __name__ == "__main__":

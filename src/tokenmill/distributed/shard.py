@@ -76,6 +76,11 @@ class ShardPlan:
                 )
             q = _even_split(c.num_heads, n, rank)
             kv = (q[0] // group, q[0] // group + 1)
+        if (c.attention_output_bias or c.expert_biases) and n > 1:  # a row-parallel bias belongs to one rank's sum
+            raise ShardingError(
+                f"tensor_parallel_size {n}: {c.architecture}'s biases on the output and down projections are not "
+                "split over ranks yet (use tensor_parallel_size 1)"
+            )
         widths = [("intermediate_size", c.intermediate_size)] if not all(map(c.is_moe, range(c.num_layers))) else []
         if c.num_experts:
             widths.append(("the experts' intermediate size", c.expert_intermediate_size))

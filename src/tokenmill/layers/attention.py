@@ -56,9 +56,11 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, D], k/v [T, KVH, D]; caches [num_slots, KVH, D] (written in place; int8 ones [num_slots, KVH,
-    D + 4], layers/kv_quant.py) -> output [T, H, D].
+    D + 4], layers/kv_quant.py) -> output [T, H, D]. `sinks` float32 [H] (gpt-oss): a learned logit per head that
+    joins every query's softmax as a key with no value (attention_with_sinks).
 
     Caches of another element type than q (16-bit or int8 K/V in a float32 model) hold k and v rounded to it; the
     new tokens' own k and v are rounded the same way before they are attended to, so a position's attention sees
@@ -83,9 +85,7 @@ def paged_attention(
         q_dec = q[d.token_start : d.token_start + d.num_seqs].unsqueeze(2)  # [S, H, 1, D]
         keys = _read(k_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
         values = _read(v_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
-        out = F.scaled_dot_product_attention(
-            q_dec, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=d.mask, scale=scale, enable_gqa=True
-        )  # [S, H, 1, D]
+        out = _attend(q_dec, keys.transpose(1, 2), values.transpose(1, 2), d.mask, scale, sinks)  # [S, H, 1, D]
         outputs.append(out.view(d.num_seqs, heads, dim))
     for chunk in meta.prefills:
         q_c = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
@@ -95,9 +95,48 @@ def paged_attention(
         else:
             keys = _read(k_cache, chunk.kv_index, q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
             values = _read(v_cache, chunk.kv_index, q.dtype).transpose(0, 1).unsqueeze(0)
-        out = _causal_in_query_blocks(q_c, keys, values, chunk.mask, scale)  # [1, H, q_len, D]
+        out = _causal_in_query_blocks(q_c, keys, values, chunk.mask, scale, sinks)  # [1, H, q_len, D]
         outputs.append(out[0].transpose(0, 1))  # [q_len, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """q [B, H, Lq, D] against keys / values [B, KVH, Lk, D], `mask` bool broadcast to [B, H, Lq, Lk] (True: may
+    attend; None: every key) -> [B, H, Lq, D]: torch's fused attention, or with sinks attention_with_sinks."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    return attention_with_sinks(q, keys, values, mask, scale, sinks)
+
+
+def attention_with_sinks(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """Attention whose softmax has one more term per head, exp(sinks[h]), that adds nothing to the output (gpt-oss,
+    as transformers' eager attention and llama.cpp's soft_max with sinks): a head can attend to nothing. torch's
+    fused kernels have no such term, so this is the scores' own products, batched per KV head (the query heads
+    that share one KV head as one matrix: no copy of K or V). Shapes as _attend's; sinks float32 [H]."""
+    b, heads, lq, dim = q.shape
+    kv_heads, lk = keys.shape[1], keys.shape[2]
+    grouped = q.reshape(b, kv_heads, heads // kv_heads * lq, dim)  # heads kvh * G + g, each Lq rows
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).view(b, heads, lq, lk) * scale  # [B, H, Lq, Lk]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(scores.dtype).view(1, heads, 1, 1).expand(b, heads, lq, 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :lk]  # the sink's share dropped
+    out = torch.matmul(probs.reshape(b, kv_heads, heads // kv_heads * lq, lk), values)  # [B, KVH, G * Lq, D]
+    return out.view(b, heads, lq, dim)
 
 
 def _read(cache: torch.Tensor, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -123,7 +162,12 @@ def query_blocks(start: int, end: int) -> list[tuple[int, int]]:
 
 
 def _causal_in_query_blocks(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a chunk's queries q [1, H, q_len, D], the last q_len positions of the context keys /
     values [1, KVH, ctx, D] -> [1, H, q_len, D], in blocks of positions fixed by the sequence (query_blocks). Each
@@ -157,15 +201,9 @@ def _causal_in_query_blocks(
     outs = []
     for a, b in blocks:
         rows = slice(a - base, b - base)
-        out = F.scaled_dot_product_attention(
-            queries[:, :, rows],
-            padded_keys[:, :, :b],
-            padded_values[:, :, :b],
-            attn_mask=allowed[rows, :b],  # [b - a, b]
-            scale=scale,
-            enable_gqa=True,
-        )
-        outs.append(out)
+        mask_rows = allowed[rows, :b]  # [b - a, b]
+        keys_b, values_b = padded_keys[:, :, :b], padded_values[:, :, :b]
+        outs.append(_attend(queries[:, :, rows], keys_b, values_b, mask_rows, scale, sinks))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H, span - base, D]
     return out[:, :, start - base : ctx - base]
 

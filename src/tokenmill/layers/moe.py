@@ -1,5 +1,5 @@
-"""A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a router scores every expert for each token,
-the top k experts' gated MLPs run on it, and their outputs are summed, weighted by the router.
+"""A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss): a router scores every expert for each
+token, the top k experts' gated MLPs run on it, and their outputs are summed, weighted by the router.
 
 Tokens are grouped by expert: the step's (token, expert) pairs sorted by expert, then one product per chosen
 expert over all of its tokens (a prompt chunk's products are matrix products, not per-token gathers; a decode
@@ -16,21 +16,27 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def route(logits: torch.Tensor, k: int, normalize: bool, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, k: int, normalize: bool, scale: float = 1.0, softmax_after_topk: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits float32 [T, E] -> (weights float32 [T, k], expert ids int64 [T, k]): a softmax over all
     experts, the k largest kept (ties to the lower id, as torch.topk), renormalized to sum 1 if `normalize`, times
-    `scale`."""
-    probs = torch.softmax(logits, dim=-1)
-    weights, ids = torch.topk(probs, k, dim=-1)
-    if normalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    `scale`. `softmax_after_topk` (gpt-oss): the k largest logits first, then a softmax over those k."""
+    if softmax_after_topk:
+        top, ids = torch.topk(logits, k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+    else:
+        weights, ids = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        if normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
     return (weights * scale if scale != 1.0 else weights), ids
 
 
 class MixtureOfExperts(nn.Module):
     """`num_experts` gated MLPs over `hidden`, `experts_per_token` of them a token; with `shared`, Qwen2-MoE's
-    shared expert, which every token takes, weighted by sigmoid(x . shared_gate). Built empty (placeholders
-    without memory); `load` gives it its weights."""
+    shared expert, which every token takes, weighted by sigmoid(x . shared_gate); with `biases` (gpt-oss), a bias on
+    the router and on every expert's gate/up and down products. Built empty (placeholders without memory); `load`
+    gives it its weights."""
 
     def __init__(
         self,
@@ -41,6 +47,8 @@ class MixtureOfExperts(nn.Module):
         activation: Callable[[torch.Tensor], torch.Tensor],
         scale: float = 1.0,
         shared: bool = False,
+        biases: bool = False,
+        softmax_after_topk: bool = False,
     ):
         super().__init__()
         if not 0 < experts_per_token <= num_experts:
@@ -50,6 +58,12 @@ class MixtureOfExperts(nn.Module):
         self.gate_up = nn.ModuleList()  # E projections hidden -> 2 x width (gate, then up)
         self.down = nn.ModuleList()  # E projections width -> hidden
         self.k, self.normalize, self.scale = experts_per_token, normalize, scale
+        self.softmax_after_topk = softmax_after_topk
+        self.biases = biases
+        # buffers (they move with the model), set by load where `biases`
+        self.register_buffer("router_bias", None, persistent=False)  # float64 [E]
+        self.register_buffer("gate_up_bias", None, persistent=False)  # float32 [E, 2 x width] (gate, then up)
+        self.register_buffer("down_bias", None, persistent=False)  # float32 [E, hidden]
         self.activation = activation
         self.shared_gate_up: nn.Module | None = None
         self.shared_down: nn.Module | None = None
@@ -65,14 +79,23 @@ class MixtureOfExperts(nn.Module):
         experts: list[tuple[nn.Module, nn.Module]],
         shared: tuple[nn.Module, nn.Module] | None = None,
         shared_gate: torch.Tensor | None = None,
+        biases: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """The weights: `router` [E, hidden]; each expert's (gate_up, down) projections, in any of the linear
-        kernels (layers/linear.py, layers/quantized_linear.py); the shared expert's pair and its gate [hidden]."""
+        kernels (layers/linear.py, layers/quantized_linear.py); the shared expert's pair and its gate [hidden];
+        with `biases` (router [E], gate_up [E, 2 x width], down [E, hidden])."""
         if tuple(router.shape) != tuple(self.router.shape) or len(experts) != self.num_experts:
             raise ValueError(f"a router {tuple(router.shape)} and {len(experts)} experts for {self.num_experts}")
         if (shared is None) != (self.shared_gate is None):
             raise ValueError("the shared expert and its gate come together")
+        if (biases is None) == self.biases:
+            raise ValueError(f"this mixture {'has' if self.biases else 'has no'} biases")
         self.router = nn.Parameter(router.double().contiguous(), False)
+        if biases is not None:
+            router_bias, gate_up_bias, down_bias = biases
+            self.router_bias = router_bias.double().reshape(self.num_experts).contiguous()
+            self.gate_up_bias = gate_up_bias.float().reshape(self.num_experts, -1).contiguous()
+            self.down_bias = down_bias.float().reshape(self.num_experts, -1).contiguous()
         self.gate_up = nn.ModuleList(gate_up for gate_up, _ in experts)
         self.down = nn.ModuleList(down for _, down in experts)
         if shared is not None:
@@ -84,12 +107,20 @@ class MixtureOfExperts(nn.Module):
         gives a row other bits at other row counts (a token's experts and weights would depend on its step),
         while float64's differences are below float32's rounding (a router of 2,048 x 128 at 512 rows: 4 ms
         against float32's 2 ms, on 2 cores)."""
-        return F.linear(x.double(), self.router).float()
+        return F.linear(x.double(), self.router, self.router_bias).float()
+
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """One expert's gated MLP over its tokens x [n, hidden] -> [n, hidden] (its biases added where it has them)."""
+        gate_up = self.gate_up[expert].forward(x)  # [n, 2 x width]
+        if self.gate_up_bias is not None:
+            gate_up = gate_up + self.gate_up_bias[expert]
+        y = self.down[expert].forward(self.activation(gate_up))
+        return y if self.down_bias is None else y + self.down_bias[expert]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden] in x's dtype (the experts' sums in float32)."""
         tokens = x.shape[0]
-        weights, ids = route(self.router_logits(x), self.k, self.normalize, self.scale)  # [T, k] each
+        weights, ids = route(self.router_logits(x), self.k, self.normalize, self.scale, self.softmax_after_topk)
         flat = ids.reshape(-1)  # [T * k] expert of each (token, choice), token-major
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, each group in token order
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
@@ -101,7 +132,7 @@ class MixtureOfExperts(nn.Module):
             if count == 0:
                 continue
             rows = token_of[start : start + count]
-            y = self.down[expert].forward(self.activation(self.gate_up[expert].forward(x[rows])))  # [count, hidden]
+            y = self._expert(expert, x[rows])  # [count, hidden]
             out.index_add_(0, rows, y.float() * weight_of[start : start + count])
             start += count
         if self.shared_gate_up is not None:

@@ -127,8 +127,9 @@ class NativeLlamaDecoder:
         self.model = model
         self.lib = lib
         c = model.config
-        if c.num_experts or c.qk_norm_whole:  # generated tokens of these take the torch path (layers/moe.py)
-            raise ValueError("the native decoder computes dense MLPs and per-head QK-norms only")
+        if c.num_experts or c.qk_norm_whole or c.attention_sinks or c.attention_output_bias:
+            # generated tokens of these take the torch path (layers/moe.py, layers/attention.py)
+            raise ValueError("the native decoder computes dense MLPs, per-head QK-norms, no sinks or output biases")
         self.projections = [
             [
                 _packed(m)

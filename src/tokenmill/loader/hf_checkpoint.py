@@ -12,6 +12,7 @@ view of the mapped file costs nothing until it is read.
 import json
 import re
 import struct
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
-from tokenmill.loader.experts import ExpertStack, release_expert_pages
+from tokenmill.loader.experts import ExpertStack, ExpertViews, release_expert_pages
 from tokenmill.loader.gguf_file import GGUFTensor
+from tokenmill.loader.mxfp4 import gguf_mxfp4_rows
 
 # config.json "architectures" -> tokenmill's architecture name (GGUF's general.architecture)
 HF_ARCHITECTURES = {
@@ -32,6 +34,7 @@ HF_ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "OlmoeForCausalLM": "olmoe",
+    "GptOssForCausalLM": "gpt-oss",
 }
 # safetensors dtype -> (GGUF tensor type, numpy dtype of its stored elements, bytes per value): bfloat16 is kept as
 # raw bytes, as GGUF files keep it (numpy has no bfloat16)
@@ -39,6 +42,8 @@ _DTYPES = {
     "F32": (GGMLQuantizationType.F32, np.float32, 4),
     "F16": (GGMLQuantizationType.F16, np.float16, 2),
     "BF16": (GGMLQuantizationType.BF16, np.uint8, 2),
+    # bytes: only gpt-oss's MXFP4 blocks and scales, which become GGUF MXFP4 tensors (_gpt_oss_experts)
+    "U8": (GGMLQuantizationType.I8, np.uint8, 1),
 }
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -85,6 +90,17 @@ _GEMMA_LAYER_NAMES = {
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
+# gpt-oss: its second norm is the MLP's, named as llama.cpp's converter names it; biases on the output projection
+# and the router, a sink logit per head. Its experts are fused tensors of their own layout (_gpt_oss_experts).
+_GPT_OSS_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
+}
+_GPT_OSS_EXPERTS = re.compile(r"mlp\.experts\.((?:gate_up|down)_proj(?:_bias|_blocks|_scales)?)")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -185,9 +201,11 @@ class HFCheckpoint:
         return files
 
     def _map_tensors(self) -> dict[str, GGUFTensor]:
-        layer_names = _GEMMA_LAYER_NAMES if self._architecture == "gemma3" else _LAYER_NAMES
+        arch = self._architecture
+        layer_names = {"gemma3": _GEMMA_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}.get(arch, _LAYER_NAMES)
         tensors: dict[str, GGUFTensor] = {}
         experts: dict[str, dict[int, GGUFTensor]] = {}  # GGUF 3-D tensor name -> expert -> its 2-D tensor
+        fused: dict[str, dict[str, GGUFTensor]] = {}  # gpt-oss: layer prefix -> its expert tensors by HF name
         for file in self._files():
             for hf_name, tensor in _read_safetensors(file).items():
                 name = _GLOBAL_NAMES.get(hf_name)
@@ -196,6 +214,9 @@ class HFCheckpoint:
                     if (expert := _EXPERT.fullmatch(rest)) and expert.group(2) in _EXPERT_NAMES:
                         stacked = f"blk.{layer}.{_EXPERT_NAMES[expert.group(2)]}"
                         experts.setdefault(stacked, {})[int(expert.group(1))] = tensor
+                        continue
+                    if arch == "gpt-oss" and (part := _GPT_OSS_EXPERTS.fullmatch(rest)):
+                        fused.setdefault(f"blk.{layer}.", {})[part.group(1)] = tensor
                         continue
                     if rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # transformers 5's fused form
                         tensors.update(_fused_experts(f"blk.{layer}.", rest, tensor))
@@ -214,6 +235,11 @@ class HFCheckpoint:
                 raise ModelFileError(f"{self.path}: the experts of {name} (GGUF's name) differ in shape or dtype")
             stack = ExpertStack([p.data for p in parts])
             tensors[name] = GGUFTensor(name, parts[0].ggml_type, (len(parts), *parts[0].shape), stack)
+        for prefix, layer_tensors in fused.items():
+            tensors.update(_gpt_oss_experts(self.path, prefix, layer_tensors))
+        bytes_left = [name for name, t in tensors.items() if t.ggml_type == GGMLQuantizationType.I8]
+        if bytes_left:
+            raise UnsupportedModelError(f"{self.path}: U8 tensors other than MXFP4 experts: {bytes_left[:4]}")
         return tensors
 
 
@@ -232,6 +258,66 @@ def _fused_experts(prefix: str, name: str, tensor: GGUFTensor) -> dict[str, GGUF
         gate: GGUFTensor(gate, tensor.ggml_type, (experts, half, cols), tensor.data[:, :half]),
         up: GGUFTensor(up, tensor.ggml_type, (experts, half, cols), tensor.data[:, half:]),
     }
+
+
+def _elements(tensor: GGUFTensor) -> np.ndarray:
+    """A float tensor's values as stored, one array element per value (bfloat16 as uint16), of its shape."""
+    if tensor.ggml_type == GGMLQuantizationType.BF16:
+        return tensor.data.view(np.uint16).reshape(tensor.shape)
+    return tensor.data.reshape(tensor.shape)
+
+
+def _stored(values: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:
+    """The inverse of _elements for a contiguous copy: bfloat16 back to its raw bytes."""
+    values = np.ascontiguousarray(values)
+    return values.view(np.uint8) if ggml_type == GGMLQuantizationType.BF16 else values
+
+
+def _mxfp4_expert(blocks: np.ndarray, scales: np.ndarray, rows: slice, expert: int) -> np.ndarray:
+    return gguf_mxfp4_rows(blocks[expert, rows], scales[expert, rows])
+
+
+def _float_expert(values: np.ndarray, ggml_type: GGMLQuantizationType, rows: slice, expert: int) -> np.ndarray:
+    """Expert `expert`'s rows (outputs) of a tensor stored inputs by outputs: a transposed copy."""
+    return _stored(values[expert].T[rows], ggml_type)
+
+
+def _gpt_oss_experts(path: Path, prefix: str, parts: dict[str, GGUFTensor]) -> dict[str, GGUFTensor]:
+    """gpt-oss's expert tensors of one layer as GGUF's (llama.cpp's converter's split): `gate_up_proj`
+    [E, hidden, 2 x width] (inputs by outputs, gate and up columns interleaved) -> ffn_gate_exps and ffn_up_exps
+    [E, width, hidden]; `down_proj` [E, width, hidden] -> ffn_down_exps [E, hidden, width]; or the same as MXFP4
+    `*_blocks` [E, rows, columns / 32, 16] and `*_scales` [E, rows, columns / 32] (rows: outputs, gate and up
+    interleaved) -> GGUF MXFP4 tensors; the biases likewise split (`gate_up_proj_bias` [E, 2 x width]). Each expert
+    is made when it is loaded (ExpertViews)."""
+    out: dict[str, GGUFTensor] = {}
+
+    def add(name: str, ggml_type: GGMLQuantizationType, shape: tuple[int, ...], data) -> None:
+        out[prefix + name] = GGUFTensor(prefix + name, ggml_type, shape, data)
+
+    splits = {"gate_up_proj": [("ffn_gate_exps", 0, 2), ("ffn_up_exps", 1, 2)], "down_proj": [("ffn_down_exps", 0, 1)]}
+    for kind, split in splits.items():
+        if (blocks := parts.get(kind + "_blocks")) is not None:
+            scales = parts.get(kind + "_scales")
+            if scales is None or len(blocks.shape) != 4 or tuple(scales.shape) != tuple(blocks.shape[:3]):
+                raise ModelFileError(f"{path}: {prefix}{kind}'s MXFP4 blocks {blocks.shape} lack matching scales")
+            experts, rows, groups, _ = blocks.shape
+            for name, first, step in split:
+                make = partial(_mxfp4_expert, blocks.data, scales.data, slice(first, None, step))
+                shape = (experts, rows // step, groups * 32)
+                add(name + ".weight", GGMLQuantizationType.MXFP4, shape, ExpertViews(shape, make, [blocks.data]))
+        elif (weight := parts.get(kind)) is not None:
+            if len(weight.shape) != 3:
+                raise ModelFileError(f"{path}: {prefix}{kind} is {weight.shape}, expected [experts, inputs, outputs]")
+            values, (experts, columns, rows) = _elements(weight), weight.shape
+            for name, first, step in split:
+                make = partial(_float_expert, values, weight.ggml_type, slice(first, None, step))
+                shape = (experts, rows // step, columns)
+                add(name + ".weight", weight.ggml_type, shape, ExpertViews(shape, make, [weight.data]))
+        if (bias := parts.get(kind + "_bias")) is not None:
+            for name, first, step in split:
+                columns = _elements(bias)[:, first::step]
+                add(name + ".bias", bias.ggml_type, tuple(columns.shape), _stored(columns, bias.ggml_type))
+    return out
 
 
 def _optional_json(path: Path) -> dict[str, Any]:

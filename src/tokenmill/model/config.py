@@ -58,6 +58,12 @@ class ModelConfig:
     moe_layers: tuple[bool, ...] = ()
     shared_expert_intermediate_size: int = 0
     expert_weights_scale: float = 1.0  # the chosen experts' weights multiplied by this (after renormalizing)
+    # gpt-oss: the router's top k logits first, then a softmax over them; biases on the router and every expert
+    expert_softmax_after_topk: bool = False
+    expert_biases: bool = False
+    attention_output_bias: bool = False  # the output projection has a bias too (gpt-oss)
+    attention_sinks: bool = False  # a learned logit per head in each query's softmax (gpt-oss: `attn_sinks`)
+    ffn_norm_name: str = "ffn_norm"  # the GGUF name of the norm before the MLP (gpt-oss: post_attention_norm)
 
     def is_moe(self, layer: int) -> bool:
         """Whether a layer's MLP is a mixture of experts."""
@@ -259,6 +265,36 @@ def _olmoe(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     return {"qk_norm": True, "qk_norm_whole": True, "rope_rows_permuted": False, **_experts(gguf, arch, False)}
 
 
+def _gpt_oss(gguf: GGUFFile, arch: str, hidden: int) -> dict:
+    """gpt-oss: every layer a mixture of experts with biases, whose router takes the top k logits and a softmax
+    over them, and whose experts' SwiGLU is clamped (activation swiglu_oai); biases on Q, K, V and the output; a
+    sink logit per head; neox rope (Q/K rows unpermuted), YaRN in every layer. Sliding-window layers (128) alternate
+    with full ones, the first sliding: llama.cpp's `attention.sliding_window_pattern` (per-layer flags, or every
+    n-th layer full; 2 when absent)."""
+    num_layers = _int(gguf, f"{arch}.block_count")
+    pattern = gguf.get(f"{arch}.attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise ModelFileError(f"{gguf.path}: {arch}.attention.sliding_window_pattern has {len(pattern)} flags")
+        local = tuple(bool(flag) for flag in pattern)
+    else:
+        n = int(pattern)
+        local = tuple(n == 0 or i % n < n - 1 for i in range(num_layers))  # llama.cpp's set_swa_pattern
+    return {
+        "activation": "swiglu_oai",
+        "attention_bias": True,
+        "attention_output_bias": True,
+        "attention_sinks": True,
+        "rope_rows_permuted": False,
+        "sliding_window": _int(gguf, f"{arch}.attention.sliding_window"),
+        "local_layers": local,
+        "ffn_norm_name": "post_attention_norm",
+        **_experts(gguf, arch, normalized=False),
+        "expert_biases": True,
+        "expert_softmax_after_topk": True,
+    }
+
+
 def _gemma3(gguf: GGUFFile, arch: str, hidden: int) -> dict:
     """Gemma 3 (text): GeGLU, QK-norm, sandwich norms, scaled embeddings; five local layers (sliding window,
     rope base `rope.freq_base_swa`, 10,000 in every Gemma 3) to one global one, as llama.cpp and HF transformers
@@ -296,4 +332,5 @@ ARCHITECTURE_TRAITS = {
     "qwen2moe": _qwen2moe,
     "qwen3moe": _qwen3moe,
     "olmoe": _olmoe,
+    "gpt-oss": _gpt_oss,
 }

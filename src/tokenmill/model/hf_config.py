@@ -11,6 +11,7 @@ name, before any weight is read.
 from typing import Any
 
 from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.layers.activation import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from tokenmill.layers.rotary import llama3_frequency_factors
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config import ModelConfig
@@ -21,7 +22,7 @@ _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh
 _TIED_BY_DEFAULT = {"llama": False, "qwen2": False, "qwen3": False, "gemma3": True}
 # whether an architecture's router renormalizes the chosen experts' weights when config.json does not say (the
 # defaults of transformers' config classes; Mixtral always does)
-_NORM_TOPK_BY_DEFAULT = {"qwen2moe": False, "qwen3moe": False, "olmoe": False}
+_NORM_TOPK_BY_DEFAULT = {"qwen2moe": False, "qwen3moe": False, "olmoe": False, "gpt-oss": False}
 
 
 def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
@@ -49,7 +50,7 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         raise refuse(f"activation {cfg.get('hidden_activation') or cfg.get('hidden_act')!r}")
     if cfg.get("mlp_bias"):
         raise refuse("mlp_bias")
-    if cfg.get("attention_bias") and arch not in ("qwen2", "qwen2moe"):
+    if cfg.get("attention_bias") and arch not in ("qwen2", "qwen2moe", "gpt-oss"):
         raise refuse("attention_bias (biases on every attention projection)")
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if cfg.get(key) is not None:
@@ -71,6 +72,8 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         traits["qk_norm_whole"] = True
     if cfg.get("num_experts") or cfg.get("num_local_experts"):
         traits.update(_expert_traits(cfg, arch, num_layers, checkpoint, number))
+    if arch == "gpt-oss":
+        traits.update(_gpt_oss_traits(cfg, num_layers, where, refuse, number))
     if arch == "gemma3":
         traits.update(
             sandwich_norms=True,
@@ -93,11 +96,38 @@ def model_config_from_hf(checkpoint: HFCheckpoint) -> ModelConfig:
         rms_norm_eps=float(number("rms_norm_eps", 1e-6)),
         max_position=max(int(number("max_position_embeddings", 2048)), extended_context),
         tie_word_embeddings="output.weight" not in checkpoint.tensors,
-        activation=activation,
+        activation=traits.pop("activation", activation),
         rope_rows_permuted=False,  # HF stores Q/K rows as its own (neox-style) rope reads them
         **rope,
         **traits,
     )
+
+
+def _gpt_oss_traits(cfg: dict[str, Any], num_layers: int, where, refuse, number) -> dict[str, Any]:
+    """gpt-oss (model/config.py's _gpt_oss): its clamped SwiGLU with transformers' constants (others refused),
+    biases on every attention projection when `attention_bias` (the released models'), sinks, sliding-window layers
+    from `layer_types` (else every other one, the first sliding, as transformers' default)."""
+    if (cfg.get("swiglu_alpha", SWIGLU_OAI_ALPHA), cfg.get("swiglu_limit", SWIGLU_OAI_LIMIT)) != (
+        SWIGLU_OAI_ALPHA,
+        SWIGLU_OAI_LIMIT,
+    ):
+        raise refuse(f"swiglu_alpha / swiglu_limit other than {SWIGLU_OAI_ALPHA} / {SWIGLU_OAI_LIMIT}")
+    bias = bool(cfg.get("attention_bias", True))
+    if "layer_types" in cfg:
+        local = _local_layers(cfg, num_layers, where)
+    else:
+        local = tuple(i % 2 == 0 for i in range(num_layers))
+    return {
+        "activation": "swiglu_oai",
+        "attention_bias": bias,
+        "attention_output_bias": bias,
+        "attention_sinks": True,
+        "sliding_window": int(number("sliding_window", 128)),
+        "local_layers": local,
+        "ffn_norm_name": "post_attention_norm",
+        "expert_biases": True,
+        "expert_softmax_after_topk": True,
+    }
 
 
 def _expert_traits(cfg: dict[str, Any], arch: str, num_layers: int, checkpoint: HFCheckpoint, number) -> dict:
@@ -178,7 +208,8 @@ def _rope_traits(cfg: dict[str, Any], arch: str, head_dim: int, where, refuse) -
     return traits
 
 
-_DEFAULT_THETA = {"gemma3": 1_000_000.0}  # transformers' default rope bases where config.json names none
+# transformers' default rope bases where config.json names none
+_DEFAULT_THETA = {"gemma3": 1_000_000.0, "gpt-oss": 150_000.0}
 _DEFAULT_LOCAL_THETA = 10_000.0
 
 

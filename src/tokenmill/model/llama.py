@@ -1,7 +1,8 @@
 """The shared decoder: the llama architecture (SmolLM2, Llama 2/3, Mistral-style dense models: RMSNorm, rope,
 GQA, SwiGLU) and what other architectures declare as differences in ModelConfig (Gemma 3: GeGLU, QK-norm,
 sandwich norms, scaled embeddings, sliding-window local layers with their own rope base; Mixtral, Qwen2-MoE,
-Qwen3-MoE and OLMoE: a mixture of experts for the MLP, layers/moe.py).
+Qwen3-MoE, OLMoE and gpt-oss: a mixture of experts for the MLP, layers/moe.py; gpt-oss: attention sinks, biases
+on every attention projection, sliding-window layers between full ones).
 
 The model takes the flattened new tokens of a whole step ([T] ids and positions) plus AttentionMetadata; it never
 sees a padded batch. Q/K/V and gate/up projections are fused into one matmul each.
@@ -66,6 +67,11 @@ class LlamaAttention(nn.Module):
         self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size, dtype=dtype), False)
         if not config.attention_bias:
             self.qkv_bias = None
+        # gpt-oss: the output projection's bias [hidden], and each head's sink logit [H] (layers/attention.py)
+        self.o_bias = nn.Parameter(torch.zeros(config.hidden_size, dtype=dtype), False)
+        if not config.attention_output_bias:
+            self.o_bias = None
+        self.sinks = nn.Parameter(torch.zeros(config.num_heads), False) if config.attention_sinks else None
         # each head's query and key normed (Qwen3, Gemma 3), or the whole Q and K projections (OLMoE)
         self.qk_norm_whole = config.qk_norm_whole
         q_width, k_width = (self.q_size, self.kv_size) if config.qk_norm_whole else (self.head_dim, self.head_dim)
@@ -89,8 +95,9 @@ class LlamaAttention(nn.Module):
         rotary, rope, meta = (step.local_rotary, step.local_rope, step.local_meta) if self.local else step[:3]
         q, k = rotary.forward(rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [T, H, D]
-        return self.o_proj.forward(out.reshape(tokens, self.q_size))
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sinks)  # [T, H, D]
+        out = self.o_proj.forward(out.reshape(tokens, self.q_size))
+        return out if self.o_bias is None else out + self.o_bias
 
 
 # A prompt chunk's MLP runs over this many tokens at a time. Its intermediates are the step's largest tensors
@@ -125,13 +132,16 @@ def mixture_of_experts(config: ModelConfig) -> MixtureOfExperts:
         ACTIVATIONS[c.activation],
         c.expert_weights_scale,
         shared=c.shared_expert_intermediate_size > 0,
+        biases=c.expert_biases,
+        softmax_after_topk=c.expert_softmax_after_topk,
     )
 
 
 def load_experts(moe: MixtureOfExperts, weights: WeightLoader, prefix: str) -> None:
     """A mixture's weights from GGUF's tensors of the layer `prefix` ("blk.3."): the router (`ffn_gate_inp`), every
     expert's gate and up rows fused into one projection and its down projection (`ffn_{gate,up,down}_exps`, 3-D),
-    and a shared expert with its gate (`ffn_*_shexp`, `ffn_gate_inp_shexp`) where the layer has one."""
+    a shared expert with its gate (`ffn_*_shexp`, `ffn_gate_inp_shexp`) where the layer has one, and gpt-oss's
+    biases (`ffn_gate_inp.bias` [E], `ffn_{gate,up,down}_exps.bias` [E, rows])."""
     p = prefix
     router = weights.float_tensor(p + "ffn_gate_inp.weight", torch.float32)
     gate_ups = weights.experts([p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"])
@@ -143,7 +153,12 @@ def load_experts(moe: MixtureOfExperts, weights: WeightLoader, prefix: str) -> N
             weights.linear([(p + "ffn_down_shexp.weight", None)]),
         )
         shared_gate = weights.float_tensor(p + "ffn_gate_inp_shexp.weight", torch.float32).reshape(-1)
-    moe.load(router, list(zip(gate_ups, downs, strict=True)), shared, shared_gate)
+    biases = None
+    if moe.biases:
+        bias = lambda name: weights.float_tensor(p + name + ".bias", torch.float32)  # noqa: E731
+        gate_up_bias = torch.cat([bias("ffn_gate_exps"), bias("ffn_up_exps")], dim=1)  # [E, 2 x width]
+        biases = (bias("ffn_gate_inp"), gate_up_bias, bias("ffn_down_exps"))
+    moe.load(router, list(zip(gate_ups, downs, strict=True)), shared, shared_gate, biases)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -298,11 +313,16 @@ class LlamaForCausalLM(nn.Module):
                 setattr(parent, name, weights.linear(sources))
             if isinstance(layer.mlp, MixtureOfExperts):
                 load_experts(layer.mlp, weights, p)
+            attn = layer.self_attn
             if c.attention_bias:
                 names = [(n.replace(".weight", ".bias"), heads) for n, heads in self._projections(i, layer)[0][2]]
                 biases = [weights.float_rows(n, heads) for n, heads in names]
-                layer.self_attn.qkv_bias = nn.Parameter(torch.cat(biases), False)
-            norms = [(layer.input_layernorm, "attn_norm"), (layer.post_attention_layernorm, "ffn_norm")]
+                attn.qkv_bias = nn.Parameter(torch.cat(biases), False)
+            if c.attention_output_bias:
+                attn.o_bias = nn.Parameter(weights.float_tensor(p + "attn_output.bias"), False)
+            if c.attention_sinks:
+                attn.sinks = nn.Parameter(weights.float_tensor(p + "attn_sinks.weight", torch.float32), False)
+            norms = [(layer.input_layernorm, "attn_norm"), (layer.post_attention_layernorm, c.ffn_norm_name)]
             if c.qk_norm:
                 norms += [(layer.self_attn.q_norm, "attn_q_norm"), (layer.self_attn.k_norm, "attn_k_norm")]
             if c.sandwich_norms:
@@ -314,7 +334,8 @@ class LlamaForCausalLM(nn.Module):
 def rotary_embeddings(config: ModelConfig) -> tuple[RotaryEmbedding, RotaryEmbedding]:
     """(the global layers' rotary embedding, the local layers'): one object when they are the same frequencies (the
     native decoder reads the local tables only when they are another object). Rope scaling is the global layers'
-    only: Gemma 3's local layers keep their own base, unscaled, as in HF transformers and llama.cpp."""
+    only where the local layers have a base of their own: Gemma 3's keep theirs, unscaled, as in HF transformers and
+    llama.cpp; gpt-oss's local layers share the global rope, YaRN included."""
     c = config
     rotary = RotaryEmbedding(
         c.head_dim,
@@ -325,7 +346,9 @@ def rotary_embeddings(config: ModelConfig) -> tuple[RotaryEmbedding, RotaryEmbed
         c.rope_freq_factors,
         c.rope_attention_factor,
     )
-    local_theta = c.local_rope_theta if c.local_rope_theta is not None else c.rope_theta
+    if c.local_rope_theta is None:  # the local layers' rope is the global one, scaling included (gpt-oss)
+        return rotary, rotary
+    local_theta = c.local_rope_theta
     scaled = c.rope_scale != 1.0 or c.rope_freq_factors is not None or c.rope_attention_factor != 1.0
     if c.sliding_window is None or (local_theta == c.rope_theta and not scaled):
         return rotary, rotary

@@ -25,6 +25,7 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "qwen2moe": LlamaForCausalLM,
     "qwen3moe": LlamaForCausalLM,
     "olmoe": LlamaForCausalLM,
+    "gpt-oss": LlamaForCausalLM,
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ARCHITECTURES))
 
@@ -82,7 +83,7 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(
             {
                 p + "attn_norm.weight": (c.hidden_size,),
-                p + "ffn_norm.weight": (c.hidden_size,),
+                p + c.ffn_norm_name + ".weight": (c.hidden_size,),
                 p + "attn_q.weight": (q, c.hidden_size),
                 p + "attn_k.weight": (kv, c.hidden_size),
                 p + "attn_v.weight": (kv, c.hidden_size),
@@ -92,6 +93,10 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(_mlp_shapes(c, i))
         if c.attention_bias:
             shapes.update({p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
+        if c.attention_output_bias:
+            shapes[p + "attn_output.bias"] = (c.hidden_size,)
+        if c.attention_sinks:
+            shapes[p + "attn_sinks.weight"] = (c.num_heads,)
         if c.qk_norm:
             q_norm, k_norm = (q, kv) if c.qk_norm_whole else (d, d)
             shapes.update({p + "attn_q_norm.weight": (q_norm,), p + "attn_k_norm.weight": (k_norm,)})
@@ -116,6 +121,15 @@ def _mlp_shapes(c: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
         p + "ffn_up_exps.weight": (e, i, h),
         p + "ffn_down_exps.weight": (e, h, i),
     }
+    if c.expert_biases:
+        shapes.update(
+            {
+                p + "ffn_gate_inp.bias": (e,),
+                p + "ffn_gate_exps.bias": (e, i),
+                p + "ffn_up_exps.bias": (e, i),
+                p + "ffn_down_exps.bias": (e, h),
+            }
+        )
     if (s := c.shared_expert_intermediate_size) > 0:
         shapes.update(
             {
