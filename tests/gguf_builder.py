@@ -365,7 +365,7 @@ def write_tiny_llama(path: Path, model: TinyModel, matrix_type: str = "F32", arc
 
 
 # byte offsets of the half floats in each block type (the rest of a block is codes, bits and integer scales, all
-# of whose byte values are valid)
+# of whose byte values are valid; MXFP4 has none: its byte 0 is an exponent, MXFP4_EXPONENTS)
 BLOCK_HALVES = {
     "Q4_0": (0,),
     "Q4_1": (0, 2),
@@ -375,17 +375,23 @@ BLOCK_HALVES = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
+    "MXFP4": (),
 }
+# the exponent bytes random MXFP4 blocks get (block scales 2^-10 .. 2^2, as gpt-oss's experts have them)
+MXFP4_EXPONENTS = (118, 131)
 
 
 def random_blocks(type_name: str, rows: int, k: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
     """Raw GGUF rows (uint8 [rows, bytes per row]) of random blocks of a type: random bytes, with every half float
-    a random value of either sign between 0.002 and 0.05, times `scale`."""
+    a random value of either sign between 0.002 and 0.05, times `scale` (MXFP4: an exponent byte e in
+    MXFP4_EXPONENTS, for d = 2^(e - 128), moved by log2(scale) rounded)."""
     qtype = gguf.GGMLQuantizationType[type_name]
     values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(rows, k // values, block_bytes), dtype=np.uint8)
+    size = (rows, k // values)
     for offset in BLOCK_HALVES[type_name]:
-        size = (rows, k // values)
         half = (rng.uniform(0.002, 0.05, size=size) * scale * rng.choice([-1.0, 1.0], size=size)).astype(np.float16)
         blocks[..., offset : offset + 2] = half.view(np.uint8).reshape(rows, k // values, 2)
+    if qtype == gguf.GGMLQuantizationType.MXFP4:
+        blocks[..., 0] = rng.integers(*MXFP4_EXPONENTS, size=size) + round(np.log2(scale))
     return blocks.reshape(rows, -1)

@@ -222,11 +222,12 @@ class _ExpertFile:
         return self.tensors[name]
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"])
 def test_quantized_experts_match_their_float_blocks(type_name: str) -> None:
     """Experts stored as random blocks of a GGUF type run through the native products (`auto`: each expert its own
     projection over the file's blocks) and give what the same blocks dequantized give in float32, to the int8
-    activations' error; the routing is the float model's."""
+    activations' error; the routing is the float model's. `int4` keeps the 4-bit types (Q4_0, Q4_K, MXFP4) as
+    well, and re-codes the others to Q4_1."""
     rng = np.random.default_rng(3)
     experts, width, hidden = 4, 256, 256
     qtype = GGMLQuantizationType[type_name]
@@ -245,6 +246,9 @@ def test_quantized_experts_match_their_float_blocks(type_name: str) -> None:
     exact, native = outputs
     assert all(isinstance(m, NativeLinear) and m.part_types == [qtype] for m in moe.gate_up)  # not re-coded
     assert (native - exact).abs().max() < 0.02 * exact.abs().max(), (native - exact).abs().max() / exact.abs().max()
+    int4 = WeightLoader(source, "int4", torch.float32).experts(["down"])
+    kept = qtype if type_name in ("Q4_0", "Q4_K", "MXFP4") else GGMLQuantizationType.Q4_1
+    assert all(m.part_types == [kept] for m in int4)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from tokenmill.layers.quantized_linear import NativeLinear, gguf_rows_from_float
 from tokenmill.loader.dequantize import dequantize
 
 lib = native.load()
-TYPES = list(BLOCK_HALVES)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+TYPES = list(BLOCK_HALVES)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4
 pytestmark = pytest.mark.skipif(lib is None, reason="the native kernels did not build")
 
 
@@ -73,6 +73,20 @@ def test_rows_are_the_reference_dequantization_exactly(type_name: str) -> None:
     assert torch.equal(layer.rows(torch.arange(rows)), dequantize(raw, GGMLQuantizationType[type_name], (rows, k)))
     with pytest.raises(IndexError):
         layer.rows(torch.tensor([40]))
+
+
+def test_mxfp4_rows_are_the_reference_for_every_exponent() -> None:
+    """MXFP4's scale 2^(e - 128) for each of the 256 exponent bytes, the ends included: e = 0 and 1 (ggml's
+    denormals 2^-128 and 2^-127), 254 and 255 (2^127: its codes +-12 are infinite in the reference and here)."""
+    rows, k = 32, 256
+    raw = random_blocks("MXFP4", rows, k, np.random.default_rng(11))
+    raw.reshape(rows, k // 32, 17)[..., 0] = np.arange(256).reshape(rows, k // 32)  # row 0: e = 0 .. 7
+    with np.errstate(over="ignore"):
+        w = reference(raw, "MXFP4", rows, k)
+    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType.MXFP4)], k)
+    assert torch.equal(layer.rows(torch.arange(rows)), w)
+    assert (w[0, :64] != 0).any() and w[0, :64].abs().max() < 2**-122  # the denormal blocks' values
+    assert w[-1, -32:].isinf().any()
 
 
 @pytest.mark.parametrize("passes", [1, 2])

@@ -2,8 +2,8 @@
 compute-bound), with no dense float copy.
 
 - NativeLinear: tokenmill's native kernels (tokenmill/native/repack.c, products.c) over GGUF blocks as the file
-  has them: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, in parts of different types (a fused QKV), multiplied
-  with integer dot products against activations quantized per block of 32 in one int8 pass (llama.cpp's
+  has them: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, in parts of different types (a fused QKV),
+  multiplied with integer dot products against activations quantized per block of 32 in one int8 pass (llama.cpp's
   scheme) or two (error below 1/64,516 of the block's largest value). On the bundled models' references
   (benchmarks/accuracy.py) two passes move HF float32's top-10 log-probabilities by at most 0.0023 and keep all
   32 greedy tokens; one pass by 0.09-0.24 (llama.cpp on the same files: 0.13-0.41). gguf_rows_from_float makes
@@ -59,7 +59,7 @@ Q8Blocks = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [out, in], half-floa
 NATIVE_GROUP = 16  # output rows per group in the native kernels' interleaved weight layouts
 # GGUF types the native products take as they are (tokenmill/native/repack.c)
 NATIVE_TYPES = frozenset(
-    GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+    GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 )
 RawRows = torch.Tensor | np.ndarray  # uint8 [rows, bytes per row]: a GGUF tensor's rows as stored
 
@@ -69,8 +69,8 @@ def _padded(rows: int) -> int:
 
 
 class NativeLinear(nn.Module):
-    """A linear layer over GGUF blocks as the file has them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: no
-    re-coding; memory the file's bytes, +2.8% for Q4_K and +2.3% for Q5_K), through tokenmill's native integer
+    """A linear layer over GGUF blocks as the file has them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4:
+    no re-coding; memory the file's bytes, +2.8% for Q4_K and +2.3% for Q5_K), through tokenmill's native integer
     products (tokenmill/native/products.c). The weight may be several parts of different types stacked along the
     outputs (a fused QKV whose V is Q6_K and Q/K Q4_K; gate + up): `parts` lists each part's raw rows and type, in
     output order.

@@ -291,7 +291,7 @@ class LlamaForCausalLM(nn.Module):
         """Build every weight from `source` in the kernels of `quantization` (None: dequantized to the compute
         dtype; "auto", "int4", "int8": model/weights.py), one tensor at a time. Under the quantized modes no float
         copy of a projection, the LM head or the embedding table is made: they go from the file's blocks to the
-        native kernels' as the file has them (`auto`: every GGUF block type; `int4`: Q4_0/Q4_1/Q4_K kept, the
+        native kernels' as the file has them (`auto`: every GGUF block type; `int4`: Q4_0/Q4_1/Q4_K/MXFP4 kept, the
         rest re-coded to Q4_1)."""
         c = self.config
         weights = WeightLoader(source, quantization, self.dtype)

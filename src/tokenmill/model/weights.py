@@ -4,11 +4,11 @@ kernel of every linear is decided, then its bytes are read once, one tensor at a
 - `quantization=None` (`none`): every weight dequantized to the compute dtype (exact float32 results).
 - the quantized modes: each projection and the LM head go straight from the file's blocks to the native products'
   layout (layers/quantized_linear.py's NativeLinear, tokenmill/native), with no float copy of them at any point:
-  `auto` keeps every tensor in its own type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: no re-coding), `int4`
-  makes the finer ones 4-bit (Q4_1), `int8` uses torch's int8 kernel (from a float copy of one tensor at a time).
-  A float tensor (a Hugging Face checkpoint, an F16 GGUF) becomes Q4_1 blocks as it is read (the LM head Q8_0),
-  one tensor at a time. The embedding table is looked up from its blocks (only the rows asked for are
-  dequantized), from the tied head's own blocks where they are the file's.
+  `auto` keeps every tensor in its own type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4: no re-coding),
+  `int4` keeps the 4-bit ones (Q4_0, Q4_1, Q4_K, MXFP4) and makes the finer ones 4-bit (Q4_1), `int8` uses torch's
+  int8 kernel (from a float copy of one tensor at a time). A float tensor (a Hugging Face checkpoint, an F16 GGUF)
+  becomes Q4_1 blocks as it is read (the LM head Q8_0), one tensor at a time. The embedding table is looked up from
+  its blocks (only the rows asked for are dequantized), from the tied head's own blocks where they are the file's.
 
 Once a tensor is built, its pages of the memory-mapped file are handed back (`release`), so the process holds the
 model once: resident memory while loading stays near the size of the weights as built."""
@@ -36,7 +36,7 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.experts import expert_tensor
 from tokenmill.loader.gguf_file import GGUFTensor
 
-FOUR_BIT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q4_K"))  # int4 keeps these
+FOUR_BIT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q4_K", "MXFP4"))  # int4 keeps these
 QUANTIZED_MODES = ("auto", "int4", "int8")
 NativePart = tuple[np.ndarray, GGMLQuantizationType]  # raw rows uint8 [rows, bytes per row] and their type
 

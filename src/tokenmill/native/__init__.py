@@ -1,7 +1,7 @@
 """tokenmill's hand-written CPU kernels (C, compiled for this machine on first use, loaded with ctypes).
 
-repack.c lays GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) out for the products in groups of
-16 interleaved rows, as the file has them (no re-coding), and dequantizes rows back; products.c has the matrix
+repack.c lays GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4) out for the products in groups
+of 16 interleaved rows, as the file has them (no re-coding), and dequantizes rows back; products.c has the matrix
 products over them (integer dot products against int8 activations, one or two passes); decoder.c the decoder
 layers of a llama model for the tokens of a decode step (norms, projections, rope, the KV-cache write, attention
 over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; dequantize.c the

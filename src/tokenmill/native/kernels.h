@@ -31,19 +31,25 @@
 #define Q6_OFFSET 32     /* Q6_K's codes are q - 32 */
 
 /* ---- weights -------------------------------------------------------------------------------------------------
- * GGML's numbers for the block types the products take. */
-enum { TM_Q4_0 = 2, TM_Q4_1 = 3, TM_Q5_0 = 6, TM_Q5_1 = 7, TM_Q8_0 = 8, TM_Q4_K = 12, TM_Q5_K = 13, TM_Q6_K = 14 };
+ * GGML's numbers for the block types the products take (MXFP4: gpt-oss's experts, 4-bit e2m1 codes and an E8M0
+ * exponent per block of 32). */
+enum {
+    TM_Q4_0 = 2, TM_Q4_1 = 3, TM_Q5_0 = 6, TM_Q5_1 = 7, TM_Q8_0 = 8, TM_Q4_K = 12, TM_Q5_K = 13, TM_Q6_K = 14,
+    TM_MXFP4 = 39
+};
 
 /* A weight is repacked per group of 16 rows: group g's bytes are contiguous, and hold three planes, each unit after
  * unit (a unit is one block of 32 inputs, or one K-quant super-block of 256):
  *   codes  tm_qs_bytes per unit: the file's 4-bit code bytes (or Q8_0's int8 codes) as 4-byte words, the word w of
  *          row j at w * 64 + j * 4: one 64-byte load gives 4 bytes of each of the 16 rows
  *   highs  tm_qh_bytes per unit: the 5th bit (Q5_x) or the 5th and 6th bits (Q6_K), words likewise
- *   scales tm_sc_bytes per unit: the file's scales, per row (lane j) in their integer or half-float form
+ *   scales tm_sc_bytes per unit: the file's scales, per row (lane j) in their integer or half-float form (MXFP4:
+ *          its exponent bytes)
  * repack.c describes each type's planes. */
 static inline int tm_type_known(int64_t type) {
     switch (type) {
     case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: case TM_Q8_0: case TM_Q4_K: case TM_Q5_K: case TM_Q6_K:
+    case TM_MXFP4:
         return 1;
     default:
         return 0;
@@ -63,6 +69,7 @@ static inline int64_t tm_file_bytes(int64_t type) {
     case TM_Q4_K: return 144;
     case TM_Q5_K: return 176;
     case TM_Q6_K: return 210;
+    case TM_MXFP4: return 17;
     default: return 0;
     }
 }
@@ -84,6 +91,7 @@ static inline int64_t tm_sc_bytes(int64_t type) {
     case TM_Q4_1: case TM_Q5_1: return GROUP * 4;                      /* d, m (halves) */
     case TM_Q4_K: case TM_Q5_K: return GROUP * (4 + 16);               /* d, dmin (halves); 8 scales, 8 mins (u8) */
     case TM_Q6_K: return GROUP * (2 + 16);                             /* d (half); 16 scales (int8) */
+    case TM_MXFP4: return GROUP;                                       /* e (E8M0 exponent byte) */
     default: return 0;
     }
 }
@@ -148,6 +156,18 @@ static inline float half_to_float(uint16_t h) {
     memcpy(&f, &bits, sizeof f);
     return f;
 }
+
+/* MXFP4's block scale from its exponent byte e: 2^(e - 128), the half of E8M0's 2^(e - 127) (the codes' table holds
+ * e2m1's values doubled), its bits built as ggml's ggml_e8m0_to_fp32_half: e < 2 the denormals 2^-128, 2^-127 */
+static inline float tm_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+/* MXFP4's codes 0..15 -> e2m1's values doubled (ggml's kvalues_mxfp4), as a list: an array's initializer, or the
+ * arguments of _mm_setr_epi8 (the vector paths' table) */
+#define TM_MXFP4_VALUES 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 
 /* ---- pool.c: a team of threads and its jobs ---------------------------------------------------------------
  * tm_team_run(body, ctx) runs body(ctx) on the calling thread while the team's other threads serve the jobs it

@@ -1,17 +1,23 @@
-/* Matrix products y = x @ W.T with W in GGUF's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as
- * repack.c lays them out: integer dot products of the weights' codes with int8 activation codes, then per block
- * of 32 inputs one float step with the block's scales. W's values are the reference dequantization's exactly, so
- * the only error is the activations' quantization.
+/* Matrix products y = x @ W.T with W in GGUF's block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+ * MXFP4) as repack.c lays them out: integer dot products of the weights' codes with int8 activation codes, then per
+ * block of 32 inputs one float step with the block's scales. W's values are the reference dequantization's
+ * exactly, so the only error is the activations' quantization.
  *
  * Activations are quantized per row and block of 32: s = max|x| / 127, hi = round(x / s) in one pass (as
  * llama.cpp's Q8 activations: error up to s / 2 per value), and with a second pass lo = round((x / s - hi) * 254),
  * x ~ s * (hi + lo / 254), error below max|x| / 64,516 per value (on the references greedy decoding keeps all 32
  * tokens of float32 with two passes, where one pass drifts away after 3 to 32 tokens). Per block:
  *     dot(w, x) ~ s * dws * (dot(q, hi) [+ dot(q, lo) / 254])  - wm * sum(x)
- * with dws the block's weight scale (d, or d * sc for K-quants), wm its minimum (Q4_1, Q5_1, K-quants' dmin * mn),
- * and sum(x) the sum of the quantized values (so that each weight multiplies the same activation). Codes with an
- * offset (Q4_0: q - 8, Q5_0: q - 16, Q8_0's codes moved to unsigned q + 128, Q6_K: q - 32 per 16 values) take
- * offset * (the activation codes' sum) off the integer dot, exactly.
+ * with dws the block's weight scale (d, or d * sc for K-quants; MXFP4: d = 2^(e - 128) built from its exponent
+ * byte), wm its minimum (Q4_1, Q5_1, K-quants' dmin * mn), and sum(x) the sum of the quantized values (so that each
+ * weight multiplies the same activation). Codes with an offset (Q4_0: q - 8, Q5_0: q - 16, Q8_0's codes moved to
+ * unsigned q + 128, Q6_K: q - 32 per 16 values, MXFP4: below) take offset * (the activation codes' sum) off the
+ * integer dot, exactly.
+ *
+ * MXFP4's codes index e2m1's values doubled, -12 .. 12 (TM_MXFP4_VALUES): the vector paths look them up with one
+ * byte shuffle (vpshufb) per 64 bytes of codes in a table of the values plus 16, 4 .. 28, unsigned for the dot
+ * instructions, and take 16 * (the codes' sum) off as for Q5_0: per group and step one shuffle, where moving the
+ * values' signs onto the activations (llama.cpp's way, vpsignb) would cost an operation per row and step.
  *
  * One pass into a weight with a K-quant part shares s over the 8 blocks of a super-block (256 values, as
  * llama.cpp's Q8_K; tm_activation_group): the AVX-512 path then sums each block's integer dot times the weight's
@@ -223,7 +229,7 @@ static inline int32_t four_codes(const int8_t *p) {
 
 /* the offset of the unsigned codes the dot instructions see (subtracted via the activation codes' sums) */
 ALWAYS int code_offset(const int T) {
-    return T == TM_Q4_0 ? 8 : T == TM_Q5_0 ? 16 : T == TM_Q8_0 ? 128 : 0; /* Q6_K's 32: tm_qx's q6_start */
+    return T == TM_Q4_0 ? 8 : (T == TM_Q5_0 || T == TM_MXFP4) ? 16 : T == TM_Q8_0 ? 128 : 0; /* Q6_K's 32: q6_start */
 }
 /* blocks of 32 per chunk: the blocks that share loads of the codes (Q4_K/Q5_K: a pair's low and high nibbles;
  * Q6_K: the quarters q and q + 2 of a half super-block, low and high nibbles of the same bytes) */
@@ -245,7 +251,8 @@ typedef struct {
 ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
     code_site s = {t, 0, 0, 0, 0};
     switch (T) {
-    case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: /* codes 0..15 low nibbles, 16..31 high; 5th bit t */
+    /* codes 0..15 low nibbles, 16..31 high; 5th bit t */
+    case TM_Q4_0: case TM_Q4_1: case TM_Q5_0: case TM_Q5_1: case TM_MXFP4:
         s.word = t & 3;
         s.high_nibble = t >> 2;
         s.high_bit = t;
@@ -270,6 +277,11 @@ ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
     return s;
 }
 
+#if defined(TM_AVX512_VNNI) || defined(TM_AVX2)
+/* MXFP4's values plus its code offset (16): the codes the dot instructions see, 4 .. 28 */
+ALWAYS __m128i mxfp4_table(void) { return _mm_add_epi8(_mm_setr_epi8(TM_MXFP4_VALUES), _mm_set1_epi8(16)); }
+#endif
+
 /* ---- AVX-512 VNNI ----------------------------------------------------------------------------------------------- */
 #if defined(TM_AVX512_VNNI)
 
@@ -285,6 +297,8 @@ ALWAYS __m512i codes16(const int T, const int R, const uint8_t *qs, const uint8_
     __m512i w = _mm512_loadu_si512((const void *)(qs + s.word * 64));
     if (s.high_nibble) w = _mm512_srli_epi16(w, 4);
     w = _mm512_and_si512(w, _mm512_set1_epi8(0x0F));
+    if (T == TM_MXFP4) /* each 128-bit lane looks its bytes up in the same 16 values */
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(mxfp4_table()), w);
     if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
         if (R <= PREFETCH_ROWS && (s.word & 1) == 0) /* the highs plane: half or a quarter of the codes' bytes */
             PREFETCH(qh + s.high_word * 64 + PREFETCH_BYTES * tm_qh_bytes(T) / tm_qs_bytes(T));
@@ -309,6 +323,16 @@ ALWAYS int integer_passes(const int T, const int P) { return P == 2 && T == TM_Q
  * first 16 inputs), s1 = their minimums (Q4_1, Q5_1, K-quants) or, for Q6_K, the scales of its last 16 inputs.
  * Q6_K's with two passes are / 254 (block_dot16) */
 ALWAYS void scales16(const int T, const int P, const uint8_t *sc, const int c, const int b, __m512 *s0, __m512 *s1) {
+    if (T == TM_MXFP4) { /* 2^(e - 128)'s bits as tm_e8m0_half builds them: (e - 1) << 23, e < 2: 0x00200000 << e */
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)sc));
+        const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+        const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+        *s0 = _mm512_castsi512_ps(_mm512_mask_sllv_epi32(normal, small, _mm512_set1_epi32(0x00200000), e));
+        *s1 = _mm512_setzero_ps();
+        OPAQUE_VECTOR(*s0);
+        OPAQUE_VECTOR(*s1);
+        return;
+    }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)sc));
     const int block = block_of(T, c, b);
     *s0 = d;
@@ -336,7 +360,9 @@ ALWAYS void scales16(const int T, const int P, const uint8_t *sc, const int c, c
 }
 
 /* log2 of code_offset (all powers of 2), for the vector paths' shifts */
-ALWAYS int code_offset_shift(const int T) { return T == TM_Q4_0 ? 3 : T == TM_Q5_0 ? 4 : T == TM_Q8_0 ? 7 : 0; }
+ALWAYS int code_offset_shift(const int T) {
+    return T == TM_Q4_0 ? 3 : (T == TM_Q5_0 || T == TM_MXFP4) ? 4 : T == TM_Q8_0 ? 7 : 0;
+}
 
 /* the block's dot of one row as a float: the integer sums of the passes, their code offsets taken off (with
  * integer_passes: 254 times that, scales16 divides the weight scales by 254). The offsets are the activation codes'
@@ -543,6 +569,8 @@ ALWAYS __m256i codes8(const int T, const uint8_t *qs, const uint8_t *qh, const i
     __m256i w = _mm256_loadu_si256((const void *)(qs + s.word * 64 + half * 32));
     if (s.high_nibble) w = _mm256_srli_epi16(w, 4);
     w = _mm256_and_si256(w, _mm256_set1_epi8(0x0F));
+    if (T == TM_MXFP4) /* each 128-bit lane looks its bytes up in the same 16 values */
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(mxfp4_table()), w);
     if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_Q6_K) {
         if (half == 0 && (s.word & 1) == 0)
             PREFETCH(qh + s.high_word * 64 + PREFETCH_BYTES * tm_qh_bytes(T) / tm_qs_bytes(T));
@@ -557,6 +585,17 @@ ALWAYS __m256i codes8(const int T, const uint8_t *qs, const uint8_t *qh, const i
 
 ALWAYS void scales8(const int T, const uint8_t *sc, const int c, const int b, const int half, __m256 *s0,
                     __m256 *s1) {
+    if (T == TM_MXFP4) { /* 2^(e - 128) as tm_e8m0_half builds it (scales16) */
+        const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(sc + half * 8)));
+        const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+        const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+        const __m256i is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+        *s0 = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, is_small));
+        *s1 = _mm256_setzero_ps();
+        OPAQUE_VECTOR(*s0);
+        OPAQUE_VECTOR(*s1);
+        return;
+    }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(sc + half * 16)));
     const int block = block_of(T, c, b);
     *s0 = d;
@@ -589,9 +628,12 @@ ALWAYS __m256 block_dot8(const int P, __m256i hi, __m256i lo, int32_t off_hi, in
 }
 
 /* vpmaddubsw's pair sums stay in 16 bits for this many steps before vpmaddwd widens them: 2 * 15 * 127 * 8,
- * 2 * 31 * 127 * 4 and 2 * 63 * 127 * 2 are below 32,768 (Q8_0 widens every step: |q| * 127 * 2 fills 16 bits) */
+ * 2 * 31 * 127 * 4 (MXFP4's codes up to 28 likewise) and 2 * 63 * 127 * 2 are below 32,768 (Q8_0 widens every
+ * step: |q| * 127 * 2 fills 16 bits) */
 ALWAYS int steps_per_widening(const int T) {
-    return T == TM_Q8_0 ? 1 : T == TM_Q6_K ? 2 : (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K) ? 4 : 8;
+    if (T == TM_Q8_0) return 1;
+    if (T == TM_Q6_K) return 2;
+    return (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_MXFP4) ? 4 : 8;
 }
 
 ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
@@ -682,6 +724,10 @@ ALWAYS int code_at(const int T, const uint8_t *qs, const uint8_t *qh, int c, int
     if (T == TM_Q8_0) return (int8_t)qs[t * 64 + j * 4 + i];
     const code_site s = site_of(T, c, b, t);
     int q = (qs[s.word * 64 + j * 4 + i] >> (4 * s.high_nibble)) & 0x0F;
+    if (T == TM_MXFP4) { /* the value plus its offset, as the vector paths' table has it */
+        static const int8_t values[16] = {TM_MXFP4_VALUES};
+        return values[q] + code_offset(T);
+    }
     if (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K) q |= ((qh[s.high_word * 64 + j * 4 + i] >> s.high_bit) & 1) << 4;
     if (T == TM_Q6_K) q |= ((qh[s.high_word * 64 + j * 4 + i] >> s.high_bit) & 3) << 4;
     return q;
@@ -691,7 +737,7 @@ ALWAYS int code_at(const int T, const uint8_t *qs, const uint8_t *qh, int c, int
 ALWAYS void scales1(const int T, const uint8_t *sc, int c, int b, int j, int h, float *s0, float *s1) {
     const uint16_t *half = (const uint16_t *)sc;
     const int block = block_of(T, c, b);
-    const float d = half_to_float(half[j]);
+    const float d = T == TM_MXFP4 ? tm_e8m0_half(sc[j]) : half_to_float(half[j]);
     *s0 = d;
     *s1 = (T == TM_Q4_1 || T == TM_Q5_1) ? half_to_float(half[GROUP + j]) : 0.0f;
     if (T == TM_Q4_K || T == TM_Q5_K) {
@@ -792,12 +838,13 @@ TM_TYPE(TM_Q8_0)
 TM_TYPE(TM_Q4_K)
 TM_TYPE(TM_Q5_K)
 TM_TYPE(TM_Q6_K)
+TM_TYPE(TM_MXFP4)
 #define TM_TABLE(T) {{TM_ROWS(TM_ENTRY, T, 1)}, {TM_ROWS(TM_ENTRY, T, 2)}}
 
 /* [type][passes - 1][rows - 1], types in the order of type_index */
-static const tile_fn TILES[8][2][MAX_ROWS] = {
-    TM_TABLE(TM_Q4_0), TM_TABLE(TM_Q4_1), TM_TABLE(TM_Q5_0), TM_TABLE(TM_Q5_1),
-    TM_TABLE(TM_Q8_0), TM_TABLE(TM_Q4_K), TM_TABLE(TM_Q5_K), TM_TABLE(TM_Q6_K),
+static const tile_fn TILES[9][2][MAX_ROWS] = {
+    TM_TABLE(TM_Q4_0), TM_TABLE(TM_Q4_1), TM_TABLE(TM_Q5_0), TM_TABLE(TM_Q5_1), TM_TABLE(TM_Q8_0),
+    TM_TABLE(TM_Q4_K), TM_TABLE(TM_Q5_K), TM_TABLE(TM_Q6_K), TM_TABLE(TM_MXFP4),
 };
 
 static int type_index(int64_t type) {
@@ -809,7 +856,8 @@ static int type_index(int64_t type) {
     case TM_Q8_0: return 4;
     case TM_Q4_K: return 5;
     case TM_Q5_K: return 6;
-    default: return 7; /* TM_Q6_K (tm_weight_check has refused the rest) */
+    case TM_Q6_K: return 7;
+    default: return 8; /* TM_MXFP4 (tm_weight_check has refused the rest) */
     }
 }
 

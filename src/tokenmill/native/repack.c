@@ -16,6 +16,11 @@
  *               l of sub-block b).
  *   Q6_K        codes: the 128 low-nibble bytes as words 0..31; highs: the 64 bytes of 2-bit pairs as words
  *               0..15; scales: d [16] (half), then the 16 int8 sub-block scales [16][16].
+ *   MXFP4       codes: the block's 16 code bytes as words 0..3, as Q4_0's (a code is an index into e2m1's values,
+ *               doubled: TM_MXFP4_VALUES). scales: e [16], the exponent bytes as the file has them (d = 2^(e - 128)
+ *               is a power of two that a float holds exactly for every e, the two smallest as denormals: built
+ *               from the byte where it is used, it is the reference's d bit for bit, in a quarter of a float's
+ *               bytes and with memory the file's).
  * Memory: the file's bytes per row, plus 4 per super-block for Q4_K and Q5_K (their 12 bytes of packed 6-bit
  * scales and mins kept as 16 bytes: 2.8% and 2.3%).
  */
@@ -126,6 +131,10 @@ static void repack_unit(int64_t type, const uint8_t *src, int j, uint8_t *qs, ui
         for (int s = 0; s < 16; ++s) sc[2 * GROUP + s * GROUP + j] = src[192 + s];
         half[j] = load_u16(src + 208);
         break;
+    case TM_MXFP4:
+        sc[j] = src[0];
+        put_words(qs, j, src + 1, 16);
+        break;
     }
 }
 
@@ -216,6 +225,15 @@ static void unit_row(int64_t type, const uint8_t *qs, const uint8_t *qh, const u
                 const float scale = d * (float)(int8_t)sc[2 * GROUP + (2 * c + l / 16) * GROUP + j];
                 out[32 * c + l] = scale * (float)((low | high << 4) - 32);
             }
+        }
+        break;
+    }
+    case TM_MXFP4: {
+        static const int8_t values[16] = {TM_MXFP4_VALUES};
+        const float d = tm_e8m0_half(sc[j]);
+        for (int c = 0; c < QK; ++c) {
+            const int t = c / 4, i = c % 4; /* as Q4_0's */
+            out[c] = d * (float)values[(plane_byte(qs, t & 3, j, i) >> (t >= 4 ? 4 : 0)) & 0x0F];
         }
         break;
     }
