@@ -332,9 +332,10 @@ def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
 def write_tiny_gguf(
     path: Path, model: TinyModel, matrix_type: str = "F32", arch: str | None = None, expert_type: str | None = None
 ) -> Path:
-    """The model as a GGUF file, its matrices stored as `matrix_type` (vectors stay F32, as the converter keeps
-    them) and the experts' 3-D ones as `expert_type` where given (gpt-oss's MXFP4). `arch` writes another
-    general.architecture over the same tensors (for tests of unsupported ones)."""
+    """The model as a GGUF file, its matrices stored as `matrix_type` (vectors, routers and biases, gpt-oss's 2-D
+    expert ones too, stay F32, as the converter keeps them) and the experts' 3-D ones as `expert_type` where given
+    (gpt-oss's MXFP4). `arch` writes another general.architecture over the same tensors (for tests of unsupported
+    ones)."""
     if not model.weights:
         model.make_weights()
     writer = gguf.GGUFWriter(str(path), arch or model.arch)
@@ -347,7 +348,7 @@ def write_tiny_gguf(
             expert_qtype = gguf.GGMLQuantizationType[expert_type]
             raw = gguf.quants.quantize(value, expert_qtype)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=expert_qtype)
-        elif value.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not router:
+        elif value.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not router and name.endswith("weight"):
             raw = gguf.quants.quantize(value, qtype)
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         else:

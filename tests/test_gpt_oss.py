@@ -161,13 +161,14 @@ LLAMACPP = Path(__file__).parent / "data" / "moe_llamacpp.json"  # made by tests
 
 def test_the_converters_file_gives_llama_cpps_greedy_tokens(tmp_path: Path) -> None:
     """With SmolLM2's vocabulary: tests/gguf_builder.py writes the file llama.cpp's convert_hf_to_gguf.py writes
-    from the Hub's MXFP4 layout of the model (its experts MXFP4 blocks, every tensor's bytes the same), and
+    from the Hub's MXFP4 layout of the model with --outtype q8_0 (its experts MXFP4 blocks, every other matrix
+    Q8_0, as ggml-org's released gpt-oss files; every tensor's bytes the same), and
     tokenmill's greedy tokens on it through the native MXFP4 products are llama.cpp's, whose MXFP4 products
     quantize the activations to int8 per block of 32 as tokenmill's do (the float model's greedy tokens part from
     both at the fifth: this random model's top logits are that close)."""
     recorded = json.loads(LLAMACPP.read_text())["gpt-oss"]
     model = replace(GPT_OSS, vocab_size=LLAMACPP_VOCAB, weights={})
-    path = write_tiny_gguf(tmp_path / "gpt-oss.gguf", model, expert_type="MXFP4")
+    path = write_tiny_gguf(tmp_path / "gpt-oss.gguf", model, matrix_type="Q8_0", expert_type="MXFP4")
     assert tensor_digests(path) == recorded["tensors"]
     llm = LLM(str(path), quantization="auto", max_num_batched_tokens=16, num_kv_blocks=64)
     params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)

@@ -212,7 +212,8 @@ def test_unsupported_architecture_is_named(tmp_path: Path, tokenizer_files: Path
     folder = write_tiny("llama", tmp_path, tokenizer_files)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["PhiForCausalLM"]}))
-    with pytest.raises(UnsupportedModelError, match="PhiForCausalLM.*supported: Gemma3ForCausalLM, Llama"):
+    supported = "supported: Gemma3ForCausalLM, GptOssForCausalLM, Llama"
+    with pytest.raises(UnsupportedModelError, match=f"PhiForCausalLM.*{supported}"):
         LLM(str(folder))
 
 

@@ -5,8 +5,9 @@ For each case (the test's models with the bundled SmolLM2 tokenizer's 49,152 ids
 the builder's weights (tests/gguf_builder.py, numpy's seeded generator: the same floats everywhere) are saved as
 a Hugging Face directory (config.json from transformers' config class, one safetensors tensor per expert as the
 Hub has them, gpt-oss's experts as MXFP4 blocks and scales, SmolLM2's tokenizer.json), `convert_hf_to_gguf.py
---outtype f32` (from llama-cpp-python's source
-distribution, the llama.cpp that llama-cpp-python 0.3.36 builds) makes the GGUF, and llama.cpp runs it greedily
+--outtype f32` (gpt-oss: `--outtype q8_0`, its experts kept MXFP4, as ggml-org's released file has it; the
+converter from llama-cpp-python's source distribution, the llama.cpp that llama-cpp-python 0.3.36 builds) makes
+the GGUF, and llama.cpp runs it greedily
 from the test's prompt. Recorded per case: every tensor the converter wrote (name, type, shape, SHA-256 of its
 bytes: the test checks that tests/gguf_builder.py writes the same file) and llama.cpp's greedy tokens.
 
@@ -103,6 +104,10 @@ def greedy(path: Path) -> list[int]:
     return tokens
 
 
+# gpt-oss's file as ggml-org releases it: every matrix but the experts' Q8_0 (the quantizer's MXFP4_MOE mix)
+OUTTYPES = {"gpt-oss": "q8_0"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--converter", required=True, help="llama.cpp's folder holding convert_hf_to_gguf.py")
@@ -113,12 +118,13 @@ def main() -> None:
     out = Path(args.out)
     results = json.loads(out.read_text()) if args.only and out.is_file() else {}
     for name in sorted(args.only or [*LLAMACPP_CASES, "gpt-oss"]):
+        outtype = OUTTYPES.get(name, "f32")
         with tempfile.TemporaryDirectory() as tmp:
             folder, gguf_path = Path(tmp) / name, Path(tmp) / f"{name}.gguf"
             folder.mkdir()
             write_checkpoint(name, folder, Path(args.tokenizer))
             done = subprocess.run(
-                [sys.executable, str(Path(args.converter) / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32",
+                [sys.executable, str(Path(args.converter) / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype,
                  "--outfile", str(gguf_path)],
                 check=False, capture_output=True, text=True,
             )  # fmt: skip
