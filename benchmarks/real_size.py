@@ -25,12 +25,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from moe_shapes import SHAPES as MOE_SHAPES  # noqa: E402
+
 BIN = Path(sys.executable).parent
 SYNTH_DIR = Path.home() / ".cache" / "tokenmill" / "synth"
 KV_BLOCKS = 64  # tokenmill's KV cache for the single-request runs: 1,024 tokens (llama.cpp sizes its own to fit)
 
 
 def synth_file(peers_python: str, shape: str, quant: str) -> Path:
+    if shape in MOE_SHAPES:  # written in their final block types (benchmarks/moe_shapes.py), the mix the shape's
+        path = SYNTH_DIR / f"synth-{shape}-{MOE_SHAPES[shape].mix}.gguf"
+        if not path.exists():
+            subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_shapes.py"), "--shape", shape], check=True)
+        return path
     path = SYNTH_DIR / f"synth-{shape}-{quant}.gguf"
     if not path.exists():
         from tokenmill.loader.model_path import bundled_model_path
@@ -57,12 +65,20 @@ def measured(command: list[str]) -> dict:
 
 
 def weight_bytes_per_token(path: Path) -> int:
-    """Bytes of weights a decoded token reads: all tensors but an untied embedding table's (one row)."""
+    """Bytes of weights a decoded token reads: all tensors but an untied embedding table's (one row), and of a
+    mixture's expert tensors the chosen experts' share (experts used / experts)."""
     from tokenmill.loader.gguf_file import GGUFFile
 
     gguf = GGUFFile(path)
     tied = "output.weight" not in gguf.tensors
-    return sum(t.data.nbytes for name, t in gguf.tensors.items() if tied or name != "token_embd.weight")
+    arch = gguf.metadata["general.architecture"]
+    experts = gguf.metadata.get(f"{arch}.expert_count", 0)
+    share = gguf.metadata[f"{arch}.expert_used_count"] / experts if experts else 1.0
+    total = 0.0
+    for name, t in gguf.tensors.items():
+        if tied or name != "token_embd.weight":
+            total += t.data.nbytes * (share if "_exps." in name else 1.0)
+    return int(total)
 
 
 STREAMING = """
@@ -88,7 +104,9 @@ def streaming_gb_s() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"))
-    parser.add_argument("--shapes", default="smollm2-1.7b", help="comma-separated synth_model.py shapes")
+    parser.add_argument(
+        "--shapes", default="smollm2-1.7b", help="comma-separated synth_model.py or moe_shapes.py shapes"
+    )
     parser.add_argument("--quant", default="Q4_K_M")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--offline-reps", type=int, default=1)
