@@ -133,7 +133,7 @@ def tensor_data(type_name: str, name: str, shape: tuple[int, ...], rng: np.rando
         return random_blocks(type_name, shape, rng)
     if name.endswith("norm.weight"):
         return np.ones(shape, np.float32)
-    return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)  # biases, sinks, routers
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)  # biases, sinks, routers
 
 
 def bundled_gguf() -> Path:

@@ -34,7 +34,7 @@ KV_BLOCKS = 64  # tokenmill's KV cache for the single-request runs: 1,024 tokens
 
 
 def synth_file(peers_python: str, shape: str, quant: str) -> Path:
-    if shape in MOE_SHAPES:  # written in their final block types (benchmarks/moe_shapes.py), the mix the shape's
+    if shape in MOE_SHAPES:  # benchmarks/moe_shapes.py writes these in the model's own mix: `quant` does not apply
         path = SYNTH_DIR / f"synth-{shape}-{MOE_SHAPES[shape].mix}.gguf"
         if not path.exists():
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "moe_shapes.py"), "--shape", shape], check=True)
