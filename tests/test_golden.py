@@ -72,14 +72,17 @@ def test_reference_greedy_with_a_16_bit_kv_cache(smollm2_reference: dict, kv_cac
 
 def test_reference_with_an_int8_kv_cache(smollm2_reference: dict) -> None:
     """K/V in int8 with a float32 scale per token and head (float32 weights): the first step's top-10
-    log-probabilities within 0.25 of HF float32 (measured 0.17 at most, median 0.13; llama.cpp's q8_0 K/V moves its
-    own by -0.01 to +0.1 at the median: benchmarks/accuracy.py --kv-int8), and the greedy tokens of at least four
-    of the six prompts agree for 8 or more (measured 9, 28-32, 32, 29, 0, 11: prompt 4's first token is a
-    near-tie). A quarter of float32's bytes plus the scales."""
+    log-probabilities within 0.25 of HF float32 (measured 0.17 at most, median 0.13 on Intel, 0.23 at most on AMD
+    Zen 4; llama.cpp's q8_0 K/V moves its own by -0.01 to +0.1 at the median: benchmarks/accuracy.py --kv-int8), and
+    the greedy tokens of at least four of the six prompts agree for 8 or more (measured 9, 28-32, 32, 29, 0, 11 on
+    Intel, 6, 17, 32, 32, 0, 11 on Zen 4: prompt 4's first token is a near-tie). HF's ninth and tenth of prompt 4
+    are near-tied with its eleventh, and on Zen 4 the ninth ranks eleventh here, so 20 are asked for and HF's ten
+    looked up among them. A quarter of float32's bytes plus the scales."""
     llm = LLM(kv_cache_dtype="int8", num_kv_blocks=64)
     assert llm.engine.runner.kv_dtype == torch.int8
     gens = smollm2_reference["generations"]
-    outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(32), use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=32, min_tokens=32, logprobs=20)
+    outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], params, use_tqdm=False)
     agree = [agreeing_prefix(o.outputs[0].token_ids, g["hf_fp32_greedy"]) for o, g in zip(outs, gens, strict=True)]
     assert sum(n >= 8 for n in agree) >= 4, agree
     for g, out in zip(gens, outs, strict=True):

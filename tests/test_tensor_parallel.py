@@ -230,7 +230,8 @@ def test_three_ranks_quantized_agree_with_one(smollm2_reference: dict, quantizat
     rounding steps becomes that large, so fewer agree: measured 12, 1, 16, 16, 0, 11 (prompt 4's first token is a
     near-tie); held to 4 prompts of 10 or more and 48 in all. An int8 cache (a scale per token and head: each
     rank holds whole KV heads, so its codes are one process's but for such last bits) rounds to 1/127 of a head's
-    largest value, coarser still: measured 6, 0, 16, 16, 0, 11; held to 3 of 10 or more and 40 in all. (int8
+    largest value, coarser still: measured 6, 0, 16, 16, 0, 11 on Intel and 5, 0, 16, 4, 0, 16 on AMD Zen 4 (whose
+    kernels take another path, so other near-ties fall); held to 2 of 10 or more and 36 in all. (int8
     weights are not held to this: their per-row scales are taken over each rank's columns of the row-parallel
     weights, so their codes differ from one process's.)"""
     prompts = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
@@ -245,7 +246,7 @@ def test_three_ranks_quantized_agree_with_one(smollm2_reference: dict, quantizat
     elif kv_cache_dtype == "float16":
         assert sum(n >= 10 for n in agree) >= 4 and sum(agree) >= 48, agree
     else:
-        assert sum(n >= 10 for n in agree) >= 3 and sum(agree) >= 40, agree
+        assert sum(n >= 10 for n in agree) >= 2 and sum(agree) >= 36, agree
 
 
 def test_tensor_parallel_size_is_checked() -> None:
