@@ -14,7 +14,17 @@ import transformers
 from gguf import GGMLQuantizationType
 
 from tests.gguf_builder import TinyModel, random_blocks, write_tiny_gguf
-from tests.moe_cases import CASES, GREEDY_TOKENS, LLAMACPP_CASES, LLAMACPP_VOCAB, PROMPT, hf_config, tensor_digests
+from tests.moe_cases import (
+    CASES,
+    GPT_OSS,
+    GREEDY_TOKENS,
+    LLAMACPP_CASES,
+    LLAMACPP_VOCAB,
+    PROMPT,
+    hf_config,
+    tensor_digests,
+)
+from tests.test_native import assert_decode_steps_match_the_torch_path
 from tokenmill import LLM, SamplingParams
 from tokenmill.layers.activation import ACTIVATIONS
 from tokenmill.layers.moe import MixtureOfExperts, route
@@ -249,6 +259,27 @@ def test_quantized_experts_match_their_float_blocks(type_name: str) -> None:
     int4 = WeightLoader(source, "int4", torch.float32).experts(["down"])
     kept = qtype if type_name in ("Q4_0", "Q4_K", "MXFP4") else GGMLQuantizationType.Q4_1
     assert all(m.part_types == [kept] for m in int4)
+
+
+# every architecture's mixture in the native decoder; Qwen2-MoE's shared expert 64 wide (int4's blocks of 32)
+NATIVE_CASES = dict(CASES, qwen2moe=replace(CASES["qwen2moe"], shared_intermediate=64), gpt_oss=GPT_OSS)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("name", sorted(NATIVE_CASES))
+def test_the_native_decoder_computes_each_mixture(name: str, kv_cache_dtype: str, tmp_path: Path) -> None:
+    """Generated tokens of every mixture run through the native decoder (router, the chosen experts' products in
+    one job each for gate/up and down, gpt-oss's top-k-then-softmax, biases, clamped SwiGLU and sinks; Qwen2-MoE's
+    shared expert; OLMoE's whole-projection QK-norm) and give the torch path's logits, each sequence's the same
+    bits alone as beside the others (tests/test_native.py's check)."""
+    model = replace(NATIVE_CASES[name], weights={})
+    path = write_tiny_gguf(tmp_path / f"{name}.gguf", model, expert_type="MXFP4" if name == "gpt_oss" else None)
+    runner = ModelRunner(
+        GGUFFile(path), torch.float32, torch.device("cpu"), 4, quantization="int4", kv_cache_dtype=kv_cache_dtype
+    )
+    runner.allocate_kv_cache(64)
+    assert runner.decode_backend is not None and any(m is not None for m in runner.decode_backend.mixtures)
+    assert_decode_steps_match_the_torch_path(runner, runner.config.vocab_size)
 
 
 @pytest.mark.slow

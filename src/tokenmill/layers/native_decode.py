@@ -1,6 +1,7 @@
 """Generated tokens of the shared decoder's models through the native decoder (tokenmill/native/decoder.c):
-llama's layers and what other architectures declare (QK-norm, sandwich norms, GeGLU, sliding-window layers
-with their own rope base, Qwen2's Q/K/V biases).
+llama's layers and what other architectures declare (QK-norm per head or over the whole Q and K, sandwich norms,
+GeGLU, sliding-window layers with their own rope base, Qwen2's Q/K/V biases, mixtures of experts with or without a
+shared expert, and gpt-oss's sinks, output bias, expert biases and clamped SwiGLU).
 
 In a float32 model with 4-bit projections (`int4` and `auto`), the runner sends every generated token of a step
 here, one row each (a row attends to its own context, so several rows of one sequence, as after a preemption,
@@ -15,11 +16,35 @@ whatever other rows the step has.
 import ctypes
 
 import torch
+from torch import nn
 
 from tokenmill.errors import CollectiveError
 from tokenmill.layers.attention import AttentionMetadata
+from tokenmill.layers.moe import MixtureOfExperts
 from tokenmill.layers.quantized_linear import NATIVE_GROUP, NativeLinear
 from tokenmill.native import REDUCE_FN, Weight
+
+
+class Moe(ctypes.Structure):
+    """kernels.h's tm_moe: a layer's mixture of experts."""
+
+    _fields_ = [
+        ("n_experts", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("inter", ctypes.c_int64),
+        ("normalize", ctypes.c_int64),
+        ("softmax_after_topk", ctypes.c_int64),
+        ("scale", ctypes.c_float),
+        ("router", ctypes.c_void_p),
+        ("router_bias", ctypes.c_void_p),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("gate_up_bias", ctypes.c_void_p),
+        ("down_bias", ctypes.c_void_p),
+        ("shared_gate_up", Weight),
+        ("shared_down", Weight),
+        ("shared_gate", ctypes.c_void_p),
+    ]
 
 
 class LlamaLayer(ctypes.Structure):
@@ -40,6 +65,10 @@ class LlamaLayer(ctypes.Structure):
         ("local_rope", ctypes.c_int64),
         ("qkv_bias", ctypes.c_void_p),
         ("kv_dtype", ctypes.c_int64),
+        ("moe", ctypes.c_void_p),
+        ("qk_norm_whole", ctypes.c_int64),
+        ("o_bias", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -81,7 +110,7 @@ class DecodeStep(ctypes.Structure):
     ]
 
 
-ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1}  # decoder.c's TM_SILU, TM_GELU_TANH
+ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # decoder.c's TM_SILU, TM_GELU_TANH, TM_SWIGLU_OAI
 # kv_elements.h's TM_KV_F32, TM_KV_F16, TM_KV_BF16: the caches' element types the native attention reads
 # kv_elements.h's TM_KV_*; int8 rows carry a float32 scale per head (layers/kv_quant.py)
 KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
@@ -91,12 +120,13 @@ def _pointer(norm: torch.nn.Module | None) -> int | None:
     return None if norm is None else norm.weight.data_ptr()
 
 
-def _bias_pointer(bias: torch.Tensor | None) -> int | None:
-    """Qwen2's Q/K/V biases [qkv outputs], float32 contiguous as the model keeps them (a float32 model)."""
+def _bias_pointer(bias: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> int | None:
+    """A bias or sinks tensor (Qwen2's Q/K/V biases, gpt-oss's output bias, sinks and expert biases; a router's
+    bias float64), of `dtype` and contiguous as the model keeps them (a float32 model)."""
     if bias is None:
         return None
-    if bias.dtype != torch.float32 or not bias.is_contiguous():
-        raise ValueError("the native decoder needs float32 contiguous Q/K/V biases")
+    if bias.dtype != dtype or not bias.is_contiguous():
+        raise ValueError(f"the native decoder needs {dtype} contiguous biases")
     return bias.data_ptr()
 
 
@@ -116,6 +146,36 @@ def _packed(q: torch.nn.Module) -> Weight:
     return q.c_weight
 
 
+class _NativeMixture:
+    """A MixtureOfExperts as tm_moe (`description`), with the arrays of its experts' weights it points into."""
+
+    def __init__(self, moe: MixtureOfExperts):
+        self.gate_up = (Weight * moe.num_experts)(*(_packed(m) for m in moe.gate_up))
+        self.down = (Weight * moe.num_experts)(*(_packed(m) for m in moe.down))
+        shared = moe.shared_gate_up is not None
+        self.description = Moe(
+            moe.num_experts,
+            moe.k,
+            moe.gate_up[0].out_features // 2,
+            int(moe.normalize),
+            int(moe.softmax_after_topk),
+            moe.scale,
+            _bias_pointer(moe.router, torch.float64),
+            _bias_pointer(moe.router_bias, torch.float64),
+            ctypes.addressof(self.gate_up),
+            ctypes.addressof(self.down),
+            _bias_pointer(moe.gate_up_bias),
+            _bias_pointer(moe.down_bias),
+            _packed(moe.shared_gate_up) if shared else Weight(),
+            _packed(moe.shared_down) if shared else Weight(),
+            _bias_pointer(moe.shared_gate) if shared else None,
+        )
+
+
+def _mixture(mlp: nn.Module) -> _NativeMixture | None:
+    return _NativeMixture(mlp) if isinstance(mlp, MixtureOfExperts) else None
+
+
 class NativeLlamaDecoder:
     """The native decode backend (runner/decode_backend.py): every layer of a step's generated tokens in one C
     call, which reads the model from one description (LlamaModel, its layers' traits as data) and the step's rows
@@ -127,15 +187,12 @@ class NativeLlamaDecoder:
         self.model = model
         self.lib = lib
         c = model.config
-        if c.num_experts or c.qk_norm_whole or c.attention_sinks or c.attention_output_bias:
-            # generated tokens of these take the torch path (layers/moe.py, layers/attention.py)
-            raise ValueError("the native decoder computes dense MLPs, per-head QK-norms, no sinks or output biases")
+        # each layer's projections (a mixture's in place of its MLP's: gate_up and down left empty)
+        self.mixtures = [_mixture(layer.mlp) for layer in model.layers]
         self.projections = [
-            [
-                _packed(m)
-                for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            ]
-            for layer in model.layers
+            [_packed(layer.self_attn.qkv_proj), _packed(layer.self_attn.o_proj)]
+            + ([Weight(), Weight()] if moe else [_packed(layer.mlp.gate_up_proj), _packed(layer.mlp.down_proj)])
+            for layer, moe in zip(model.layers, self.mixtures, strict=True)
         ]
         self._first_projection = model.layers[0].self_attn.qkv_proj
         self.table: ctypes.Array | None = None  # built when the KV cache exists (bind_kv_cache)
@@ -180,7 +237,9 @@ class NativeLlamaDecoder:
         """Record every layer's weights and cache tensors in the table the native code walks."""
         rows = []
         c = self.model.config
-        for layer, (qkv, o, gate_up, down), (k, v) in zip(self.model.layers, self.projections, kv_caches, strict=True):
+        self.mixtures = [_mixture(layer.mlp) for layer in self.model.layers]  # the table points into these
+        layers = zip(self.model.layers, self.projections, self.mixtures, kv_caches, strict=True)
+        for layer, (qkv, o, gate_up, down), moe, (k, v) in layers:
             attn = layer.self_attn
             rows.append(
                 LlamaLayer(
@@ -200,6 +259,10 @@ class NativeLlamaDecoder:
                     int(attn.local and self.model.local_rotary is not self.model.rotary),
                     _bias_pointer(attn.qkv_bias),
                     _kv_dtype_code(k, v),
+                    None if moe is None else ctypes.addressof(moe.description),
+                    int(attn.qk_norm_whole),
+                    _bias_pointer(attn.o_bias),
+                    _bias_pointer(attn.sinks),
                 )
             )
         self.table = (LlamaLayer * len(rows))(*rows)

@@ -1,6 +1,6 @@
 /* The decoder layers of a llama model for the tokens of a decode step: norms, projections (products.c, any of
- * its weight types and parts), Q/K/V biases, rope, the KV-cache write, attention over the paged cache and the MLP,
- * one team of threads per step (pool.c). */
+ * its weight types and parts), Q/K/V biases, rope, the KV-cache write, attention over the paged cache (with
+ * gpt-oss's sinks) and the MLP or a mixture of experts, one team of threads per step (pool.c). */
 #include "kernels.h"
 #include "kv_elements.h"
 
@@ -24,13 +24,55 @@ static void rope_head(float *x, const float *cos_full, const float *sin_signed, 
     memcpy(x, tmp, sizeof(float) * dim);
 }
 
-enum { TM_SILU = 0, TM_GELU_TANH = 1 }; /* the MLP's gate activation (tm_llama_model.activation) */
+/* the MLP's gate activation (tm_llama_model.activation): layers/activation.py's */
+enum { TM_SILU = 0, TM_GELU_TANH = 1, TM_SWIGLU_OAI = 2 };
+#define SWIGLU_OAI_ALPHA 1.702f
+#define SWIGLU_OAI_LIMIT 7.0f
+
+/* a[i] = act(g[i]) * u[i] for i < inter (gpt-oss: its clamps, its sharper sigmoid, and the up half plus 1) */
+static void gated(int64_t activation, const float *g, const float *u, float *a, int64_t inter) {
+    if (activation == TM_GELU_TANH) {
+#pragma omp simd
+        for (int64_t i = 0; i < inter; ++i) {
+            const float v = g[i];
+            a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
+        }
+    } else if (activation == TM_SWIGLU_OAI) {
+#pragma omp simd
+        for (int64_t i = 0; i < inter; ++i) {
+            const float v = fminf(g[i], SWIGLU_OAI_LIMIT), up = fmaxf(fminf(u[i], SWIGLU_OAI_LIMIT), -SWIGLU_OAI_LIMIT);
+            a[i] = (up + 1.0f) * (v / (1.0f + expf(-SWIGLU_OAI_ALPHA * v)));
+        }
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* A mixture's scratch: each token's (token, choice) pairs gathered by expert into rows of their own, each expert's
+ * rows a segment starting at a multiple of QX_ROWS (padding rows zero), so that one product runs all chosen
+ * experts' weights over their rows (tm_segments_matmul) */
+typedef struct {
+    float *logits;               /* [m, n_experts] the router's */
+    int64_t *expert;             /* [m, k] each token's experts, ascending */
+    float *weight;               /* [m, k] their weights */
+    int64_t *row;                /* [m, k] the gathered row of each */
+    float *shared_weight;        /* [m] sigmoid(x . shared_gate) */
+    int64_t *token_of, *expert_of; /* [rows] each gathered row's token and expert (token -1: padding) */
+    int64_t *count;              /* [n_experts] */
+    tm_segment *gate_up, *down;  /* [at most min(n_experts, m * k)] the chosen experts' segments */
+    int64_t segments, rows;      /* this layer's */
+    float *x, *gu, *act, *y;     /* [rows, h], [rows, 2 inter], [rows, inter], [rows, h] */
+    float *shared;               /* [m, h] the shared expert's output */
+    tm_qx qx;                    /* [rows, max(h, inter)] */
+} tm_moe_scratch;
 
 typedef struct {
     float *x, *qkv_out, *attn, *gu, *delta, *scores;
     float *partials; /* a long context's pieces: [m * heads * pieces, 2 + dim] (max, total, unnormalized sum) */
     tm_qx qx;       /* the quantized input of the current projection, [m, max(h, heads * dim, inter)] */
     int64_t passes; /* of the activations' quantization */
+    tm_moe_scratch e; /* the mixtures' (allocated where the model has one) */
 } tm_scratch;
 
 /* y = x @ w.T through the scratch's quantized activations: two jobs of the step's team */
@@ -108,13 +150,15 @@ static void qk_scores(const float *q, const void *k_base, int64_t stride, const 
 
 /* out [dim] = softmax(scores [n]) . the n values at v_base + slots[j] * stride bytes (of type T; an int8 value
  * row times its own scale); scores are overwritten. With `stats`, one piece of a longer context: out gets the
- * values weighted by exp(score - max) without dividing by their total, and stats [2] the max and the total. */
+ * values weighted by exp(score - max) without dividing by their total, and stats [2] the max and the total. With
+ * `sink` (gpt-oss; not with stats), one more logit joins the softmax, a key without a value. */
 ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t stride, const int64_t *slots,
-                                     int64_t n, int64_t dim, float *out, float *stats, const int T) {
+                                     int64_t n, int64_t dim, float *out, float *stats, const float *sink,
+                                     const int T) {
     const int64_t element = tm_kv_element_bytes(T);
-    float best = -FLT_MAX;
+    float best = sink ? *sink : -FLT_MAX;
     for (int64_t j = 0; j < n; ++j) best = scores[j] > best ? scores[j] : best;
-    float total = 0.0f;
+    float total = sink ? expf(*sink - best) : 0.0f;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < n; ++j) {
         scores[j] = expf(scores[j] - best);
@@ -150,11 +194,12 @@ ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t 
 }
 
 static void softmax_values(float *scores, const void *v_base, int64_t stride, const int64_t *slots, int64_t n,
-                           int64_t dim, float *out, float *stats, int64_t kv_dtype) {
-    if (kv_dtype == TM_KV_F16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_F16);
-    else if (kv_dtype == TM_KV_BF16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_BF16);
-    else if (kv_dtype == TM_KV_I8) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_I8);
-    else softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, TM_KV_F32);
+                           int64_t dim, float *out, float *stats, const float *sink, int64_t kv_dtype) {
+    const int64_t t = kv_dtype;
+    if (t == TM_KV_F16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, sink, TM_KV_F16);
+    else if (t == TM_KV_BF16) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, sink, TM_KV_BF16);
+    else if (t == TM_KV_I8) softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, sink, TM_KV_I8);
+    else softmax_values_of(scores, v_base, stride, slots, n, dim, out, stats, sink, TM_KV_F32);
 }
 
 /* Keys per piece of a long context (flash-decoding): a row's attention over more keys than this is split into
@@ -211,7 +256,10 @@ static void rows_qkv(void *p, int64_t t0, int64_t t1) {
 #pragma omp simd
             for (int64_t i = 0; i < qkv_n; ++i) row[i] += layer->qkv_bias[i];
         }
-        if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
+        if (layer->q_norm && layer->qk_norm_whole) { /* all of Q, then all of K, before rope (OLMoE) */
+            rms_norm(row, layer->q_norm, c->eps, q_size, row);
+            rms_norm(row + q_size, layer->k_norm, c->eps, kv_size, row + q_size);
+        } else if (layer->q_norm) { /* each head normalized on its own (in place), before rope */
             for (int64_t hd = 0; hd < heads; ++hd) rms_norm(row + hd * dim, layer->q_norm, c->eps, dim, row + hd * dim);
             for (int64_t hd = heads; hd < heads + kv_heads; ++hd)
                 rms_norm(row + hd * dim, layer->k_norm, c->eps, dim, row + hd * dim);
@@ -254,13 +302,14 @@ static void pieces_attention(void *p, int64_t u0, int64_t u1) {
         qk_scores(q, k_cache + kvh * head_bytes, slot_bytes, slots, len, dim, c->scale, sc, layer->kv_dtype);
         float *part = c->s.partials + u * (2 + dim);
         float *out = pieces == 1 ? c->s.attn + t * heads * dim + hd * dim : part + 2;
+        const float *sink = layer->sinks && pieces == 1 ? layer->sinks + hd : NULL; /* pieces: pairs_combine's */
         softmax_values(sc, v_cache + kvh * head_bytes, slot_bytes, slots, len, dim, out, pieces == 1 ? NULL : part,
-                       layer->kv_dtype);
+                       sink, layer->kv_dtype);
     }
 }
 
 /* (row, head) pairs [th0, th1) whose context came in pieces: their partial softmaxes rescaled to the largest max
- * and summed, then divided by the total (the online softmax's combination) */
+ * and summed, then divided by the total (the online softmax's combination), the head's sink joining the total */
 static void pairs_combine(void *p, int64_t th0, int64_t th1) {
     const step_ctx *c = p;
     const int64_t dim = c->dim, heads = c->heads;
@@ -268,9 +317,10 @@ static void pairs_combine(void *p, int64_t th0, int64_t th1) {
         int64_t skip;
         const int64_t pieces = attn_pieces(attended(c, th / heads, &skip));
         if (pieces == 1) continue;
-        const float *parts = c->s.partials + th * c->pieces * (2 + dim);
-        float best = -FLT_MAX, total = 0.0f;
+        const float *parts = c->s.partials + th * c->pieces * (2 + dim), *sink = c->layer->sinks;
+        float best = sink ? sink[th % heads] : -FLT_MAX;
         for (int64_t k = 0; k < pieces; ++k) best = parts[k * (2 + dim)] > best ? parts[k * (2 + dim)] : best;
+        float total = sink ? expf(sink[th % heads] - best) : 0.0f;
         float *out = c->s.attn + th * dim; /* row th / heads, head th % heads: [m, heads, dim] */
         for (int64_t i = 0; i < dim; ++i) out[i] = 0.0f;
         for (int64_t k = 0; k < pieces; ++k) {
@@ -285,33 +335,31 @@ static void pairs_combine(void *p, int64_t th0, int64_t th1) {
     }
 }
 
-/* rows [t0, t1): the attention block's output into the residual, then the MLP block's input norm */
+/* rows [t0, t1): the attention block's output (plus the output projection's bias, after the sum over ranks) into
+ * the residual, then the MLP block's input norm */
 static void rows_residual1(void *p, int64_t t0, int64_t t1) {
     const step_ctx *c = p;
     const int64_t h = c->h;
+    const float *bias = c->layer->o_bias;
     for (int64_t t = t0; t < t1; ++t) {
+        if (bias) {
+            float *dt = c->s.delta + t * h;
+#pragma omp simd
+            for (int64_t i = 0; i < h; ++i) dt[i] += bias[i];
+        }
         add_to_residual(c->hidden + t * h, c->s.delta + t * h, c->layer->post_attn_norm, c->eps, h);
         rms_norm(c->hidden + t * h, c->layer->norm2, c->eps, h, c->s.x + t * h);
     }
 }
 
-/* rows [t0, t1): act(gate) * up */
+/* rows [t0, t1): act(gate) * up, of the dense MLP (or the shared expert: its gate_up) */
 static void rows_gate(void *p, int64_t t0, int64_t t1) {
     const step_ctx *c = p;
-    const int64_t inter = tm_weight_n(&c->layer->gate_up) / 2;
+    const tm_weight *w = c->layer->moe ? &c->layer->moe->shared_gate_up : &c->layer->gate_up;
+    const int64_t inter = tm_weight_n(w) / 2;
     for (int64_t t = t0; t < t1; ++t) {
-        const float *g = c->s.gu + t * 2 * inter, *u = g + inter;
-        float *a = c->s.x + t * inter;
-        if (c->activation == TM_GELU_TANH) {
-#pragma omp simd
-            for (int64_t i = 0; i < inter; ++i) {
-                const float v = g[i];
-                a[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))) * u[i];
-            }
-        } else {
-#pragma omp simd
-            for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        }
+        const float *g = c->s.gu + t * 2 * inter;
+        gated(c->activation, g, g + inter, c->s.x + t * inter, inter);
     }
 }
 
@@ -320,6 +368,187 @@ static void rows_residual2(void *p, int64_t t0, int64_t t1) {
     const step_ctx *c = p;
     for (int64_t t = t0; t < t1; ++t)
         add_to_residual(c->hidden + t * c->h, c->s.delta + t * c->h, c->layer->post_mlp_norm, c->eps, c->h);
+}
+
+/* ---- a mixture of experts in place of the MLP (layers/moe.py) -------------------------------------------------- */
+
+/* the k largest of v [n] (ties to the lower index, as torch.topk), their indices into ids and values into top, in
+ * descending order */
+static void top_k(const float *v, int64_t n, int64_t k, int64_t *ids, float *top) {
+    for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < n; ++e) {
+            int taken = 0;
+            for (int64_t i = 0; i < j; ++i) taken |= ids[i] == e;
+            if (!taken && (best < 0 || v[e] > v[best])) best = e;
+        }
+        ids[j] = best;
+        top[j] = v[best];
+    }
+}
+
+/* rows [t0, t1): the router's logits (in float64, rounded to float32, as MixtureOfExperts.router_logits), the
+ * token's k experts and weights (route), sorted by expert, and the shared expert's gate */
+static void rows_route(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    const tm_moe *moe = c->layer->moe;
+    const tm_moe_scratch *e = &c->s.e;
+    const int64_t h = c->h, n = moe->n_experts, k = moe->k;
+    for (int64_t t = t0; t < t1; ++t) {
+        const float *x = c->s.x + t * h;
+        float *logits = e->logits + t * n;
+        for (int64_t ex = 0; ex < n; ++ex) {
+            const double *w = moe->router + ex * h;
+            double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < h; ++i) dot += (double)x[i] * w[i];
+            logits[ex] = (float)(moe->router_bias ? dot + moe->router_bias[ex] : dot);
+        }
+        int64_t *ids = e->expert + t * k;
+        float *weights = e->weight + t * k;
+        if (moe->softmax_after_topk) { /* the k largest logits, then a softmax over them */
+            top_k(logits, n, k, ids, weights);
+            const float best = weights[0];
+            float total = 0.0f;
+            for (int64_t j = 0; j < k; ++j) total += weights[j] = expf(weights[j] - best);
+            for (int64_t j = 0; j < k; ++j) weights[j] /= total;
+        } else { /* a softmax over all experts (in place), the k largest kept, renormalized where asked */
+            float best = -FLT_MAX, total = 0.0f;
+            for (int64_t ex = 0; ex < n; ++ex) best = logits[ex] > best ? logits[ex] : best;
+            for (int64_t ex = 0; ex < n; ++ex) total += logits[ex] = expf(logits[ex] - best);
+            for (int64_t ex = 0; ex < n; ++ex) logits[ex] /= total;
+            top_k(logits, n, k, ids, weights);
+            if (moe->normalize) {
+                float sum = 0.0f;
+                for (int64_t j = 0; j < k; ++j) sum += weights[j];
+                for (int64_t j = 0; j < k; ++j) weights[j] /= sum;
+            }
+        }
+        for (int64_t j = 0; j < k; ++j) weights[j] *= moe->scale;
+        for (int64_t j = 1; j < k; ++j) /* by expert (insertion sort of k): the sum's order, as the torch path's */
+            for (int64_t i = j; i > 0 && ids[i - 1] > ids[i]; --i) {
+                const int64_t id = ids[i];
+                const float w = weights[i];
+                ids[i] = ids[i - 1], weights[i] = weights[i - 1];
+                ids[i - 1] = id, weights[i - 1] = w;
+            }
+        if (moe->shared_gate) {
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < h; ++i) dot += x[i] * moe->shared_gate[i];
+            e->shared_weight[t] = 1.0f / (1.0f + expf(-dot));
+        }
+    }
+}
+
+/* On the calling thread: the chosen experts' segments (experts in order, each one's tokens in order, as the torch
+ * path's stable sort) and each (token, choice)'s row in them */
+static void place_rows(step_ctx *c) {
+    const tm_moe *moe = c->layer->moe;
+    tm_moe_scratch *e = &c->s.e;
+    const int64_t n = moe->n_experts, k = moe->k, pairs = c->m * k;
+    for (int64_t ex = 0; ex < n; ++ex) e->count[ex] = 0;
+    for (int64_t i = 0; i < pairs; ++i) e->count[e->expert[i]]++;
+    e->segments = e->rows = 0;
+    for (int64_t ex = 0; ex < n; ++ex) {
+        if (!e->count[ex]) continue;
+        e->gate_up[e->segments] = (tm_segment){&moe->gate_up[ex], e->rows, e->count[ex]};
+        e->down[e->segments] = (tm_segment){&moe->down[ex], e->rows, e->count[ex]};
+        e->segments++;
+        const int64_t padded = (e->count[ex] + QX_ROWS - 1) / QX_ROWS * QX_ROWS;
+        for (int64_t r = e->rows; r < e->rows + padded; ++r) e->token_of[r] = -1, e->expert_of[r] = ex;
+        e->count[ex] = e->rows; /* from here: the expert's next free row */
+        e->rows += padded;
+    }
+    for (int64_t i = 0; i < pairs; ++i) {
+        const int64_t r = e->count[e->expert[i]]++;
+        e->row[i] = r;
+        e->token_of[r] = i / k;
+    }
+}
+
+/* gathered rows [r0, r1): the token's normed input (padding rows zero) */
+static void rows_gather(void *p, int64_t r0, int64_t r1) {
+    const step_ctx *c = p;
+    const tm_moe_scratch *e = &c->s.e;
+    for (int64_t r = r0; r < r1; ++r) {
+        if (e->token_of[r] >= 0) memcpy(e->x + r * c->h, c->s.x + e->token_of[r] * c->h, sizeof(float) * c->h);
+        else memset(e->x + r * c->h, 0, sizeof(float) * c->h);
+    }
+}
+
+/* gathered rows [r0, r1): the expert's gate/up bias, then act(gate) * up */
+static void rows_expert_gate(void *p, int64_t r0, int64_t r1) {
+    const step_ctx *c = p;
+    const tm_moe *moe = c->layer->moe;
+    const tm_moe_scratch *e = &c->s.e;
+    const int64_t inter = moe->inter;
+    for (int64_t r = r0; r < r1; ++r) {
+        float *g = e->gu + r * 2 * inter;
+        if (e->token_of[r] < 0) { /* padding: quantized as zeros */
+            memset(e->act + r * inter, 0, sizeof(float) * inter);
+            continue;
+        }
+        if (moe->gate_up_bias) {
+            const float *b = moe->gate_up_bias + e->expert_of[r] * 2 * inter;
+#pragma omp simd
+            for (int64_t i = 0; i < 2 * inter; ++i) g[i] += b[i];
+        }
+        gated(c->activation, g, g + inter, e->act + r * inter, inter);
+    }
+}
+
+/* rows [t0, t1): the token's experts' outputs (each plus its down bias) weighted and summed in expert order into
+ * delta, then the shared expert's, gated */
+static void rows_combine(void *p, int64_t t0, int64_t t1) {
+    const step_ctx *c = p;
+    const tm_moe *moe = c->layer->moe;
+    const tm_moe_scratch *e = &c->s.e;
+    const int64_t h = c->h, k = moe->k;
+    for (int64_t t = t0; t < t1; ++t) {
+        float *out = c->s.delta + t * h;
+        for (int64_t i = 0; i < h; ++i) out[i] = 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+            const float w = e->weight[t * k + j], *y = e->y + e->row[t * k + j] * h;
+            const float *b = moe->down_bias ? moe->down_bias + e->expert[t * k + j] * h : NULL;
+            if (b) {
+#pragma omp simd
+                for (int64_t i = 0; i < h; ++i) out[i] += (y[i] + b[i]) * w;
+            } else {
+#pragma omp simd
+                for (int64_t i = 0; i < h; ++i) out[i] += y[i] * w;
+            }
+        }
+        if (moe->shared_gate) {
+            const float w = e->shared_weight[t], *y = e->shared + t * h;
+#pragma omp simd
+            for (int64_t i = 0; i < h; ++i) out[i] += y[i] * w;
+        }
+    }
+}
+
+/* The mixture of the layer (c->layer->moe) over the MLP block's normed input s.x [m, h], into s.delta [m, h]: the
+ * router, the rows gathered by expert, all chosen experts' gate/up products in one job, their activations, their
+ * down products in one job, and the weighted sums; Qwen2-MoE's shared expert through the dense MLP's steps. */
+static void mixture(step_ctx *c) {
+    const tm_moe *moe = c->layer->moe;
+    tm_moe_scratch *e = &c->s.e;
+    const int64_t m = c->m, h = c->h;
+    tm_pool_for(rows_route, c, m, m);
+    place_rows(c);
+    tm_pool_for(rows_gather, c, e->rows, e->rows);
+    tm_quantize_rows(e->x, e->rows, h, c->s.passes, tm_activation_group(&moe->gate_up[0], c->s.passes), &e->qx);
+    tm_segments_matmul(&e->qx, c->s.passes, e->gate_up, e->segments, e->gu, 2 * moe->inter);
+    tm_pool_for(rows_expert_gate, c, e->rows, e->rows);
+    tm_quantize_rows(e->act, e->rows, moe->inter, c->s.passes, tm_activation_group(&moe->down[0], c->s.passes),
+                     &e->qx);
+    tm_segments_matmul(&e->qx, c->s.passes, e->down, e->segments, e->y, h);
+    if (moe->shared_gate) { /* s.x is free now: the gathered rows have it */
+        project(c->s.x, m, &moe->shared_gate_up, &c->s, c->s.gu);
+        tm_pool_for(rows_gate, c, m, m);
+        project(c->s.x, m, &moe->shared_down, &c->s, e->shared);
+    }
+    tm_pool_for(rows_combine, c, m, m);
 }
 
 /* Under tensor parallelism, the sum of a block's output over the ranks (on the calling thread). 0, or -3 when the
@@ -344,9 +573,13 @@ static int decode_layer(step_ctx *c) {
     project(c->s.attn, m, &layer->o, &c->s, c->s.delta);
     if (sum_over_ranks(c)) return -3;
     tm_pool_for(rows_residual1, c, m, rows_pieces);
-    project(c->s.x, m, &layer->gate_up, &c->s, c->s.gu);
-    tm_pool_for(rows_gate, c, m, rows_pieces);
-    project(c->s.x, m, &layer->down, &c->s, c->s.delta);
+    if (layer->moe) {
+        mixture(c);
+    } else {
+        project(c->s.x, m, &layer->gate_up, &c->s, c->s.gu);
+        tm_pool_for(rows_gate, c, m, rows_pieces);
+        project(c->s.x, m, &layer->down, &c->s, c->s.delta);
+    }
     if (sum_over_ranks(c)) return -3;
     tm_pool_for(rows_residual2, c, m, rows_pieces);
     return 0;
@@ -375,25 +608,113 @@ static void layers_body(void *p) {
     }
 }
 
+/* a mixture's weights of the model's sizes: every expert [2 inter, h] and [h, inter], one activation group for
+ * all experts' gate/up and one for their downs (the products' rows are quantized once for all), a shared expert
+ * [2 its width, h] and [h, its width] with its gate, or none; 0, else -1 */
+static int moe_check(const tm_moe *e, int64_t h, int64_t passes) {
+    if (e->n_experts < 1 || e->k < 1 || e->k > e->n_experts || e->inter < 1 || !e->router || !e->gate_up || !e->down)
+        return -1;
+    for (int64_t ex = 0; ex < e->n_experts; ++ex) {
+        const tm_weight *gu = &e->gate_up[ex], *d = &e->down[ex];
+        if (tm_weight_check(gu) || tm_weight_check(d) || gu->parts[0].k != h || tm_weight_n(gu) != 2 * e->inter ||
+            d->parts[0].k != e->inter || tm_weight_n(d) != h)
+            return -1;
+        if (tm_activation_group(gu, passes) != tm_activation_group(&e->gate_up[0], passes) ||
+            tm_activation_group(d, passes) != tm_activation_group(&e->down[0], passes))
+            return -1;
+    }
+    if (!e->shared_gate) return e->shared_gate_up.n_parts || e->shared_down.n_parts ? -1 : 0;
+    const tm_weight *gu = &e->shared_gate_up, *d = &e->shared_down;
+    if (tm_weight_check(gu) || tm_weight_check(d) || gu->parts[0].k != h || tm_weight_n(gu) % 2 ||
+        d->parts[0].k != tm_weight_n(gu) / 2 || tm_weight_n(d) != h)
+        return -1;
+    return 0;
+}
+
+/* the widest MLP input of the model's dense MLPs and shared experts (0 where there are none) */
+static int64_t dense_width(const tm_llama_model *md) {
+    int64_t widest = 0;
+    for (int64_t l = 0; l < md->n_layers; ++l) {
+        const tm_llama_layer *y = &md->layers[l];
+        const tm_weight *w = y->moe ? &y->moe->shared_gate_up : &y->gate_up;
+        const int64_t inter = w->n_parts ? tm_weight_n(w) / 2 : 0;
+        widest = inter > widest ? inter : widest;
+    }
+    return widest;
+}
+
+/* the model's first mixture (every mixture of a model has its sizes), or NULL */
+static const tm_moe *first_moe(const tm_llama_model *md) {
+    for (int64_t l = 0; l < md->n_layers; ++l)
+        if (md->layers[l].moe) return md->layers[l].moe;
+    return NULL;
+}
+
 /* 0 when the model's description is one the decoder computes (sizes, types and every layer's weights agree),
  * else -1. tm_llama_decode checks it too; the binding checks it once, where a bad table is built. */
 int tm_llama_check(const tm_llama_model *md) {
     const int64_t h = md->h, heads = md->heads, kv_heads = md->kv_heads, dim = md->dim;
     if (md->n_layers < 1 || dim > 512 || dim % 2 || kv_heads < 1 || heads % kv_heads) return -1;
-    if ((md->activation != TM_SILU && md->activation != TM_GELU_TANH) || (md->passes != 1 && md->passes != 2))
+    if ((md->activation != TM_SILU && md->activation != TM_GELU_TANH && md->activation != TM_SWIGLU_OAI) ||
+        (md->passes != 1 && md->passes != 2))
         return -1;
-    const int64_t inter = tm_weight_n(&md->layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
+    const int64_t qkv_n = (heads + 2 * kv_heads) * dim;
+    const tm_moe *moe = first_moe(md);
     for (int64_t l = 0; l < md->n_layers; ++l) {
         const tm_llama_layer *y = &md->layers[l];
-        if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || tm_weight_check(&y->gate_up))
-            return -1;
-        if (tm_weight_check(&y->down) || !tm_kv_dtype_ok(y->kv_dtype)) return -1;
+        if (tm_weight_check(&y->qkv) || tm_weight_check(&y->o) || !tm_kv_dtype_ok(y->kv_dtype)) return -1;
         if (y->qkv.parts[0].k != h || tm_weight_n(&y->qkv) != qkv_n || y->o.parts[0].k != heads * dim ||
-            tm_weight_n(&y->o) != h || y->gate_up.parts[0].k != h || tm_weight_n(&y->gate_up) != 2 * inter ||
-            y->down.parts[0].k != inter || tm_weight_n(&y->down) != h)
+            tm_weight_n(&y->o) != h)
+            return -1;
+        if (y->qk_norm_whole && !(y->q_norm && y->k_norm)) return -1;
+        if (y->moe) {
+            if (moe_check(y->moe, h, md->passes) || y->moe->n_experts != moe->n_experts || y->moe->k != moe->k ||
+                y->moe->inter != moe->inter)
+                return -1;
+            continue;
+        }
+        if (tm_weight_check(&y->gate_up) || tm_weight_check(&y->down)) return -1;
+        const int64_t inter = tm_weight_n(&y->gate_up) / 2;
+        if (y->gate_up.parts[0].k != h || tm_weight_n(&y->gate_up) != 2 * inter || y->down.parts[0].k != inter ||
+            tm_weight_n(&y->down) != h)
             return -1;
     }
     return 0;
+}
+
+/* a mixture's scratch for m rows (moe NULL: none); 0, or -2 when out of memory */
+static int moe_alloc(tm_moe_scratch *e, const tm_moe *moe, int64_t m, int64_t h, int64_t passes) {
+    memset(e, 0, sizeof *e);
+    if (!moe) return 0;
+    const int64_t n = moe->n_experts, pairs = m * moe->k, inter = moe->inter;
+    const int64_t chosen = n < pairs ? n : pairs, rows = pairs + chosen * (QX_ROWS - 1); /* each segment padded */
+    e->logits = malloc(sizeof(float) * m * n);
+    e->expert = malloc(sizeof(int64_t) * pairs);
+    e->weight = malloc(sizeof(float) * pairs);
+    e->row = malloc(sizeof(int64_t) * pairs);
+    e->shared_weight = malloc(sizeof(float) * m);
+    e->token_of = malloc(sizeof(int64_t) * rows);
+    e->expert_of = malloc(sizeof(int64_t) * rows);
+    e->count = malloc(sizeof(int64_t) * n);
+    e->gate_up = malloc(sizeof(tm_segment) * chosen);
+    e->down = malloc(sizeof(tm_segment) * chosen);
+    e->x = malloc(sizeof(float) * rows * h);
+    e->gu = malloc(sizeof(float) * rows * 2 * inter);
+    e->act = malloc(sizeof(float) * rows * inter);
+    e->y = malloc(sizeof(float) * rows * h);
+    e->shared = malloc(sizeof(float) * m * h);
+    int rc = tm_qx_alloc(&e->qx, rows, h > inter ? h : inter, passes);
+    if (!e->logits || !e->expert || !e->weight || !e->row || !e->shared_weight || !e->token_of || !e->expert_of ||
+        !e->count || !e->gate_up || !e->down || !e->x || !e->gu || !e->act || !e->y || !e->shared)
+        rc = -2;
+    return rc;
+}
+
+static void moe_free(tm_moe_scratch *e, const tm_moe *moe) {
+    free(e->logits); free(e->expert); free(e->weight); free(e->row); free(e->shared_weight); free(e->token_of);
+    free(e->expert_of); free(e->count); free(e->gate_up); free(e->down); free(e->x); free(e->gu); free(e->act);
+    free(e->y); free(e->shared);
+    if (moe) tm_qx_free(&e->qx);
 }
 
 /* Every decoder layer of `md` for the step's m decode tokens (one call per step): see tm_llama_model and
@@ -402,7 +723,7 @@ int tm_llama_check(const tm_llama_model *md) {
 int tm_llama_decode(const tm_llama_model *md, const tm_decode_step *st) {
     if (tm_llama_check(md) || st->m < 0) return -1;
     const int64_t h = md->h, heads = md->heads, kv_heads = md->kv_heads, dim = md->dim, m = st->m;
-    const int64_t inter = tm_weight_n(&md->layers[0].gate_up) / 2, qkv_n = (heads + 2 * kv_heads) * dim;
+    const int64_t inter = dense_width(md), qkv_n = (heads + 2 * kv_heads) * dim;
     int64_t widest = h > inter ? h : inter;
     widest = widest > heads * dim ? widest : heads * dim;
     step_ctx c = {.hidden = st->hidden, .m = m, .h = h, .heads = heads, .kv_heads = kv_heads, .dim = dim,
@@ -411,15 +732,18 @@ int tm_llama_decode(const tm_llama_model *md, const tm_decode_step *st) {
                   .pieces = attn_pieces(st->max_ctx)};
     c.piece_keys = c.pieces == 1 ? (st->max_ctx > 0 ? st->max_ctx : 1) : TM_ATTN_PIECE;
     tm_scratch *s = &c.s;
-    s->x = malloc(sizeof(float) * m * (h > inter ? h : inter));
+    const tm_moe *moe = first_moe(md);
+    s->x = malloc(sizeof(float) * (m > 0 ? m : 1) * (h > inter ? h : inter));
     s->qkv_out = malloc(sizeof(float) * m * qkv_n);
     s->attn = malloc(sizeof(float) * m * heads * dim);
-    s->gu = malloc(sizeof(float) * m * 2 * inter);
+    s->gu = malloc(sizeof(float) * (m > 0 ? m : 1) * (inter > 0 ? 2 * inter : 1));
     s->delta = malloc(sizeof(float) * m * h);
     s->scores = malloc(sizeof(float) * m * heads * c.pieces * c.piece_keys);
     s->partials = c.pieces > 1 ? malloc(sizeof(float) * m * heads * c.pieces * (2 + dim)) : NULL; /* one piece: none */
     s->passes = md->passes;
     int rc = tm_qx_alloc(&s->qx, m, widest, md->passes);
+    const int moe_rc = moe_alloc(&s->e, moe, m, h, md->passes);
+    rc = rc ? rc : moe_rc;
     if (!s->x || !s->qkv_out || !s->attn || !s->gu || !s->delta || !s->scores || (c.pieces > 1 && !s->partials))
         rc = -2;
     if (rc == 0) {
@@ -429,6 +753,7 @@ int tm_llama_decode(const tm_llama_model *md, const tm_decode_step *st) {
     }
     free(s->x); free(s->qkv_out); free(s->attn); free(s->gu); free(s->delta); free(s->scores); free(s->partials);
     tm_qx_free(&s->qx);
+    moe_free(&s->e, moe);
     return rc;
 }
 

@@ -185,7 +185,33 @@ int tm_pool_solo(void);       /* 1 while jobs run on their caller alone after a 
 void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t helper_us, int64_t *caller_pieces);
 
 /* products.c, for the decoder: jobs of the calling team */
+/* rows [r0, r0 + rows) of a product's quantized activations times w (r0 a multiple of QX_ROWS) */
+typedef struct {
+    const tm_weight *w;
+    int64_t r0, rows;
+} tm_segment;
+/* for each segment, y[r * ldy + j] (r its rows, j < tm_weight_n of its weight) = activation row r . row j of its
+ * weight: one job over every segment's weight groups (a mixture's chosen experts in one pass of the team) */
+void tm_segments_matmul(const tm_qx *a, int64_t passes, const tm_segment *segments, int64_t n, float *y, int64_t ldy);
+
 /* ---- the decoder (decoder.c) ------------------------------------------------------------------------------ */
+/* A mixture of experts in place of a layer's MLP (layers/moe.py): a float64 router scores the n_experts for each
+ * token, the k best are its experts (a softmax over all then the top k, renormalized where `normalize`, or with
+ * `softmax_after_topk` the top k logits then a softmax over them; times `scale`), and their gated MLPs' outputs
+ * are summed, weighted, in expert order. */
+typedef struct {
+    int64_t n_experts, k, inter;         /* experts, chosen a token, each expert's width */
+    int64_t normalize, softmax_after_topk;
+    float scale;
+    const double *router;                /* [n_experts, h] */
+    const double *router_bias;           /* [n_experts] or NULL */
+    const tm_weight *gate_up, *down;     /* [n_experts] each: [2 inter, h] (gate rows, then up), [h, inter] */
+    const float *gate_up_bias;           /* [n_experts, 2 inter] or NULL (gpt-oss) */
+    const float *down_bias;              /* [n_experts, h] or NULL */
+    tm_weight shared_gate_up, shared_down; /* Qwen2-MoE's shared expert (n_parts 0: none), every token's */
+    const float *shared_gate;            /* [h]: the shared expert's output times sigmoid(x . shared_gate) */
+} tm_moe;
+
 /* One layer of a llama-family model as the decoder reads it: its weights, its caches, and the traits other
  * architectures add, as data (NULL / 0: llama's). Built once, from the model, by layers/native_decode.py. */
 typedef struct {
@@ -199,6 +225,11 @@ typedef struct {
     int64_t local_rope;                          /* 1: rotates with the local rope tables (their own base) */
     const float *qkv_bias;                       /* [qkv's n]: added to the Q/K/V projection's output (Qwen2) */
     int64_t kv_dtype;                            /* the caches' element type: TM_KV_F32, _F16, _BF16 or _I8 */
+    const tm_moe *moe;                           /* a mixture of experts in place of gate_up and down (unused) */
+    int64_t qk_norm_whole;                       /* 1: q_norm [heads * dim] and k_norm [kv_heads * dim] norm the
+                                                  * whole Q and K (OLMoE), not each head */
+    const float *o_bias;                         /* [h]: added to the output projection's (gpt-oss) */
+    const float *sinks;                          /* [heads]: each head's sink logit in its softmax (gpt-oss) */
 } tm_llama_layer;
 
 
@@ -210,7 +241,8 @@ typedef int (*tm_reduce_fn)(void *ctx, float *x, int64_t n);
  * rank's shards and `reduce` (else NULL) sums the output and down projections' partial results over the ranks, in
  * place, with `reduce_ctx`. Each layer's weights may be of any of the products' types, in parts (tm_weight):
  * qkv [(heads + 2 kv_heads) * dim, h], o [h, heads * dim], gate_up [2 inter, h], down [h, inter], every part's
- * rows a multiple of 16; activation: TM_SILU or TM_GELU_TANH (decoder.c); passes: the projections' activation
+ * rows a multiple of 16; activation: TM_SILU, TM_GELU_TANH or TM_SWIGLU_OAI (decoder.c), the dense MLPs' and the
+ * experts'; passes: the projections' activation
  * quantization (1 or 2 int8 passes). */
 typedef struct {
     const tm_llama_layer *layers;

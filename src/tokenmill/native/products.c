@@ -953,6 +953,42 @@ void tm_weight_matmul(const tm_qx *a, int64_t m, int64_t passes, const tm_weight
 }
 
 typedef struct {
+    const tm_qx *a;
+    int64_t passes, ldy;
+    const tm_segment *segments;
+    const int64_t *first_unit; /* [n + 1]: each segment's first unit (one unit per group of its weight) */
+    float *y;
+} segments_job;
+
+/* units [u0, u1): (segment, group of its weight) pairs, segment after segment; each unit's rows in tiles of at most
+ * MAX_ROWS that stay within their group of QX_ROWS rows (a segment starts at a multiple of QX_ROWS) */
+static void segment_units(void *p, int64_t u0, int64_t u1) {
+    const segments_job *j = p;
+    int64_t s = 0;
+    for (int64_t u = u0; u < u1; ++u) {
+        while (u >= j->first_unit[s + 1]) ++s;
+        const tm_segment *seg = &j->segments[s];
+        int64_t group, col;
+        const tm_part *part = locate(seg->w, u - j->first_unit[s], &group, &col);
+        const int64_t tr = tile_rows(part->type, j->passes), end = seg->r0 + seg->rows;
+        for (int64_t r0 = seg->r0; r0 < end; r0 += tr)
+            run_tile(part, group, j->a, r0, (int)(end - r0 < tr ? end - r0 : tr), j->passes, j->y + col, j->ldy);
+    }
+}
+
+void tm_segments_matmul(const tm_qx *a, int64_t passes, const tm_segment *segments, int64_t n, float *y, int64_t ldy) {
+    int64_t first_unit[n + 1];
+    first_unit[0] = 0;
+    for (int64_t s = 0; s < n; ++s) {
+        int64_t groups = 0;
+        for (int64_t p = 0; p < segments[s].w->n_parts; ++p) groups += segments[s].w->parts[p].n / GROUP;
+        first_unit[s + 1] = first_unit[s] + groups;
+    }
+    segments_job j = {a, passes, ldy, segments, first_unit, y};
+    if (first_unit[n] > 0) tm_pool_for(segment_units, &j, first_unit[n], 8 * tm_threads());
+}
+
+typedef struct {
     const tm_weight *w;
     const float *x;
     int64_t m, passes;
