@@ -24,7 +24,7 @@ from tests.moe_cases import (
     write_mxfp4_checkpoint,
 )
 from tokenmill import LLM, SamplingParams
-from tokenmill.distributed.shard import ShardingError, ShardPlan
+from tokenmill.distributed.shard import ShardPlan
 from tokenmill.layers.attention import attention_with_sinks
 from tokenmill.layers.moe import route
 from tokenmill.loader.gguf_file import GGUFFile
@@ -150,10 +150,50 @@ def test_attention_with_sinks() -> None:
     assert torch.allclose(attention_with_sinks(q, k, v, mask, 0.25, torch.full((4,), float("-inf"))), plain, atol=1e-6)
 
 
-def test_tensor_parallelism_is_refused_by_name(case: dict) -> None:
-    """Its output and down projections' biases would be added once per rank: refused before anything loads."""
-    with pytest.raises(ShardingError, match="biases on the output and down projections"):
-        ShardPlan.for_rank(model_config_from_source(GGUFFile(case["path"])), 0, 2)
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["gguf", "mxfp4-checkpoint", "mxfp4-gguf-native"])
+def test_two_ranks_give_one_ranks_tokens(source: str, tmp_path: Path) -> None:
+    """Tensor parallelism over gloo in float32: each rank holds its query heads' Q/K/V biases and sinks and a slice
+    of every expert's width with its gate/up biases (64 = 2 ranks x 32-weight blocks); the output projection's bias
+    is added once after the sum over ranks, and the experts' down biases are rank 0's. The greedy tokens are one
+    rank's, from the GGUF and from the Hub's MXFP4 checkpoint. Under `auto` (MXFP4 experts, the native decoder on
+    each rank) the ranks' sums add in another order, so a near-tie may fall otherwise: measured 16 of 16 tokens
+    the same, held to the first 8."""
+    model = replace(GPT_OSS, expert_intermediate=64, weights={})
+    path = write_tiny_gguf(tmp_path / "gpt-oss.gguf", model, expert_type="MXFP4" if source.endswith("native") else None)
+    quantization = "auto" if source.endswith("native") else None
+    where = str(path)
+    if source == "mxfp4-checkpoint":
+        hf = hf_model(model)
+        hf.save_pretrained(tmp_path / "hf")
+        Tokenizer.from_gguf(GGUFFile(path)).backend.save(str(tmp_path / "hf" / "tokenizer.json"))
+        write_mxfp4_checkpoint(model, tmp_path / "hf", tmp_path / "hf-mxfp4")
+        where = str(tmp_path / "hf-mxfp4")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt = {"prompt_token_ids": PROMPT}
+    single = LLM(where, quantization=quantization)
+    assert (single.engine.runner.decode_backend is not None) == (quantization == "auto")  # as on each rank
+    one = single.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    two = LLM(where, quantization=quantization, tensor_parallel_size=2)
+    try:
+        tokens = two.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+        assert tokens == one if quantization is None else tokens[:8] == one[:8], (tokens, one)
+    finally:
+        two.close()
+
+
+def test_each_rank_holds_its_share_of_the_biases_and_sinks(case: dict) -> None:
+    """The plan's cuts: Q/K/V biases as their rows, sinks by query head, the experts' gate/up biases by columns of
+    each expert's width; the output and router biases whole, the experts' down biases rank 0's."""
+    config = replace(model_config_from_source(GGUFFile(case["path"])), expert_intermediate_size=64)
+    plan = ShardPlan.for_rank(config, 1, 2)
+    d = config.head_dim
+    assert plan.cut("blk.0.attn_q.bias") == (0, plan.q_heads[0] * d, plan.q_heads[1] * d)
+    assert plan.cut("blk.0.attn_sinks.weight") == (0, *plan.q_heads) == (0, 2, 4)
+    assert plan.cut("blk.0.ffn_gate_exps.bias") == (1, 32, 64)
+    assert plan.cut("blk.0.ffn_up_exps.weight") == (0, 32, 64)
+    for whole in ("blk.0.attn_output.bias", "blk.0.ffn_down_exps.bias", "blk.0.ffn_gate_inp.bias"):
+        assert plan.cut(whole) is None
 
 
 LLAMACPP = Path(__file__).parent / "data" / "moe_llamacpp.json"  # made by tests/data/make_moe_llamacpp.py

@@ -12,6 +12,11 @@ A mixture of experts is split the same way inside every expert: each rank holds 
 whenever the router picks the other's experts (one sequence's 8 of Qwen3-30B-A3B's 128 rarely split evenly), and
 would need a second exchange of every token's rows; slices keep both ranks busy on every chosen expert and need
 only the sum after down that the dense MLP already takes.
+
+Biases follow their weights' rows (Q/K/V's, each expert's gate/up), and gpt-oss's sinks its query heads. A
+row-parallel projection's bias belongs to the sum, once: the attention output's is whole on every rank and added
+after the sum (model/llama.py), and the experts' down biases, weighted inside the mixture's sum, are rank 0's (the
+other ranks read zeros).
 """
 
 import re
@@ -27,6 +32,8 @@ from tokenmill.loader.gguf_file import GGUFFile, GGUFTensor, quant_block_shape
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
 from tokenmill.model.config import ModelConfig
 
+# biases inside a sum over ranks (the experts' downs, weighted by the router): rank 0 holds them, the others zeros
+ROW_PARALLEL_BIASES = ("ffn_down_exps.bias",)
 BLOCK_EDGE = 32  # weights per quantization block: shard boundaries of cut dimensions fall on multiples of this
 
 
@@ -76,11 +83,6 @@ class ShardPlan:
                 )
             q = _even_split(c.num_heads, n, rank)
             kv = (q[0] // group, q[0] // group + 1)
-        if (c.attention_output_bias or c.expert_biases) and n > 1:  # a row-parallel bias belongs to one rank's sum
-            raise ShardingError(
-                f"tensor_parallel_size {n}: {c.architecture}'s biases on the output and down projections are not "
-                "split over ranks yet (use tensor_parallel_size 1)"
-            )
         widths = [("intermediate_size", c.intermediate_size)] if not all(map(c.is_moe, range(c.num_layers))) else []
         if c.num_experts:
             widths.append(("the experts' intermediate size", c.expert_intermediate_size))
@@ -131,12 +133,19 @@ class ShardPlan:
 
     def cut(self, name: str) -> tuple[int, int, int] | None:
         """How tensor `name` is cut for this rank: (axis 0 rows or 1 columns, start, end), or None (whole). An
-        expert tensor's axes are each expert's (rows, columns)."""
+        expert tensor's axes are each expert's (rows, columns); the experts' biases [E, rows] are cut in columns."""
         d = self.config.head_dim
         if name in ("token_embd.weight", "output.weight"):
             return 0, *self.vocab
-        match = re.fullmatch(r"blk\.\d+\.(\w+)\.(?:weight|bias)", name)  # a bias is cut as its weight's rows
+        match = re.fullmatch(r"blk\.\d+\.(\w+)\.(weight|bias)", name)  # a bias is cut as its weight's rows
         kind = match.group(1) if match else None
+        if match and match.group(2) == "bias":
+            if kind in ("ffn_gate_exps", "ffn_up_exps"):
+                return 1, *self.expert_intermediate
+            if kind in ("attn_output", "ffn_down_exps", "ffn_gate_inp"):  # row-parallel (ROW_PARALLEL_BIASES), router
+                return None
+        if kind == "attn_sinks":
+            return 0, *self.q_heads
         if kind == "attn_q":
             return 0, self.q_heads[0] * d, self.q_heads[1] * d
         if kind in ("attn_k", "attn_v"):
@@ -185,6 +194,8 @@ class ShardedGGUF:
 
     def tensor(self, name: str) -> GGUFTensor:
         tensor = self.gguf.tensor(name)
+        if self.plan.rank > 0 and name.endswith(ROW_PARALLEL_BIASES):  # rank 0 adds it to the sum
+            return GGUFTensor(name, tensor.ggml_type, tensor.shape, np.zeros_like(np.asarray(tensor.data)))
         cut = self.plan.cut(name)
         if cut is None:
             return tensor

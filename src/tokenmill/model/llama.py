@@ -96,8 +96,7 @@ class LlamaAttention(nn.Module):
         q, k = rotary.forward(rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sinks)  # [T, H, D]
-        out = self.o_proj.forward(out.reshape(tokens, self.q_size))
-        return out if self.o_bias is None else out + self.o_bias
+        return self.o_proj.forward(out.reshape(tokens, self.q_size))  # o_bias: the layer's, after the ranks' sum
 
 
 # A prompt chunk's MLP runs over this many tokens at a time. Its intermediates are the step's largest tensors
@@ -180,6 +179,8 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, step: StepContext, hidden: torch.Tensor, kv_cache: KVCache) -> torch.Tensor:
         attn = self.self_attn.forward(step, self.input_layernorm.forward(hidden), kv_cache)
         attn = attn if step.reduce is None else step.reduce(attn)
+        if self.self_attn.o_bias is not None:  # once, after the sum over ranks (gpt-oss)
+            attn = attn + self.self_attn.o_bias
         hidden = hidden + (attn if self.post_attention_norm is None else self.post_attention_norm.forward(attn))
         mlp = self.mlp.forward(self.post_attention_layernorm.forward(hidden))
         mlp = mlp if step.reduce is None else step.reduce(mlp)
