@@ -153,6 +153,8 @@ class _NativeMixture:
         self.gate_up = (Weight * moe.num_experts)(*(_packed(m) for m in moe.gate_up))
         self.down = (Weight * moe.num_experts)(*(_packed(m) for m in moe.down))
         shared = moe.shared_gate_up is not None
+        # the router's float32 values (the float64 copy the torch path multiplies holds them exactly): half the bytes
+        self.router = moe.router.float().contiguous()  # [E, hidden]
         self.description = Moe(
             moe.num_experts,
             moe.k,
@@ -160,7 +162,7 @@ class _NativeMixture:
             int(moe.normalize),
             int(moe.softmax_after_topk),
             moe.scale,
-            _bias_pointer(moe.router, torch.float64),
+            self.router.data_ptr(),
             _bias_pointer(moe.router_bias, torch.float64),
             ctypes.addressof(self.gate_up),
             ctypes.addressof(self.down),

@@ -50,15 +50,14 @@ static void gated(int64_t activation, const float *g, const float *u, float *a, 
 }
 
 /* A mixture's scratch: each token's (token, choice) pairs gathered by expert into rows of their own, each expert's
- * rows a segment starting at a multiple of QX_ROWS (padding rows zero), so that one product runs all chosen
- * experts' weights over their rows (tm_segments_matmul) */
+ * rows a segment, so that one product runs all chosen experts' weights over their rows (tm_segments_matmul) */
 typedef struct {
     float *logits;               /* [m, n_experts] the router's */
     int64_t *expert;             /* [m, k] each token's experts, ascending */
     float *weight;               /* [m, k] their weights */
     int64_t *row;                /* [m, k] the gathered row of each */
     float *shared_weight;        /* [m] sigmoid(x . shared_gate) */
-    int64_t *token_of, *expert_of; /* [rows] each gathered row's token and expert (token -1: padding) */
+    int64_t *token_of, *expert_of; /* [m * k] each gathered row's token and expert */
     int64_t *count;              /* [n_experts] */
     tm_segment *gate_up, *down;  /* [at most min(n_experts, m * k)] the chosen experts' segments */
     int64_t segments, rows;      /* this layer's */
@@ -387,8 +386,30 @@ static void top_k(const float *v, int64_t n, int64_t k, int64_t *ids, float *top
     }
 }
 
-/* rows [t0, t1): the router's logits (in float64, rounded to float32, as MixtureOfExperts.router_logits), the
- * token's k experts and weights (route), sorted by expert, and the shared expert's gate */
+#define ROUTER_EXPERTS 8 /* experts per unit of the router's job: a decode row's router spread over the team */
+
+/* units [u0, u1) of (row, ROUTER_EXPERTS experts): the router's logits, in float64 (the float32 weights exact in
+ * it) rounded to float32, as MixtureOfExperts.router_logits */
+static void units_router(void *p, int64_t u0, int64_t u1) {
+    const step_ctx *c = p;
+    const tm_moe *moe = c->layer->moe;
+    const int64_t h = c->h, n = moe->n_experts, chunks = (n + ROUTER_EXPERTS - 1) / ROUTER_EXPERTS;
+    for (int64_t u = u0; u < u1; ++u) {
+        const int64_t t = u / chunks, first = u % chunks * ROUTER_EXPERTS;
+        const int64_t last = first + ROUTER_EXPERTS < n ? first + ROUTER_EXPERTS : n;
+        const float *x = c->s.x + t * h;
+        for (int64_t ex = first; ex < last; ++ex) {
+            const float *w = moe->router + ex * h;
+            double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < h; ++i) dot += (double)x[i] * (double)w[i];
+            c->s.e.logits[t * n + ex] = (float)(moe->router_bias ? dot + moe->router_bias[ex] : dot);
+        }
+    }
+}
+
+/* rows [t0, t1): the token's k experts and weights from its logits (route), sorted by expert, and the shared
+ * expert's gate */
 static void rows_route(void *p, int64_t t0, int64_t t1) {
     const step_ctx *c = p;
     const tm_moe *moe = c->layer->moe;
@@ -397,13 +418,6 @@ static void rows_route(void *p, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
         const float *x = c->s.x + t * h;
         float *logits = e->logits + t * n;
-        for (int64_t ex = 0; ex < n; ++ex) {
-            const double *w = moe->router + ex * h;
-            double dot = 0.0;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < h; ++i) dot += (double)x[i] * w[i];
-            logits[ex] = (float)(moe->router_bias ? dot + moe->router_bias[ex] : dot);
-        }
         int64_t *ids = e->expert + t * k;
         float *weights = e->weight + t * k;
         if (moe->softmax_after_topk) { /* the k largest logits, then a softmax over them */
@@ -455,10 +469,10 @@ static void place_rows(step_ctx *c) {
         e->gate_up[e->segments] = (tm_segment){&moe->gate_up[ex], e->rows, e->count[ex]};
         e->down[e->segments] = (tm_segment){&moe->down[ex], e->rows, e->count[ex]};
         e->segments++;
-        const int64_t padded = (e->count[ex] + QX_ROWS - 1) / QX_ROWS * QX_ROWS;
-        for (int64_t r = e->rows; r < e->rows + padded; ++r) e->token_of[r] = -1, e->expert_of[r] = ex;
+        for (int64_t r = e->rows; r < e->rows + e->count[ex]; ++r) e->expert_of[r] = ex;
+        const int64_t count = e->count[ex];
         e->count[ex] = e->rows; /* from here: the expert's next free row */
-        e->rows += padded;
+        e->rows += count;
     }
     for (int64_t i = 0; i < pairs; ++i) {
         const int64_t r = e->count[e->expert[i]]++;
@@ -467,14 +481,11 @@ static void place_rows(step_ctx *c) {
     }
 }
 
-/* gathered rows [r0, r1): the token's normed input (padding rows zero) */
+/* gathered rows [r0, r1): the token's normed input */
 static void rows_gather(void *p, int64_t r0, int64_t r1) {
     const step_ctx *c = p;
     const tm_moe_scratch *e = &c->s.e;
-    for (int64_t r = r0; r < r1; ++r) {
-        if (e->token_of[r] >= 0) memcpy(e->x + r * c->h, c->s.x + e->token_of[r] * c->h, sizeof(float) * c->h);
-        else memset(e->x + r * c->h, 0, sizeof(float) * c->h);
-    }
+    for (int64_t r = r0; r < r1; ++r) memcpy(e->x + r * c->h, c->s.x + e->token_of[r] * c->h, sizeof(float) * c->h);
 }
 
 /* gathered rows [r0, r1): the expert's gate/up bias, then act(gate) * up */
@@ -485,10 +496,6 @@ static void rows_expert_gate(void *p, int64_t r0, int64_t r1) {
     const int64_t inter = moe->inter;
     for (int64_t r = r0; r < r1; ++r) {
         float *g = e->gu + r * 2 * inter;
-        if (e->token_of[r] < 0) { /* padding: quantized as zeros */
-            memset(e->act + r * inter, 0, sizeof(float) * inter);
-            continue;
-        }
         if (moe->gate_up_bias) {
             const float *b = moe->gate_up_bias + e->expert_of[r] * 2 * inter;
 #pragma omp simd
@@ -534,6 +541,8 @@ static void mixture(step_ctx *c) {
     const tm_moe *moe = c->layer->moe;
     tm_moe_scratch *e = &c->s.e;
     const int64_t m = c->m, h = c->h;
+    const int64_t router_units = m * ((moe->n_experts + ROUTER_EXPERTS - 1) / ROUTER_EXPERTS);
+    tm_pool_for(units_router, c, router_units, router_units);
     tm_pool_for(rows_route, c, m, m);
     place_rows(c);
     tm_pool_for(rows_gather, c, e->rows, e->rows);
@@ -687,7 +696,7 @@ static int moe_alloc(tm_moe_scratch *e, const tm_moe *moe, int64_t m, int64_t h,
     memset(e, 0, sizeof *e);
     if (!moe) return 0;
     const int64_t n = moe->n_experts, pairs = m * moe->k, inter = moe->inter;
-    const int64_t chosen = n < pairs ? n : pairs, rows = pairs + chosen * (QX_ROWS - 1); /* each segment padded */
+    const int64_t chosen = n < pairs ? n : pairs, rows = pairs;
     e->logits = malloc(sizeof(float) * m * n);
     e->expert = malloc(sizeof(int64_t) * pairs);
     e->weight = malloc(sizeof(float) * pairs);

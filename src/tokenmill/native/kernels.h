@@ -185,7 +185,7 @@ int tm_pool_solo(void);       /* 1 while jobs run on their caller alone after a 
 void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t helper_us, int64_t *caller_pieces);
 
 /* products.c, for the decoder: jobs of the calling team */
-/* rows [r0, r0 + rows) of a product's quantized activations times w (r0 a multiple of QX_ROWS) */
+/* rows [r0, r0 + rows) of a product's quantized activations times w */
 typedef struct {
     const tm_weight *w;
     int64_t r0, rows;
@@ -203,7 +203,7 @@ typedef struct {
     int64_t n_experts, k, inter;         /* experts, chosen a token, each expert's width */
     int64_t normalize, softmax_after_topk;
     float scale;
-    const double *router;                /* [n_experts, h] */
+    const float *router;                 /* [n_experts, h] (its products summed in float64) */
     const double *router_bias;           /* [n_experts] or NULL */
     const tm_weight *gate_up, *down;     /* [n_experts] each: [2 inter, h] (gate rows, then up), [h, inter] */
     const float *gate_up_bias;           /* [n_experts, 2 inter] or NULL (gpt-oss) */

@@ -961,7 +961,7 @@ typedef struct {
 } segments_job;
 
 /* units [u0, u1): (segment, group of its weight) pairs, segment after segment; each unit's rows in tiles of at most
- * MAX_ROWS that stay within their group of QX_ROWS rows (a segment starts at a multiple of QX_ROWS) */
+ * tile_rows that stay within their group of QX_ROWS rows (a tile's rows read their codes from one pointer) */
 static void segment_units(void *p, int64_t u0, int64_t u1) {
     const segments_job *j = p;
     int64_t s = 0;
@@ -971,8 +971,11 @@ static void segment_units(void *p, int64_t u0, int64_t u1) {
         int64_t group, col;
         const tm_part *part = locate(seg->w, u - j->first_unit[s], &group, &col);
         const int64_t tr = tile_rows(part->type, j->passes), end = seg->r0 + seg->rows;
-        for (int64_t r0 = seg->r0; r0 < end; r0 += tr)
-            run_tile(part, group, j->a, r0, (int)(end - r0 < tr ? end - r0 : tr), j->passes, j->y + col, j->ldy);
+        for (int64_t r0 = seg->r0, rows; r0 < end; r0 += rows) {
+            rows = end - r0 < tr ? end - r0 : tr;
+            rows = rows < QX_ROWS - r0 % QX_ROWS ? rows : QX_ROWS - r0 % QX_ROWS;
+            run_tile(part, group, j->a, r0, (int)rows, j->passes, j->y + col, j->ldy);
+        }
     }
 }
 
