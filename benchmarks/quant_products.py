@@ -5,11 +5,11 @@ layers), against torch's dense bfloat16 and float32 F.linear of the same weights
         [--parts products,model,repack,stream]
 
 Prints JSON lines:
-- "products": each GGUF type on the MLP's two shapes ([8192, 2048] up and [2048, 8192] down; Q4_K and Q6_K are the
-  file's own tensors, the other types random blocks: a product's time does not depend on the values), per row
-  count and activation passes: median ms per call, GMAC/s (multiply-adds of the dense product) and the weight's
-  GB/s; the same weight dense in bfloat16 and float32 through F.linear. The weight is read from the caches here
-  (one 9 MB weight fits in L3): the "model" lines are the memory-bound figures.
+- "products": each GGUF type (MXFP4, gpt-oss's experts, among them) on the MLP's two shapes ([8192, 2048] up and
+  [2048, 8192] down; Q4_K and Q6_K are the file's own tensors, the other types random blocks: a product's time
+  does not depend on the values), per row count and activation passes: median ms per call, GMAC/s (multiply-adds
+  of the dense product) and the weight's GB/s; the same weight dense in bfloat16 and float32 through F.linear. The
+  weight is read from the caches here (one 9 MB weight fits in L3): the "model" lines are the memory-bound figures.
 - "model": every projection of the 24 layers (the file's Q4_K and Q6_K, 0.9 GB: read from memory) per row count
   and passes: ms for all of them (one token's or one prompt chunk's layer products), GMAC/s and GB/s; tokens/s
   that alone would allow.
@@ -42,9 +42,9 @@ from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.gguf_file import GGUFFile
 
 DEFAULT_GGUF = Path.home() / ".cache/tokenmill/synth/synth-smollm2-1.7b-Q4_K_M.gguf"
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 HALVES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2)}
-HALVES |= {"Q5_K": (0, 2), "Q6_K": (208,)}
+HALVES |= {"Q5_K": (0, 2), "Q6_K": (208,), "MXFP4": ()}  # MXFP4's scale: an E8M0 exponent byte (offset 0)
 # 12 independent chains in registers (an array of accumulators would be kept in memory: a load and a store each)
 PEAK_C = r"""
 #include <immintrin.h>
@@ -78,6 +78,8 @@ def random_blocks(type_name: str, rows: int, k: int, rng: np.random.Generator) -
     for offset in HALVES[type_name]:
         half = rng.uniform(0.0005, 0.005, size=(rows, k // values)).astype(np.float16)
         blocks[..., offset : offset + 2] = half.view(np.uint8).reshape(rows, k // values, 2)
+    if type_name == "MXFP4":  # d = 2^(e - 128): 2^-12 .. 2^-9 with e2m1's codes up to 6 (doubled: 12)
+        blocks[..., 0] = rng.integers(116, 120, size=(rows, k // values), dtype=np.uint8)
     return blocks.reshape(rows, -1)
 
 
