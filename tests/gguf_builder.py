@@ -329,18 +329,38 @@ def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     writer.add_eos_token_id(1)
 
 
+def copy_tokenizer(writer: gguf.GGUFWriter, source: Path, model: TinyModel) -> None:
+    """The tokenizer of the GGUF at `source` (every tokenizer.* key), whose vocabulary must be the model's."""
+    reader = gguf.GGUFReader(source)
+    for entry in reader.fields.values():
+        if entry.name.startswith("tokenizer."):
+            value_type = entry.types[0]
+            sub_type = entry.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(entry.name, entry.contents(), value_type, sub_type=sub_type)
+    if len(reader.fields["tokenizer.ggml.tokens"].contents()) != model.vocab_size:
+        raise ValueError(f"{source}'s vocabulary is not the model's {model.vocab_size} tokens")
+
+
 def write_tiny_gguf(
-    path: Path, model: TinyModel, matrix_type: str = "F32", arch: str | None = None, expert_type: str | None = None
+    path: Path,
+    model: TinyModel,
+    matrix_type: str = "F32",
+    arch: str | None = None,
+    expert_type: str | None = None,
+    tokenizer_from: Path | None = None,
 ) -> Path:
     """The model as a GGUF file, its matrices stored as `matrix_type` (vectors, routers and biases, gpt-oss's 2-D
     expert ones too, stay F32, as the converter keeps them) and the experts' 3-D ones as `expert_type` where given
     (gpt-oss's MXFP4). `arch` writes another general.architecture over the same tensors (for tests of unsupported
-    ones)."""
+    ones); `tokenizer_from`, a GGUF whose tokenizer the file takes (else a few placeholder tokens)."""
     if not model.weights:
         model.make_weights()
     writer = gguf.GGUFWriter(str(path), arch or model.arch)
     write_hparams(writer, model)
-    write_tokenizer(writer, model)
+    if tokenizer_from is None:
+        write_tokenizer(writer, model)
+    else:
+        copy_tokenizer(writer, tokenizer_from, model)
     qtype = gguf.GGMLQuantizationType[matrix_type]
     for name, value in gguf_tensors(model):
         router = name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))  # the converter keeps F32
