@@ -189,7 +189,8 @@ class NativeLlamaDecoder:
         self.model = model
         self.lib = lib
         c = model.config
-        # each layer's projections (a mixture's in place of its MLP's: gate_up and down left empty)
+        # each layer's projections (a mixture's in place of its MLP's: gate_up and down left empty); the table
+        # points into the mixtures' descriptions
         self.mixtures = [_mixture(layer.mlp) for layer in model.layers]
         self.projections = [
             [_packed(layer.self_attn.qkv_proj), _packed(layer.self_attn.o_proj)]
@@ -239,7 +240,6 @@ class NativeLlamaDecoder:
         """Record every layer's weights and cache tensors in the table the native code walks."""
         rows = []
         c = self.model.config
-        self.mixtures = [_mixture(layer.mlp) for layer in self.model.layers]  # the table points into these
         layers = zip(self.model.layers, self.projections, self.mixtures, kv_caches, strict=True)
         for layer, (qkv, o, gate_up, down), moe, (k, v) in layers:
             attn = layer.self_attn

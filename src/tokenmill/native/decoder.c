@@ -59,8 +59,9 @@ typedef struct {
     float *shared_weight;        /* [m] sigmoid(x . shared_gate) */
     int64_t *token_of, *expert_of; /* [m * k] each gathered row's token and expert */
     int64_t *count;              /* [n_experts] */
-    tm_segment *gate_up, *down;  /* [at most min(n_experts, m * k)] the chosen experts' segments */
-    int64_t segments, rows;      /* this layer's */
+    tm_segment *segments;        /* [at most min(n_experts, m * k)] the chosen experts' (their gate/up weights, then
+                                  * their downs: the same rows) */
+    int64_t n_segments, rows;    /* this layer's */
     float *x, *gu, *act, *y;     /* [rows, h], [rows, 2 inter], [rows, inter], [rows, h] */
     float *shared;               /* [m, h] the shared expert's output */
     tm_qx qx;                    /* [rows, max(h, inter)] */
@@ -463,12 +464,10 @@ static void place_rows(step_ctx *c) {
     const int64_t n = moe->n_experts, k = moe->k, pairs = c->m * k;
     for (int64_t ex = 0; ex < n; ++ex) e->count[ex] = 0;
     for (int64_t i = 0; i < pairs; ++i) e->count[e->expert[i]]++;
-    e->segments = e->rows = 0;
+    e->n_segments = e->rows = 0;
     for (int64_t ex = 0; ex < n; ++ex) {
         if (!e->count[ex]) continue;
-        e->gate_up[e->segments] = (tm_segment){&moe->gate_up[ex], e->rows, e->count[ex]};
-        e->down[e->segments] = (tm_segment){&moe->down[ex], e->rows, e->count[ex]};
-        e->segments++;
+        e->segments[e->n_segments++] = (tm_segment){&moe->gate_up[ex], e->rows, e->count[ex]};
         for (int64_t r = e->rows; r < e->rows + e->count[ex]; ++r) e->expert_of[r] = ex;
         const int64_t count = e->count[ex];
         e->count[ex] = e->rows; /* from here: the expert's next free row */
@@ -547,11 +546,13 @@ static void mixture(step_ctx *c) {
     place_rows(c);
     tm_pool_for(rows_gather, c, e->rows, e->rows);
     tm_quantize_rows(e->x, e->rows, h, c->s.passes, tm_activation_group(&moe->gate_up[0], c->s.passes), &e->qx);
-    tm_segments_matmul(&e->qx, c->s.passes, e->gate_up, e->segments, e->gu, 2 * moe->inter);
+    tm_segments_matmul(&e->qx, c->s.passes, e->segments, e->n_segments, e->gu, 2 * moe->inter);
     tm_pool_for(rows_expert_gate, c, e->rows, e->rows);
     tm_quantize_rows(e->act, e->rows, moe->inter, c->s.passes, tm_activation_group(&moe->down[0], c->s.passes),
                      &e->qx);
-    tm_segments_matmul(&e->qx, c->s.passes, e->down, e->segments, e->y, h);
+    for (int64_t s = 0; s < e->n_segments; ++s) /* the same rows through each expert's down */
+        e->segments[s].w = moe->down + (e->segments[s].w - moe->gate_up);
+    tm_segments_matmul(&e->qx, c->s.passes, e->segments, e->n_segments, e->y, h);
     if (moe->shared_gate) { /* s.x is free now: the gathered rows have it */
         project(c->s.x, m, &moe->shared_gate_up, &c->s, c->s.gu);
         tm_pool_for(rows_gate, c, m, m);
@@ -705,8 +706,7 @@ static int moe_alloc(tm_moe_scratch *e, const tm_moe *moe, int64_t m, int64_t h,
     e->token_of = malloc(sizeof(int64_t) * rows);
     e->expert_of = malloc(sizeof(int64_t) * rows);
     e->count = malloc(sizeof(int64_t) * n);
-    e->gate_up = malloc(sizeof(tm_segment) * chosen);
-    e->down = malloc(sizeof(tm_segment) * chosen);
+    e->segments = malloc(sizeof(tm_segment) * chosen);
     e->x = malloc(sizeof(float) * rows * h);
     e->gu = malloc(sizeof(float) * rows * 2 * inter);
     e->act = malloc(sizeof(float) * rows * inter);
@@ -714,14 +714,14 @@ static int moe_alloc(tm_moe_scratch *e, const tm_moe *moe, int64_t m, int64_t h,
     e->shared = malloc(sizeof(float) * m * h);
     int rc = tm_qx_alloc(&e->qx, rows, h > inter ? h : inter, passes);
     if (!e->logits || !e->expert || !e->weight || !e->row || !e->shared_weight || !e->token_of || !e->expert_of ||
-        !e->count || !e->gate_up || !e->down || !e->x || !e->gu || !e->act || !e->y || !e->shared)
+        !e->count || !e->segments || !e->x || !e->gu || !e->act || !e->y || !e->shared)
         rc = -2;
     return rc;
 }
 
 static void moe_free(tm_moe_scratch *e, const tm_moe *moe) {
     free(e->logits); free(e->expert); free(e->weight); free(e->row); free(e->shared_weight); free(e->token_of);
-    free(e->expert_of); free(e->count); free(e->gate_up); free(e->down); free(e->x); free(e->gu); free(e->act);
+    free(e->expert_of); free(e->count); free(e->segments); free(e->x); free(e->gu); free(e->act);
     free(e->y); free(e->shared);
     if (moe) tm_qx_free(&e->qx);
 }
