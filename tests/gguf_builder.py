@@ -329,10 +329,15 @@ def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     writer.add_eos_token_id(1)
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, source: Path, model: TinyModel) -> None:
-    """The tokenizer of the GGUF at `source` (every tokenizer.* key), whose vocabulary must be the model's."""
+def copy_tokenizer(writer: gguf.GGUFWriter, source: Path, model: TinyModel, chat_template: str | None = None) -> None:
+    """The tokenizer of the GGUF at `source` (every tokenizer.* key), whose vocabulary must be the model's;
+    `chat_template` replaces its template."""
     reader = gguf.GGUFReader(source)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     for entry in reader.fields.values():
+        if entry.name == "tokenizer.chat_template" and chat_template is not None:
+            continue
         if entry.name.startswith("tokenizer."):
             value_type = entry.types[0]
             sub_type = entry.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
@@ -348,11 +353,13 @@ def write_tiny_gguf(
     arch: str | None = None,
     expert_type: str | None = None,
     tokenizer_from: Path | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """The model as a GGUF file, its matrices stored as `matrix_type` (vectors, routers and biases, gpt-oss's 2-D
     expert ones too, stay F32, as the converter keeps them) and the experts' 3-D ones as `expert_type` where given
     (gpt-oss's MXFP4). `arch` writes another general.architecture over the same tensors (for tests of unsupported
-    ones); `tokenizer_from`, a GGUF whose tokenizer the file takes (else a few placeholder tokens)."""
+    ones); `tokenizer_from`, a GGUF whose tokenizer the file takes (else a few placeholder tokens), with
+    `chat_template` in place of its template where given."""
     if not model.weights:
         model.make_weights()
     writer = gguf.GGUFWriter(str(path), arch or model.arch)
@@ -360,7 +367,7 @@ def write_tiny_gguf(
     if tokenizer_from is None:
         write_tokenizer(writer, model)
     else:
-        copy_tokenizer(writer, tokenizer_from, model)
+        copy_tokenizer(writer, tokenizer_from, model, chat_template)
     qtype = gguf.GGMLQuantizationType[matrix_type]
     for name, value in gguf_tensors(model):
         router = name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))  # the converter keeps F32

@@ -33,6 +33,7 @@ LAYERS = {
     "tokenmill.loader": 2,
     "tokenmill.tokenizer": 2,
     "tokenmill.structured": 2,
+    "tokenmill.parsers": 2,  # a reply read back into thinking, answer and tool calls
     "tokenmill.sampling_params": 2,
     "tokenmill.pooling_params": 2,
     "tokenmill.native": 1,

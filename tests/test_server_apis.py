@@ -220,26 +220,25 @@ def test_an_ollama_reply_that_calls_a_tool_carries_it_as_ollama_does() -> None:
     """A reply that is a call (bare JSON, or split over deltas) goes out as message.tool_calls with the arguments
     as an object; text that cannot be a call goes out as content."""
     from tokenmill.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from tokenmill.parsers.reply import ReplyFormat, ReplyParser
     from tokenmill.server.ollama import _Reply
 
     functions = [{"name": "get_weather", "parameters": {"type": "object"}}]
-    reply = _Reply("m", functions, as_chat=True)
-    held = [
-        reply.delta(part, finished=False) for part in ['{"name": "get_', 'weather", "arguments": ', '{"city": "Paris"}']
-    ]
-    assert held == [("", None)] * 3
-    text, calls = reply.delta("}", finished=True)
+    reply = _Reply("m", ReplyParser(ReplyFormat("", "constrained"), "", functions), as_chat=True)
+    held = [reply.delta(part) for part in ['{"name": "get_', 'weather", "arguments": ', '{"city": "Paris"}']]
+    assert all(not delta for delta in held)
+    last = reply.delta("}", "stop")
     metrics = RequestMetrics(arrival_time=0.0, first_token_time=0.5, finished_time=1.0)
     out = RequestOutput("r", None, [1, 2], [CompletionOutput(0, "", [5, 6, 7], finish_reason="stop")], True, metrics)
-    final = reply.final(out, calls, text)
+    final = reply.final(out, last)
     assert final["message"] == {
         "role": "assistant",
         "content": "",
         "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
     }
     assert final["done"] and final["eval_count"] == 3 and final["total_duration"] == 1_000_000_000
-    words = _Reply("m", functions, as_chat=True)
-    assert words.delta("The weather", finished=False) == ("The weather", None)
+    words = _Reply("m", ReplyParser(ReplyFormat("", "constrained"), "", functions), as_chat=True)
+    assert words.delta("The weather").text == "The weather"
 
 
 def test_ollama_embed(ollama_client, model: str, offline: LLM) -> None:

@@ -40,6 +40,9 @@ class SamplingParams:
     # what the output must match (JSON schema, regex, choice, grammar): tokenmill.structured.StructuredOutputsParams
     # or a dict of its fields
     structured_outputs: "StructuredOutputsParams | dict[str, Any] | None" = None
+    # vLLM's: arguments for the engine's custom logits processors (--logits-processors), which act only on
+    # requests that carry them (the server's `vllm_xargs`)
+    extra_args: dict[str, Any] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +97,8 @@ class SamplingParams:
                 raise InvalidParameterError(
                     f"stop_token_ids must be token ids (0 or more), got {negative[0]}", "stop_token_ids"
                 )
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise InvalidParameterError("extra_args must be an object", "extra_args")
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)

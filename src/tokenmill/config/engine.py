@@ -120,7 +120,19 @@ class EngineConfig:
         float,
     )
 
+    # runner/logits_processors.py
+    logits_processors: list[str] | str | None = option(
+        None,
+        "custom logits processors, comma-separated importable names (module:Class or module.Class), each applied "
+        "to the requests that carry arguments for them (vLLM's vllm_xargs)",
+        str,
+    )
+
     def __post_init__(self) -> None:
+        if isinstance(self.logits_processors, str):
+            self.logits_processors = [n.strip() for n in self.logits_processors.split(",") if n.strip()]
+        if self.logits_processors is not None and not all(isinstance(n, str) for n in self.logits_processors):
+            raise InvalidParameterError("logits_processors must be importable names", "logits_processors")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             _positive_int(name, getattr(self, name))
         _positive_int("max_constraint_bytes", self.max_constraint_bytes)

@@ -23,6 +23,7 @@ from tokenmill.engine.structured_output import Masks, StructuredOutputManager
 from tokenmill.executor.runner import TensorParallelRunner
 from tokenmill.outputs import RequestMetrics, RequestOutput
 from tokenmill.pooling_params import PoolingParams
+from tokenmill.runner.logits_processors import load_logits_processors
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow
 from tokenmill.sampling_params import SamplingParams
@@ -59,7 +60,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len), kv
         )
-        self.sampler = Sampler(runner.device)
+        self.sampler = Sampler(runner.device, load_logits_processors(config.logits_processors))
         self.outputs = OutputProcessor(tokenizer, max_model_len, self._finish)
         self.requests: dict[str, Request] = {}
         self.structured = StructuredOutputManager(  # a stage of the step for constrained requests

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 PromptInput = str | dict[str, Any] | list[int]
 
 
+# what a request's chat_template_kwargs may not set: the conversation and the server's own variables
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
+
+
 class InputProcessor:
     def __init__(
         self,
@@ -67,14 +71,34 @@ class InputProcessor:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Render the chat template and tokenize it (special tokens in the template are parsed as special); the
         rendered text is checked against max_model_len as encode_prompt checks a prompt. `tools` (OpenAI's
-        `tools` list) reach a template that takes them."""
-        extra = {"tools": tools} if tools else {}
+        `tools` list) reach a template that takes them; `template_kwargs` (vLLM's chat_template_kwargs, such as
+        Qwen3's enable_thinking or gpt-oss's reasoning_effort) are the template's other variables."""
+        return self.encode_rendered_chat(self.render_chat(messages, add_generation_prompt, tools, template_kwargs))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat template's text for the conversation, checked against max_model_len (see encode_chat)."""
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARIABLES}
+        if tools:
+            extra["tools"] = tools
         text = self.chat_template.render(messages, add_generation_prompt, **extra)
         self.check_text_length(text)
+        return text
+
+    def encode_rendered_chat(self, text: str) -> list[int]:
         # a real template writes its own BOS; the plain fallback gets it the usual way
         return self.tokenizer.encode(text, add_special_tokens=self.chat_template.is_fallback)
 

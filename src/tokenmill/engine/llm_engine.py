@@ -238,10 +238,14 @@ class LLMEngine(EngineCore):
         return self.inputs.encode_prompt(text)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """The chat template rendered and tokenized (engine/input_processor.py). Safe from any thread."""
-        return self.inputs.encode_chat(messages, add_generation_prompt, tools)
+        return self.inputs.encode_chat(messages, add_generation_prompt, tools, template_kwargs)
 
     def add_request(
         self,

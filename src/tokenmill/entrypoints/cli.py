@@ -157,7 +157,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if torchrun_rank() not in (None, 0):  # torchrun started this rank: it computes, rank 0 serves HTTP
         return run_torchrun_worker(args)
+    from tokenmill.errors import InvalidParameterError
+    from tokenmill.parsers.reply import reply_format
     from tokenmill.server.listen import listen_problem
+
+    try:  # a parser name that does not exist fails before anything loads
+        reply_format("", args.reasoning_parser, args.tool_call_parser)
+    except InvalidParameterError as exc:
+        print(f"tokenmill: error: {exc}", file=sys.stderr)
+        return 2
 
     problem = listen_problem(args.host, args.port)
     if problem is not None:  # before any rank starts or anything loads
@@ -196,6 +204,8 @@ def run_serve(args: argparse.Namespace) -> int:
         allowed_hosts=_names(args.allowed_hosts),
         allowed_origins=_names(args.allowed_origins),
         responses_store_bytes=args.responses_store_bytes,
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
 

@@ -136,6 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Responses API keeps its stored responses (at most 1,000) within this many bytes, the oldest "
         f"dropped first (default {DEFAULT_RESPONSES_STORE_BYTES:,})",
     )
+    serve.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="how replies' thinking is read: think (<think>...</think>: Qwen3, DeepSeek-R1 and its distills; "
+        "vLLM's deepseek_r1 and qwen3 too), harmony (gpt-oss; vLLM's openai), none (the thinking stays in the "
+        "answer), or auto (default: from the chat template)",
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="the syntax replies call tools in: hermes (<tool_call>: Qwen, Hermes), llama3_json, mistral, "
+        "harmony (gpt-oss), constrained (tokenmill's JSON, taught in a system message), or auto (default: from "
+        "the chat template)",
+    )
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
     serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
     serve.add_argument(

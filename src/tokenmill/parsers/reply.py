@@ -100,7 +100,12 @@ class ReplyParser:
         self.thinking = ""  # all of the reply's thinking so far
         self.text = ""  # all of its answer text so far
         self.calls: list[ToolCall] = []  # all of its calls so far
-        self.thinking_tokens = 0
+        self._thinking_tokens = 0.0
+
+    @property
+    def thinking_tokens(self) -> int:
+        """How many of the reply's tokens wrote its thinking (its tags and headers included)."""
+        return round(self._thinking_tokens)
 
     @property
     def thinking_now(self) -> bool:
@@ -126,8 +131,11 @@ class ReplyParser:
             answer = text
         out, calls = self._answer(answer, finished, cut)
         delta.text, delta.calls = out, delta.calls + calls
-        if self.thinking_now or (delta.thinking and not delta.text):  # the tokens that wrote the thinking
-            self.thinking_tokens += tokens
+        # the tokens that wrote the thinking: a delta's tokens by the share of its shown text that is thinking
+        # (a delta that shows nothing, by where the reply is now)
+        shown = len(delta.thinking) + len(delta.text)
+        share = len(delta.thinking) / shown if shown else float(self.thinking_now)
+        self._thinking_tokens += tokens * share
         self.thinking += delta.thinking
         self.text += delta.text
         self.calls += delta.calls

@@ -1,6 +1,7 @@
 """Turn logits into tokens, vectorized over the batch, each row with its own parameters.
 
-Order (as in vLLM): logit bias and the min_tokens ban, then repetition / frequency / presence penalties; greedy
+Order (as in vLLM): custom logits processors (logits_processors.py) for the requests that carry their arguments,
+logit bias and the min_tokens ban, then repetition / frequency / presence penalties; greedy
 rows take the argmax; the others are divided by their temperature, cut by top-k, top-p and min-p, and sampled
 with the exponential-race trick (argmax of p / q, q ~ Exp(1)), where a seeded row draws q from its own
 generator, so its tokens do not depend on what else is in the batch. Log-probabilities are those of the raw
@@ -8,6 +9,7 @@ model distribution.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -52,6 +54,7 @@ def is_plain_greedy(row: SamplingRow) -> bool:
         p.greedy
         and row.allowed is None
         and not p.logit_bias
+        and not p.extra_args
         and not row.banned_token_ids
         and p.repetition_penalty == 1.0
         and p.presence_penalty == 0.0
@@ -60,8 +63,9 @@ def is_plain_greedy(row: SamplingRow) -> bool:
 
 
 class Sampler:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, processors: list[Any] | None = None):
         self.device = device
+        self.processors = processors or []  # custom logits processors (logits_processors.py)
         self._generators: dict[int, torch.Generator] = {}
         self._unseeded = torch.Generator(device=device)
         self._unseeded.seed()
@@ -102,6 +106,11 @@ class Sampler:
         return self._logprobs(raw, tokens, rows)
 
     def _apply_biases_and_penalties(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        for i, r in enumerate(rows):
+            if r.params.extra_args:
+                for processor in self.processors:
+                    if processor.applies(r.params):
+                        logits[i] = processor(r.params, r.prompt_token_ids, r.output_token_ids, logits[i])
         bias_rows, bias_cols, bias_vals = [], [], []
         for i, r in enumerate(rows):
             for token, value in (r.params.logit_bias or {}).items():

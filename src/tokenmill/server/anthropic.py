@@ -15,8 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.parsers.reply import ReplyDelta, ReplyParser
 from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
-from tokenmill.server.chat import CallWatch, chat_prompt, start_chat
+from tokenmill.server.chat import chat_prompt, require_thinking, start_chat
 from tokenmill.server.completions import aborted_error
 from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, GenerationStream
@@ -50,6 +51,8 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
     client_id, request_id = call_id(http_request, "msg")
     state.check_model(req.model)
     engine = state.require_engine().engine
+    require_thinking(state, req.thinking is not None and req.thinking.type in ("enabled", "between_tools"), "thinking")
+    require_thinking(state, req.output_config is not None and req.output_config.effort is not None, "effort")
     params = req.sampling_params(engine.generation_defaults.sampling_values(), state.output_limit(req.max_tokens, None))
     chat = await start_chat(
         state,
@@ -60,33 +63,46 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
         req.openai_tools(),
         req.openai_tool_choice(),
         http_request=http_request,
+        template_kwargs=req.template_kwargs(),
     )
     message_id = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}
+    show_thinking = req.shows_thinking and bool(chat.format.reasoning)
     if req.stream:
-        events = _events(chat.generation, CallWatch(chat.functions), head, state)
+        events = _events(chat.generation, chat.reply_parser(), head, state, show_thinking)
         guarded = guarded_stream(events, state.metrics.internal_errors.inc, _error_event)
         return GenerationStream(guarded, chat.generation, headers=echo(client_id))
+    reply = chat.reply_parser()
     try:
-        (final,) = await chat.generation.collect(http_request)
+        (final,) = await chat.generation.collect(http_request, lambda _, out: _feed(reply, out.outputs[0]))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     o = final.outputs[0]
     if o.finish_reason == "abort":
         raise aborted_error(state)
-    text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
-    content = ([{"type": "text", "text": text}] if text or not calls else []) + [_tool_use(c) for c in calls or []]
+    content = [_thinking_block(reply.thinking)] if reply.thinking and show_thinking else []
+    content += [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
+    content += [_tool_use(c) for c in reply.calls]
     return JSONResponse(
-        {**head, "content": content, **_stop(o, calls), "usage": _usage(final)}, headers=echo(client_id)
+        {**head, "content": content, **_stop(o, reply.calls), "usage": _usage(final)}, headers=echo(client_id)
     )
+
+
+def _feed(reply: ReplyParser, o: CompletionOutput) -> ReplyDelta:
+    finished = o.finish_reason is not None
+    return reply.feed(o.delta_text, finished, o.finish_reason == "length", len(o.delta_token_ids))
+
+
+def _thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": ""}  # nothing signs it here
 
 
 def _stop(o: CompletionOutput, calls: list[ToolCall] | None) -> dict[str, Any]:
     """Anthropic's stop_reason and stop_sequence for the output."""
-    if calls:
-        return {"stop_reason": "tool_use", "stop_sequence": None}
     if o.finish_reason == "length":
         return {"stop_reason": "max_tokens", "stop_sequence": None}
+    if calls:
+        return {"stop_reason": "tool_use", "stop_sequence": None}
     if isinstance(o.stop_reason, str):
         return {"stop_reason": "stop_sequence", "stop_sequence": o.stop_reason}
     return {"stop_reason": "end_turn", "stop_sequence": None}
@@ -103,12 +119,11 @@ def _usage(out: RequestOutput) -> dict[str, int]:
 
 
 def _tool_use(call: ToolCall) -> dict[str, Any]:
-    return {
-        "type": "tool_use",
-        "id": "toolu_" + call.id.removeprefix("call_"),
-        "name": call.name,
-        "input": json.loads(call.arguments),
-    }
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:  # a call cut off by max_tokens: its input as far as it was written
+        arguments = {}
+    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name, "input": arguments}
 
 
 def _event(kind: str, body: dict[str, Any]) -> str:
@@ -120,8 +135,11 @@ def _error_event(error: APIError) -> str:
     return _event("error", {"error": body["error"]})
 
 
-async def _events(generation, watch: CallWatch, head: dict, state: ServerState) -> AsyncIterator[str]:
-    """message_start, then each content block's start, deltas and stop, then message_delta and message_stop."""
+async def _events(
+    generation, reply: ReplyParser, head: dict, state: ServerState, show_thinking: bool
+) -> AsyncIterator[str]:
+    """message_start, then each content block's start, deltas and stop (thinking, text, tool_use), then
+    message_delta and message_stop."""
     prompt_tokens = len(generation.prompts[0]["prompt_token_ids"])
     start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
     yield _event(
@@ -130,36 +148,52 @@ async def _events(generation, watch: CallWatch, head: dict, state: ServerState) 
     )
     yield _event("ping", {})
     blocks = 0  # content blocks started
-    text_open = False
+    open_kind = ""  # the kind of the block open now ("thinking", "text"), or ""
+
+    def switch(kind: str) -> list[str]:
+        """Events that close the open block and open one of `kind` (none when it is open already)."""
+        nonlocal blocks, open_kind
+        if open_kind == kind:
+            return []
+        events = [_event("content_block_stop", {"index": blocks - 1})] if open_kind else []
+        if kind:
+            block = _thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
+            events.append(_event("content_block_start", {"index": blocks, "content_block": block}))
+            blocks += 1
+        open_kind = kind
+        return events
+
     try:
         async for _, out in generation.stream():
             o = out.outputs[0]
             if o.finish_reason == "abort":
                 yield _error_event(aborted_error(state, "aborted"))
                 return
-            text, calls = watch.delta(o.delta_text, o.finish_reason is not None)
-            if text:
-                if not text_open:
-                    yield _event(
-                        "content_block_start", {"index": blocks, "content_block": {"type": "text", "text": ""}}
-                    )
-                    text_open, blocks = True, blocks + 1
-                yield _event(
-                    "content_block_delta", {"index": blocks - 1, "delta": {"type": "text_delta", "text": text}}
-                )
-            if o.finish_reason is None:
-                continue
-            if text_open:
-                yield _event("content_block_stop", {"index": blocks - 1})
-            for call in calls or []:
+            delta = _feed(reply, o)
+            if delta.thinking and show_thinking:
+                for event in switch("thinking"):
+                    yield event
+                body = {"type": "thinking_delta", "thinking": delta.thinking}
+                yield _event("content_block_delta", {"index": blocks - 1, "delta": body})
+            if delta.text:
+                for event in switch("text"):
+                    yield event
+                body = {"type": "text_delta", "text": delta.text}
+                yield _event("content_block_delta", {"index": blocks - 1, "delta": body})
+            if delta.calls or o.finish_reason is not None:
+                for event in switch(""):
+                    yield event
+            for call in delta.calls:
                 block = {**_tool_use(call), "input": {}}
                 yield _event("content_block_start", {"index": blocks, "content_block": block})
-                delta = {"type": "input_json_delta", "partial_json": call.arguments}
-                yield _event("content_block_delta", {"index": blocks, "delta": delta})
+                body = {"type": "input_json_delta", "partial_json": call.arguments}
+                yield _event("content_block_delta", {"index": blocks, "delta": body})
                 yield _event("content_block_stop", {"index": blocks})
                 blocks += 1
+            if o.finish_reason is None:
+                continue
             usage = {"output_tokens": len(o.token_ids)}
-            yield _event("message_delta", {"delta": _stop(o, calls), "usage": usage})
+            yield _event("message_delta", {"delta": _stop(o, reply.calls), "usage": usage})
             yield _event("message_stop", {})
     except APIError as exc:
         yield _error_event(exc)

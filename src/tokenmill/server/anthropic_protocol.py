@@ -43,7 +43,25 @@ class ToolResultBlock(BaseModel):
         return f"Error: {body}" if self.is_error else body
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(BaseModel):
+    """An earlier turn's thinking, sent back as Anthropic's clients keep it (the chat template may show it)."""
+
+    model_config = ConfigDict(**STRICT, extra="allow")  # signature: this server signs nothing
+
+    type: Literal["thinking"]
+    thinking: str
+
+
+class RedactedThinkingBlock(BaseModel):
+    model_config = ConfigDict(**STRICT, extra="allow")
+
+    type: Literal["redacted_thinking"]  # never made here; a conversation from elsewhere may hold one (dropped)
+    data: str = ""
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+]
 
 
 class Message(BaseModel):
@@ -55,12 +73,11 @@ class Message(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_blocks(cls, data: Any) -> Any:
-        """Images, documents and thinking blocks are named in the error (the union's own error would list the three
-        kinds it knows)."""
+        """Images and documents are named in the error (the union's own error would list the kinds it knows)."""
         blocks = data.get("content") if isinstance(data, dict) else None
         for block in blocks if isinstance(blocks, list) else []:
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind not in ("text", "tool_use", "tool_result"):
+            if kind not in ("text", "tool_use", "tool_result", "thinking", "redacted_thinking"):
                 raise PydanticCustomError(
                     "unsupported_field",
                     "content blocks of type {kind} are not supported: this server's models read text",
@@ -102,7 +119,8 @@ class ToolChoice(BaseModel):
 class Thinking(BaseModel):
     model_config = ConfigDict(**STRICT, extra="allow")
 
-    type: Literal["enabled", "disabled", "adaptive", "between_tools"]  # adaptive: the model decides (never, here)
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]  # adaptive: the model's template decides
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
 class OutputFormat(BaseModel):
@@ -148,10 +166,13 @@ class CountTokensRequest(APIRequest):
             if m.role == "assistant" and results:
                 raise InvalidParameterError("tool_result blocks belong to user messages", "messages")
             out += [{"role": "tool", "tool_call_id": r.tool_use_id, "content": r.text()} for r in results]
+            thinking = "".join(b.thinking for b in m.content if isinstance(b, ThinkingBlock))
             if text or calls or not results:
                 message: dict[str, Any] = {"role": m.role, "content": text}
                 if calls:
                     message["tool_calls"] = calls
+                if thinking and m.role == "assistant":
+                    message["reasoning_content"] = thinking
                 out.append(message)
         return out
 
@@ -173,14 +194,27 @@ class MessagesRequest(CountTokensRequest):
     thinking: Thinking | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both ask for it
     output_config: OutputConfig | None = None
+    vllm_xargs: dict[str, Any] | None = None  # vLLM's: arguments for the server's --logits-processors
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """thinking and effort as the chat templates read them: enabled or disabled is enable_thinking (Qwen3's,
+        R1's), effort gpt-oss's reasoning_effort (xhigh and max are its high)."""
+        kwargs: dict[str, Any] = {}
+        if self.thinking is not None and self.thinking.type != "adaptive":
+            kwargs["enable_thinking"] = self.thinking.type != "disabled"
+        effort = (self.output_config or OutputConfig()).effort
+        if effort is not None:
+            kwargs["reasoning_effort"] = {"xhigh": "high", "max": "high"}.get(effort, effort)
+        return kwargs
+
+    @property
+    def shows_thinking(self) -> bool:
+        """Whether the reply's thinking goes out as thinking blocks (not when the request disabled it)."""
+        return self.thinking is None or self.thinking.type != "disabled"
 
     def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
         """temperature, top_p and top_k: older clients send them (today's Messages API has none of them)."""
-        if self.thinking is not None and self.thinking.type in ("enabled", "between_tools"):
-            raise InvalidParameterError("this server's models do not think: thinking must be disabled", "thinking")
         config = self.output_config or OutputConfig()
-        if config.effort is not None:
-            raise InvalidParameterError("effort sets how long a model thinks; this server's models do not", "effort")
         structured = None
         if config.format is not None:
             structured = StructuredOutputsParams(json=config.format.schema_, source="output_config.format")
@@ -189,5 +223,6 @@ class MessagesRequest(CountTokensRequest):
             max_tokens=max_tokens,
             stop=self.stop_sequences,
             structured_outputs=structured,
+            extra_args=self.vllm_xargs,
             **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
         )

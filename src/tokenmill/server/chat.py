@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
@@ -14,6 +15,8 @@ from fastapi.responses import JSONResponse
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.parsers.reply import ReplyDelta, ReplyFormat, ReplyParser
+from tokenmill.parsers.think import ANSWER, start_state
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.completions import _usage, aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
@@ -25,14 +28,23 @@ from tokenmill.server.state import ServerState
 from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
+# how much of the rendered prompt's end the reply parsers read (where a thinking block may already be open)
+PROMPT_TAIL_CHARS = 256
+
 
 @dataclass
 class ChatCall:
-    """A chat's engine requests, started: every chat API (OpenAI's, Ollama's, Anthropic's) translates its request
-    into this one call and formats what comes out."""
+    """A chat's engine requests, started: every chat API (OpenAI's, Ollama's, Anthropic's, Responses) translates
+    its request into this one call and formats what comes out, each choice read back by a reply_parser()."""
 
     generation: Generation
-    functions: list[dict]  # the functions the reply may call: parse its text with tools.parse_tool_calls
+    functions: list[dict]  # the functions the reply may call
+    format: ReplyFormat  # how the model writes its thinking and its calls
+    prompt_tail: str  # the end of the rendered prompt
+    forced_name: str | None = None  # the one function tool_choice names
+
+    def reply_parser(self) -> ReplyParser:
+        return ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name)
 
 
 async def start_chat(
@@ -46,67 +58,132 @@ async def start_chat(
     add_generation_prompt: bool = True,
     context_limit: int | None = None,
     http_request: Request | None = None,
+    template_kwargs: dict | None = None,
 ) -> ChatCall:
     """Check the tools (OpenAI's shape), render the chat template and start generating; raises the 400s.
     `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx). `http_request`:
-    its client leaving while the call starts aborts it (ClientDisconnected)."""
+    its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
+    other variables (enable_thinking, reasoning_effort)."""
     llm_engine = state.require_engine().engine
+    fmt = state.reply_format()
     functions = tools.check_tools(tool_list) if tool_list is not None else []
     mode, callable_functions = tools.chosen_functions(functions, tool_choice)
     if functions:  # every function's parameters must compile, whatever tool_choice says
         call = StructuredOutputsParams(json=tools.call_schema(functions), source="tools")
         await asyncio.to_thread(llm_engine.grammars.compile, call)
-    if mode == "required":  # the reply is a call, enforced as a JSON schema
-        if params.structured_outputs is not None:
-            raise APIError(
-                400,
-                "tool_choice 'required' or a named function cannot be combined with "
-                "response_format or structured_outputs",
-                param="tool_choice",
-            )
-        call = StructuredOutputsParams(json=tools.call_schema(callable_functions), source="tool_choice")
-        params = dataclasses.replace(params, structured_outputs=call)
+    if mode == "required" and params.structured_outputs is not None:
+        raise APIError(
+            400,
+            "tool_choice 'required' or a named function cannot be combined with response_format or structured_outputs",
+            param="tool_choice",
+        )
     # rendering and tokenizing a long conversation takes a while: not on the event loop
-    prompt_ids = await asyncio.to_thread(chat_prompt, llm_engine, messages, callable_functions, add_generation_prompt)
+    text = await asyncio.to_thread(
+        render_chat, llm_engine, messages, callable_functions, add_generation_prompt, template_kwargs
+    )
+    prompt_ids = await asyncio.to_thread(llm_engine.inputs.encode_rendered_chat, text)
+    tail = text[-PROMPT_TAIL_CHARS:]
+    thinking = start_state(tail) if fmt.reasoning == "think" else ANSWER
+    forced_name = callable_functions[0]["name"] if mode == "required" and len(callable_functions) == 1 else None
+    if mode == "required":  # the reply is a call in the model's own syntax, enforced by a grammar
+        fmt, call = call_constraint(fmt, callable_functions, thinking)
+        params = dataclasses.replace(params, structured_outputs=call)
+    elif params.structured_outputs is not None and thinking != ANSWER:  # the constraint is on the answer only
+        params = dataclasses.replace(
+            params, structured_outputs=dataclasses.replace(params.structured_outputs, thinking=thinking)
+        )
+    if fmt.keeps_special_tokens:  # harmony's markers are special tokens: its parser reads them
+        params = dataclasses.replace(params, skip_special_tokens=False)
     if context_limit is not None:
         params = within_context(params, len(prompt_ids), context_limit)
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
     await generation.start(http_request)
-    return ChatCall(generation, callable_functions)
+    return ChatCall(generation, callable_functions, fmt, tail, forced_name)
+
+
+# a call's syntax as text around its JSON: (before, after, the key of its arguments)
+CALL_SYNTAX = {"hermes": ("<tool_call>\n", "\n</tool_call>", "arguments"), "llama3_json": ("", "", "parameters")}
+
+
+def require_thinking(state: ServerState, asked: bool, param: str) -> None:
+    """A request that asks a model to think (Ollama's think, Anthropic's thinking or effort, a Responses
+    reasoning effort): 400 naming `param` when the model's chat template has no thinking (as Ollama answers)."""
+    if asked and not state.reply_format().reasoning:
+        raise APIError(
+            400,
+            f"{state.model_name} does not think (its chat template has no reasoning): {param} asks it to",
+            param=param,
+        )
+
+
+def call_constraint(
+    fmt: ReplyFormat, functions: list[dict], thinking: str
+) -> tuple[ReplyFormat, StructuredOutputsParams]:
+    """A required call, as the grammar that enforces it: in the model's own syntax where tokenmill writes its
+    grammar (hermes, llama3_json: after any thinking), else tokenmill's constrained JSON (which the reply is then
+    read as)."""
+    if fmt.tools in CALL_SYNTAX:
+        before, after, key = CALL_SYNTAX[fmt.tools]
+        schema = tools.call_schema(functions, key)
+        wrap = (before, after) if before or after else None
+        return fmt, StructuredOutputsParams(
+            json=schema, wrap=wrap, thinking=None if thinking == ANSWER else thinking, source="tool_choice"
+        )
+    call = StructuredOutputsParams(json=tools.call_schema(functions), source="tool_choice")
+    return dataclasses.replace(fmt, tools="constrained"), call
+
+
+def render_chat(
+    llm_engine: LLMEngine,
+    messages: list[dict],
+    functions: list[dict],
+    add_generation_prompt: bool = True,
+    template_kwargs: dict | None = None,
+) -> str:
+    """The conversation's prompt text: the chat template over it, with the functions the model may call shown (by
+    a template that takes tools, else in a system message), and earlier turns' thinking under the names the
+    templates read (Qwen3's reasoning_content, gpt-oss's thinking)."""
+    takes_tools = llm_engine.chat_template.takes_tools
+    messages = [_for_template(m) for m in tools.template_messages(messages, functions, takes_tools)]
+    template_tools = [{"type": "function", "function": f} for f in functions] if takes_tools else None
+    return llm_engine.inputs.render_chat(messages, add_generation_prompt, template_tools, template_kwargs)
 
 
 def chat_prompt(
     llm_engine: LLMEngine, messages: list[dict], functions: list[dict], add_generation_prompt: bool = True
 ) -> list[int]:
-    """The conversation's prompt tokens: the chat template over it, with the functions the model may call shown
-    (by a template that takes tools, else in a system message)."""
-    takes_tools = llm_engine.chat_template.takes_tools
-    messages = tools.template_messages(messages, functions, takes_tools)
-    template_tools = [{"type": "function", "function": f} for f in functions] if takes_tools else None
-    return llm_engine.encode_chat(messages, add_generation_prompt, template_tools)
+    """The conversation's prompt tokens (render_chat, tokenized)."""
+    text = render_chat(llm_engine, messages, functions, add_generation_prompt)
+    return llm_engine.inputs.encode_rendered_chat(text)
 
 
-class CallWatch:
-    """One reply's text as it streams, when it may call functions: held back while it may still become a call,
-    let out once it cannot; at the end, the calls it makes (or None: its text)."""
+THINKING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
-    def __init__(self, functions: list[dict]):
-        self.functions = functions
-        self.held = ""
 
-    def delta(self, text: str, finished: bool) -> tuple[str, list[tools.ToolCall] | None]:
-        """(the text that goes out now, the calls once the reply is known to be them)."""
-        if not self.functions:
-            return text, None
-        self.held += text
-        if finished:
-            calls = tools.parse_tool_calls(self.held, self.functions)
-            out, self.held = ("" if calls else self.held), ""
-            return out, calls
-        if tools.may_be_a_call(self.held):
-            return "", None
-        out, self.held = self.held, ""
-        return out, None
+def _for_template(message: dict) -> dict:
+    """An assistant message as the templates read it: its thinking under each name they use, its calls'
+    arguments as objects (gpt-oss's writes them with tojson; Qwen3's takes either), as vLLM hands them over."""
+    if message.get("role") != "assistant":
+        return message
+    thinking = next((message[k] for k in THINKING_KEYS if isinstance(message.get(k), str)), None)
+    if thinking is not None:
+        message = {**message, **{k: thinking for k in THINKING_KEYS}}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        message = {**message, "tool_calls": [_call_for_template(c) for c in calls]}
+    return message
+
+
+def _call_for_template(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": parsed}}
 
 
 def within_context(params: SamplingParams, prompt_len: int, context_limit: int) -> SamplingParams:
@@ -140,29 +217,32 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         req.tool_choice,
         req.add_generation_prompt,
         http_request=http_request,
+        template_kwargs=req.template_kwargs(),
     )
-    generation, callable_functions = chat.generation, chat.functions
     created = int(time.time())
     tokenizer = llm_engine.tokenizer
+    replies = Replies(chat, req.n)
     if req.stream:
-        events = _stream(generation, req, tokenizer, state, request_id, created, k, callable_functions)
+        events = _stream(chat.generation, req, tokenizer, state, request_id, created, k, replies)
         return GenerationStream(
-            guarded_stream(events, state.metrics.internal_errors.inc), generation, headers=echo(client_id)
+            guarded_stream(events, state.metrics.internal_errors.inc), chat.generation, headers=echo(client_id)
         )
     try:
-        (final,) = await generation.collect(http_request)
+        (final,) = await chat.generation.collect(http_request, lambda _, out: replies.feed(out))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     if any(o.finish_reason == "abort" for o in final.outputs):
         raise aborted_error(state)
     choices = []
     for o in final.outputs:
-        message: dict = {"role": "assistant", "content": o.text}
+        reply = replies.parsers[o.index]
+        message: dict = {"role": "assistant", "content": reply.text if reply.text or not reply.calls else None}
+        if chat.format.reasoning and req.include_reasoning:
+            message["reasoning_content"] = message["reasoning"] = reply.thinking or None
         finish_reason = o.finish_reason
-        calls = tools.parse_tool_calls(o.text, callable_functions) if callable_functions else None
-        if calls and finish_reason == "stop":
-            message, finish_reason = {"role": "assistant", "content": None}, "tool_calls"
-            message["tool_calls"] = [c.as_openai() for c in calls]
+        if reply.calls:
+            message["tool_calls"] = [c.as_openai() for c in reply.calls]
+            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         choices.append(
             {
                 "index": o.index,
@@ -179,22 +259,60 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         "model": state.model_name,
         "system_fingerprint": state.system_fingerprint,
         "choices": choices,
-        "usage": _request_usage(final),
+        "usage": replies.usage(final),
     }
     if req.return_token_ids:
         response["prompt_token_ids"] = final.prompt_token_ids
     return JSONResponse(jsonable_encoder(response), headers=echo(client_id))  # as FastAPI encodes a dict
 
 
-def _request_usage(final: RequestOutput) -> dict:
-    completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-    return _usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
+class Replies:
+    """The reply parser of each choice of a call, fed its outputs' deltas as they come (stream or not)."""
+
+    def __init__(self, chat: ChatCall, n: int = 1):
+        self.chat = chat
+        self.parsers = [chat.reply_parser() for _ in range(n)]
+        self._fed: set[int] = set()  # choices whose finish was fed
+
+    def feed(self, out: RequestOutput) -> dict[int, ReplyDelta]:
+        """Each choice's delta from this output (choices with nothing new are left out)."""
+        deltas = {}
+        for o in out.outputs:
+            finished = o.finish_reason is not None
+            if o.index in self._fed or not (o.delta_text or o.delta_token_ids or finished):
+                continue
+            if finished:
+                self._fed.add(o.index)
+            deltas[o.index] = self.parsers[o.index].feed(
+                o.delta_text, finished, cut=o.finish_reason == "length", tokens=len(o.delta_token_ids)
+            )
+        return deltas
+
+    def usage(self, final: RequestOutput) -> dict:
+        completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+        usage = _usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
+        if self.chat.format.reasoning:
+            reasoning = sum(p.thinking_tokens for p in self.parsers)
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return usage
 
 
 def _logprobs(tokenizer: Tokenizer, o: CompletionOutput, token_ids: list[int], first: int, k: int | None):
     if k is None:
         return None
     return {"content": chat_logprobs(tokenizer, token_ids, (o.logprobs or [])[first : first + len(token_ids)], k)}
+
+
+def delta_of(reply: ReplyDelta, calls_before: int, reasoning: bool) -> dict:
+    """A chat.completion.chunk's delta for what a reply's output added (calls numbered from calls_before)."""
+    delta: dict = {}
+    if reply.thinking and reasoning:
+        delta["reasoning_content"] = delta["reasoning"] = reply.thinking
+    if reply.text:
+        delta["content"] = reply.text
+    if reply.calls:
+        delta["tool_calls"] = [{"index": calls_before + j, **c.as_openai()} for j, c in enumerate(reply.calls)]
+    return delta
 
 
 async def _stream(
@@ -205,10 +323,10 @@ async def _stream(
     request_id: str,
     created: int,
     k: int | None,
-    functions: list[dict],
+    replies: Replies,
 ) -> AsyncIterator[str]:
-    """With callable functions, a choice's text is held back while it may still be a call: sent as one tool_calls
-    delta if it is one when it ends, else as content once it cannot be one."""
+    """Each choice's thinking, text and calls as its reply parser lets them out: text that may still be a tag or
+    the start of a call is held back; a call goes out as one tool_calls delta once it is complete."""
     head = {
         "id": request_id,
         "object": "chat.completion.chunk",
@@ -217,6 +335,7 @@ async def _stream(
         "system_fingerprint": state.system_fingerprint,
     }
     extra = {"usage": None} if req.include_usage else {}
+    reasoning = bool(replies.chat.format.reasoning) and req.include_reasoning
 
     def chunk(choices: list[dict]) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
@@ -228,39 +347,26 @@ async def _stream(
         ]
     )
     final: RequestOutput | None = None
-    finished: set[int] = set()  # choices whose finish_reason was sent
-    held: dict[int, str] = {i: "" for i in range(req.n)} if functions else {}  # text held back per choice
     try:
         async for _, out in generation.stream():
             final = out
-            for o in out.outputs:
-                if o.finish_reason == "abort":
-                    yield aborted_error(state, "aborted").sse()
-                    yield "data: [DONE]\n\n"
-                    return
-                newly_finished = o.finish_reason is not None and o.index not in finished
-                if not (o.delta_text or o.delta_token_ids or newly_finished):
-                    continue
-                if newly_finished:
-                    finished.add(o.index)
+            if any(o.finish_reason == "abort" for o in out.outputs):
+                yield aborted_error(state, "aborted").sse()
+                yield "data: [DONE]\n\n"
+                return
+            by_index = {o.index: o for o in out.outputs}
+            calls_before = {i: len(p.calls) for i, p in enumerate(replies.parsers)}
+            for index, reply in replies.feed(out).items():
+                o = by_index[index]
+                finish_reason = o.finish_reason
+                if finish_reason == "stop" and replies.parsers[index].calls:
+                    finish_reason = "tool_calls"
+                delta = delta_of(reply, calls_before[index], reasoning)
+                if not delta and finish_reason is None and not (req.return_token_ids or k is not None):
+                    continue  # nothing to show yet (held back)
                 first = len(o.token_ids) - len(o.delta_token_ids)
-                text, finish_reason = o.delta_text, o.finish_reason
-                delta: dict = {}
-                if o.index in held:
-                    held[o.index] += text
-                    calls = tools.parse_tool_calls(held[o.index], functions) if newly_finished else None
-                    if calls and finish_reason == "stop":
-                        delta = {"tool_calls": [{"index": j, **c.as_openai()} for j, c in enumerate(calls)]}
-                        finish_reason, text = "tool_calls", ""
-                        del held[o.index]
-                    elif newly_finished or not tools.may_be_a_call(held[o.index]):
-                        text = held.pop(o.index)  # not a call: what was held goes out as content
-                    else:
-                        continue  # may still become a call: hold on
-                if text:
-                    delta = {"content": text}
                 choice = {
-                    "index": o.index,
+                    "index": index,
                     "delta": delta,
                     "logprobs": _logprobs(tokenizer, o, o.delta_token_ids, first, k),
                     "finish_reason": finish_reason,
@@ -275,5 +381,5 @@ async def _stream(
         yield "data: [DONE]\n\n"
         return
     if req.include_usage and final is not None:
-        yield f"data: {json.dumps({**head, 'choices': [], 'usage': _request_usage(final)})}\n\n"
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': replies.usage(final)})}\n\n"
     yield "data: [DONE]\n\n"

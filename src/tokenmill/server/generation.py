@@ -194,12 +194,19 @@ class Generation:
         finally:
             self.close()
 
-    async def collect(self, http_request: Request | None = None) -> list[RequestOutput]:
-        """The final output of every prompt, in prompt order; aborts if the client goes away meanwhile."""
+    async def collect(
+        self,
+        http_request: Request | None = None,
+        on_output: Callable[[int, RequestOutput], None] | None = None,
+    ) -> list[RequestOutput]:
+        """The final output of every prompt, in prompt order; aborts if the client goes away meanwhile.
+        `on_output` sees every output as it comes (with its prompt's index), as a stream would."""
         finals: dict[int, RequestOutput] = {}
 
         async def consume() -> None:
             async for i, out in self.stream():
+                if on_output is not None:
+                    on_output(i, out)
                 if out.finished:
                     finals[i] = out
 

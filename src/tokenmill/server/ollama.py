@@ -17,9 +17,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tokenmill import __version__
-from tokenmill.outputs import RequestOutput
+from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.parsers.reply import ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.server.chat import CallWatch, start_chat, within_context
+from tokenmill.server.chat import PROMPT_TAIL_CHARS, render_chat, require_thinking, start_chat, within_context
 from tokenmill.server.completions import SHUTDOWN_ERROR, aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
@@ -125,6 +126,7 @@ async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
     if not req.messages or _loads_only(req):  # Ollama's way to load a model: nothing is generated
         return _loaded(req, {"message": {"role": "assistant", "content": ""}})
     _, request_id = call_id(http_request, "ollama-chat")
+    require_thinking(state, req.think not in (None, False), "think")
     params = _params(req, state)
     chat = await start_chat(
         state,
@@ -136,8 +138,9 @@ async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
         "auto" if req.tools else None,
         context_limit=_context_limit(req, state),
         http_request=http_request,
+        template_kwargs=req.template_kwargs(),
     )
-    reply = _Reply(req.model, chat.functions, as_chat=True)
+    reply = _Reply(req.model, chat.reply_parser(), as_chat=True, show_thinking=req.think is not False)
     return await _respond(req, http_request, state, chat.generation, reply)
 
 
@@ -147,13 +150,17 @@ async def _generate(req: GenerateRequest, http_request: Request, state: ServerSt
     if not req.prompt or _loads_only(req):
         return _loaded(req, {"response": ""})
     _, request_id = call_id(http_request, "ollama-gen")
+    require_thinking(state, req.think not in (None, False) and not req.raw, "think")
     engine = state.require_engine().engine
+    tail = ""
     if req.raw:
         ids = await asyncio.to_thread(engine.encode_prompt, req.prompt)
     else:  # the model's chat template, as Ollama renders its own template over System and Prompt
         system = [{"role": "system", "content": req.system}] if req.system else []
         messages = [*system, {"role": "user", "content": req.prompt}]
-        ids = await asyncio.to_thread(engine.encode_chat, messages, True)
+        text = await asyncio.to_thread(render_chat, engine, messages, [], True, req.template_kwargs())
+        ids = await asyncio.to_thread(engine.inputs.encode_rendered_chat, text)
+        tail = text[-PROMPT_TAIL_CHARS:]
     ids = list(req.context or []) + ids  # the previous exchange, continued
     params = _params(req, state)
     limit = _context_limit(req, state)
@@ -161,7 +168,11 @@ async def _generate(req: GenerateRequest, http_request: Request, state: ServerSt
         params = within_context(params, len(ids), limit)
     generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/api/generate")
     await generation.start(http_request)
-    return await _respond(req, http_request, state, generation, _Reply(req.model, [], as_chat=False))
+    parser = ReplyParser(ReplyFormat("", "constrained"))  # raw text: nothing to split
+    if not req.raw:  # the chat template's reply: its thinking apart
+        parser = ReplyParser(state.reply_format(), tail)
+    reply = _Reply(req.model, parser, as_chat=False, show_thinking=req.think is not False)
+    return await _respond(req, http_request, state, generation, reply)
 
 
 def _loads_only(req: GenerationRequest) -> bool:
@@ -191,36 +202,45 @@ def _context_limit(req: GenerationRequest, state: ServerState) -> int | None:
 
 
 class _Reply:
-    """One request's Ollama output: chat messages (with tool calls) or generate's responses."""
+    """One request's Ollama output: chat messages (with thinking and tool calls) or generate's responses."""
 
-    def __init__(self, model: str, functions: list[dict], as_chat: bool):
+    def __init__(self, model: str, parser: ReplyParser, as_chat: bool, show_thinking: bool = True):
         self.model = model
         self.as_chat = as_chat
-        self.watch = CallWatch(functions)  # text held back while it may still be a tool call
+        self.parser = parser  # text held back while it may still be a tag or a tool call
+        self.show_thinking = show_thinking  # think: false drops what thinking a model still does
 
-    def chunk(self, text: str, calls: list | None = None) -> dict:
+    def chunk(self, delta: ReplyDelta) -> dict:
         body: dict[str, Any] = {"model": self.model, "created_at": _now()}
+        thinking = delta.thinking if self.show_thinking else ""
         if self.as_chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:
+            message: dict[str, Any] = {"role": "assistant", "content": delta.text}
+            if thinking:
+                message["thinking"] = thinking
+            if delta.calls:
                 message["tool_calls"] = [
-                    {"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls
+                    {"function": {"name": c.name, "arguments": _arguments(c.arguments)}} for c in delta.calls
                 ]
             body["message"] = message
         else:
-            body["response"] = text
+            body["response"] = delta.text
+            if thinking:
+                body["thinking"] = thinking
         return body
 
-    def delta(self, text: str, finished: bool) -> tuple[str, list | None]:
-        return self.watch.delta(text, finished)
+    def delta(self, text: str, finish_reason: str | None = None, tokens: int = 0) -> ReplyDelta:
+        return self.parser.feed(text, finish_reason is not None, finish_reason == "length", tokens)
 
-    def final(self, out: RequestOutput, calls: list | None, text: str) -> dict:
+    def delta_of(self, o: CompletionOutput) -> ReplyDelta:
+        return self.delta(o.delta_text, o.finish_reason, len(o.delta_token_ids))
+
+    def final(self, out: RequestOutput, delta: ReplyDelta) -> dict:
         m = out.metrics
         o = out.outputs[0]
         end = m.finished_time or time.monotonic()
         first = m.first_token_time or end
         body = {
-            **self.chunk(text, calls),
+            **self.chunk(delta),
             "done": True,
             "done_reason": "stop" if o.finish_reason in ("stop", None) else o.finish_reason,
             "total_duration": _ns(end - m.arrival_time),
@@ -235,20 +255,28 @@ class _Reply:
         return body
 
 
+def _arguments(text: str) -> Any:
+    """A call's arguments as Ollama carries them (an object; a call cut off keeps its text)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 async def _respond(req: GenerationRequest, http_request: Request, state: ServerState, generation: Generation, reply):
     if req.stream:
         events = _lines(generation, reply, state)
         guarded = guarded_stream(events, state.metrics.internal_errors.inc, lambda e: _line(e.body("/api/")))
         return GenerationStream(guarded, generation, media_type=NDJSON)
     try:
-        (final,) = await generation.collect(http_request)
+        (final,) = await generation.collect(http_request, lambda _, out: reply.delta_of(out.outputs[0]))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     o = final.outputs[0]
     if o.finish_reason == "abort":
         raise aborted_error(state)
-    text, calls = reply.delta(o.text, finished=True)
-    return JSONResponse(reply.final(final, calls, text))
+    p = reply.parser
+    return JSONResponse(reply.final(final, ReplyDelta(p.thinking, p.text, p.calls)))
 
 
 async def _lines(generation: Generation, reply: _Reply, state: ServerState) -> AsyncIterator[str]:
@@ -259,11 +287,11 @@ async def _lines(generation: Generation, reply: _Reply, state: ServerState) -> A
                 error = aborted_error(state, "aborted")
                 yield _line(error.body("/api/"))
                 return
-            text, calls = reply.delta(o.delta_text, o.finish_reason is not None)
+            delta = reply.delta_of(o)
             if o.finish_reason is not None:
-                yield _line(reply.final(out, calls, text))
-            elif text:
-                yield _line({**reply.chunk(text), "done": False})
+                yield _line(reply.final(out, delta))
+            elif delta.text or delta.calls or (delta.thinking and reply.show_thinking):
+                yield _line({**reply.chunk(delta), "done": False})
     except APIError as exc:
         yield _line(exc.body("/api/"))
 

@@ -82,12 +82,25 @@ class GenerationRequest(OllamaRequest):
                     "(tokenmill serve --help)",
                     name,
                 )
+            elif name == "vllm_xargs":  # tokenmill's: arguments for the server's --logits-processors
+                if not isinstance(value, dict):
+                    raise InvalidParameterError("option vllm_xargs must be an object", name)
+                values["extra_args"] = value
             elif name not in ("num_predict", "num_ctx"):
                 raise InvalidParameterError(f"unknown option {name!r}", name)
         values["max_tokens"] = max_tokens
-        if self.think not in (None, False):
-            raise InvalidParameterError("this server's models do not think: think must be false", "think")
         return SamplingParams(**values, structured_outputs=self.structured_outputs())
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """`think` as the chat templates read it: true or false is enable_thinking (Qwen3's, R1's), a level
+        ("low", "medium", "high") is gpt-oss's reasoning_effort (and thinking on)."""
+        if self.think is None:
+            return {}
+        if isinstance(self.think, bool):
+            return {"enable_thinking": self.think}
+        if self.think not in ("low", "medium", "high"):
+            raise InvalidParameterError('think must be true, false, "low", "medium" or "high"', "think")
+        return {"enable_thinking": True, "reasoning_effort": self.think}
 
     def num_ctx(self) -> int | None:
         value = (self.options or {}).get("num_ctx")

@@ -199,6 +199,8 @@ class SamplingFields(APIRequest):
     # llama.cpp's: a GBNF grammar, or a JSON schema, the output must match
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
+    # vLLM's: arguments for the server's custom logits processors (--logits-processors)
+    vllm_xargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> "SamplingFields":
@@ -268,6 +270,7 @@ class SamplingFields(APIRequest):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=self.structured_outputs_params(),
+            extra_args=self.vllm_xargs,
             **{**(defaults or {}), **{k: v for k, v in optional.items() if v is not None}},
         )
 
@@ -392,9 +395,22 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # accepted; a reply may hold several calls either way
     add_generation_prompt: bool = True
+    # reasoning models: gpt-oss's effort (its system message says it), vLLM's template variables (Qwen3's
+    # enable_thinking) and whether the reply's thinking is returned (vLLM's include_reasoning)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_unset=True) for m in self.messages]
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's variables beyond the conversation: chat_template_kwargs, and reasoning_effort
+        under the name gpt-oss's template reads (unless chat_template_kwargs names it too)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return kwargs
 
 
 class TokenizeRequest(APIRequest):

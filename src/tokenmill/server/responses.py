@@ -18,7 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import RequestOutput
-from tokenmill.server.chat import CallWatch, start_chat
+from tokenmill.parsers.reply import ReplyDelta, ReplyParser
+from tokenmill.server.chat import require_thinking, start_chat
 from tokenmill.server.completions import aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
@@ -127,6 +128,7 @@ class _Turn:
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.message_id = "msg_" + uuid.uuid4().hex[:24]
+        self.reasoning_id = "rs_" + uuid.uuid4().hex[:24]
         self.settled = False  # finished, or stored as cancelled or failed
 
     def body(
@@ -164,8 +166,15 @@ class _Turn:
         )
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
 
-    def output(self, text: str, calls: list[ToolCall] | None) -> list[dict]:
-        return ([self.message_item(text)] if text or not calls else []) + [_call_item(c) for c in calls or []]
+    def reasoning_item(self, thinking: str, status: str = "completed") -> dict:
+        """The reply's thinking, as OpenAI's Responses API gives an open-weight model's: its text in content."""
+        content = [{"type": "reasoning_text", "text": thinking}] if status == "completed" else []
+        return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "content": content, "status": status}
+
+    def output(self, reply: ReplyParser) -> list[dict]:
+        items = [self.reasoning_item(reply.thinking)] if reply.thinking else []
+        items += [self.message_item(reply.text)] if reply.text or not reply.calls else []
+        return items + [_call_item(c) for c in reply.calls]
 
     def begin(self) -> None:
         """Stored (when the request asks) as in_progress while it is made: GET answers so meanwhile."""
@@ -182,15 +191,19 @@ class _Turn:
             failure = None if error is None else {"code": error.code or error.type, "message": error.message}
             self.store.put(self.body("cancelled" if error is None else "failed", [], None, failure), None)
 
-    def finish(self, final: RequestOutput, text: str, calls: list[ToolCall] | None) -> dict:
-        """The finished response's body, stored with its conversation when the request asks."""
+    def finish(self, final: RequestOutput, reply: ReplyParser) -> dict:
+        """The finished response's body, stored with its conversation when the request asks (the thinking kept
+        with the reply: the chat template decides what a later turn shows of it, as harmony's drops old analysis)."""
         self.settled = True
-        body = self.body("completed", self.output(text, calls), final)
+        body = self.body("completed", self.output(reply), final)
+        body["usage"]["output_tokens_details"]["reasoning_tokens"] = reply.thinking_tokens
         if self.req.store:
-            reply: dict[str, Any] = {"role": "assistant", "content": text}
-            if calls:
-                reply["tool_calls"] = [c.as_openai() for c in calls]
-            self.store.put(body, [*self.history, reply])
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+            if reply.thinking:
+                message["reasoning_content"] = reply.thinking
+            if reply.calls:
+                message["tool_calls"] = [c.as_openai() for c in reply.calls]
+            self.store.put(body, [*self.history, message])
         return body
 
 
@@ -201,6 +214,8 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     history = list(store.conversation(req.previous_response_id)) if req.previous_response_id else []
     history += req.input_messages()
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    require_thinking(state, effort not in (None, "none") or bool(req.reasoning and req.reasoning.summary), "reasoning")
     max_tokens = state.output_limit(req.max_output_tokens, None)
     params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
     chat = await start_chat(
@@ -212,21 +227,22 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
         req.chat_tools(),
         req.chat_tool_choice(),
         http_request=http_request,
+        template_kwargs=req.template_kwargs(),
     )
     turn = _Turn(req, state, store, history)
     turn.begin()
+    reply = chat.reply_parser()
     if req.stream:
         seq = _Sequence()
-        events = _events(chat.generation, CallWatch(chat.functions), turn, seq)
+        events = _events(chat.generation, reply, turn, seq)
         guarded = guarded_stream(events, state.metrics.internal_errors.inc, seq.error)
         return GenerationStream(guarded, chat.generation, headers=echo(client_id), on_close=turn.settle)
     try:
-        (final,) = await chat.generation.collect(http_request)
+        (final,) = await chat.generation.collect(http_request, lambda _, out: _feed(reply, out.outputs[0]))
         o = final.outputs[0]
         if o.finish_reason == "abort":
             raise aborted_error(state)
-        text, calls = CallWatch(chat.functions).delta(o.text, finished=True)
-        return JSONResponse(turn.finish(final, text, calls), headers=echo(client_id))
+        return JSONResponse(turn.finish(final, reply), headers=echo(client_id))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     except APIError as exc:
@@ -273,13 +289,38 @@ class _Sequence:
         return self.event("error", {"code": error.code or error.type, "message": error.message, "param": error.param})
 
 
-async def _events(generation: Generation, watch: CallWatch, turn: _Turn, seq: _Sequence) -> AsyncIterator[str]:
-    """response.created and in_progress; the message item's text deltas as they come (held back while the reply
-    may be a call); function_call items at the end; response.completed (or incomplete)."""
+def _feed(reply: ReplyParser, o) -> ReplyDelta:
+    finished = o.finish_reason is not None
+    return reply.feed(o.delta_text, finished, o.finish_reason == "length", len(o.delta_token_ids))
+
+
+async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: _Sequence) -> AsyncIterator[str]:
+    """response.created and in_progress; a reasoning item's text deltas while the reply thinks, then the message
+    item's (held back while the reply may be a call); function_call items as they complete; response.completed
+    (or incomplete)."""
     yield seq.event("response.created", {"response": turn.body("in_progress", [])})
     yield seq.event("response.in_progress", {"response": turn.body("in_progress", [])})
-    text_so_far = ""
-    where = {"item_id": turn.message_id, "output_index": 0, "content_index": 0}
+    items = 0  # output items added
+    open_item = ""  # "reasoning" or "message" while one is open
+    message_at = reasoning_at = -1
+
+    def close() -> list[str]:
+        nonlocal open_item
+        events = []
+        if open_item == "reasoning":
+            at = {"item_id": turn.reasoning_id, "output_index": reasoning_at, "content_index": 0}
+            item = turn.reasoning_item(reply.thinking)
+            events.append(seq.event("response.reasoning_text.done", {**at, "text": reply.thinking}))
+            events.append(seq.event("response.output_item.done", {"output_index": reasoning_at, "item": item}))
+        elif open_item == "message":
+            at = {"item_id": turn.message_id, "output_index": message_at, "content_index": 0}
+            item = turn.message_item(reply.text)
+            events.append(seq.event("response.output_text.done", {**at, "text": reply.text, "logprobs": []}))
+            events.append(seq.event("response.content_part.done", {**at, "part": item["content"][0]}))
+            events.append(seq.event("response.output_item.done", {"output_index": message_at, "item": item}))
+        open_item = ""
+        return events
+
     try:
         async for _, out in generation.stream():
             o = out.outputs[0]
@@ -287,39 +328,47 @@ async def _events(generation: Generation, watch: CallWatch, turn: _Turn, seq: _S
                 state = turn.state
                 yield seq.error(aborted_error(state, "aborted"))
                 return
-            text, calls = watch.delta(o.delta_text, o.finish_reason is not None)
-            if text and not text_so_far:
-                yield seq.event(
-                    "response.output_item.added", {"output_index": 0, "item": turn.message_item("", "in_progress")}
-                )
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                yield seq.event("response.content_part.added", {**where, "part": part})
-            if text:
-                text_so_far += text
-                yield seq.event("response.output_text.delta", {**where, "delta": text, "logprobs": []})
-            if o.finish_reason is None:
-                continue
-            body = turn.finish(out, text_so_far, calls)
-            index = 0
-            if text_so_far:
-                item = turn.message_item(text_so_far)
-                yield seq.event("response.output_text.done", {**where, "text": text_so_far, "logprobs": []})
-                yield seq.event("response.content_part.done", {**where, "part": item["content"][0]})
-                yield seq.event("response.output_item.done", {"output_index": 0, "item": item})
-                index = 1
-            for call in calls or []:
+            delta = _feed(reply, o)
+            if delta.thinking:
+                if open_item != "reasoning":
+                    for event in close():
+                        yield event
+                    reasoning_at, items, open_item = items, items + 1, "reasoning"
+                    item = turn.reasoning_item("", "in_progress")
+                    yield seq.event("response.output_item.added", {"output_index": reasoning_at, "item": item})
+                at = {"item_id": turn.reasoning_id, "output_index": reasoning_at, "content_index": 0}
+                yield seq.event("response.reasoning_text.delta", {**at, "delta": delta.thinking})
+            if delta.text:
+                if open_item != "message":
+                    for event in close():
+                        yield event
+                    message_at, items, open_item = items, items + 1, "message"
+                    item = turn.message_item("", "in_progress")
+                    yield seq.event("response.output_item.added", {"output_index": message_at, "item": item})
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    at = {"item_id": turn.message_id, "output_index": message_at, "content_index": 0}
+                    yield seq.event("response.content_part.added", {**at, "part": part})
+                at = {"item_id": turn.message_id, "output_index": message_at, "content_index": 0}
+                yield seq.event("response.output_text.delta", {**at, "delta": delta.text, "logprobs": []})
+            if delta.calls or o.finish_reason is not None:
+                for event in close():
+                    yield event
+            for call in delta.calls:
                 item = _call_item(call)
                 yield seq.event(
                     "response.output_item.added",
-                    {"output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
+                    {"output_index": items, "item": {**item, "arguments": "", "status": "in_progress"}},
                 )
-                at = {"item_id": item["id"], "output_index": index}
+                at = {"item_id": item["id"], "output_index": items}
                 yield seq.event("response.function_call_arguments.delta", {**at, "delta": call.arguments})
                 yield seq.event(
                     "response.function_call_arguments.done", {**at, "name": call.name, "arguments": call.arguments}
                 )
-                yield seq.event("response.output_item.done", {"output_index": index, "item": item})
-                index += 1
+                yield seq.event("response.output_item.done", {"output_index": items, "item": item})
+                items += 1
+            if o.finish_reason is None:
+                continue
+            body = turn.finish(out, reply)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             yield seq.event(kind, {"response": body})
     except APIError as exc:

@@ -60,6 +60,7 @@ class ResponsesRequest(APIRequest):
     store: bool = True  # kept in this process for previous_response_id and GET /v1/responses/{id}
     metadata: dict[str, str] | None = None
     reasoning: Reasoning | None = None
+    vllm_xargs: dict[str, Any] | None = None  # vLLM's: arguments for the server's --logits-processors
     truncation: Literal["disabled"] | None = None  # "auto" (dropping the conversation's start) is refused
     background: bool = False  # refused when true: a response is made while its request waits
     include: Annotated[list[str], Field(max_length=0)] | None = None
@@ -110,7 +111,12 @@ class ResponsesRequest(APIRequest):
         for i, item in enumerate(self.input):
             kind = item.get("type", "message")
             if kind == "message":
-                out.append({"role": _role(item, i), "content": _text(item.get("content"), i)})
+                role, text = _role(item, i), _text(item.get("content"), i)
+                last = out[-1] if out else None
+                if role == "assistant" and last is not None and "reasoning_content" in last and not last["content"]:
+                    last["content"] = text  # the reply whose thinking came just before
+                else:
+                    out.append({"role": role, "content": text})
             elif kind == "function_call":
                 call = {"id": _string(item, "call_id", i), "type": "function"}
                 call["function"] = {"name": _string(item, "name", i), "arguments": _string(item, "arguments", i)}
@@ -119,6 +125,10 @@ class ResponsesRequest(APIRequest):
                     last.setdefault("tool_calls", []).append(call)  # several calls of one reply
                 else:
                     out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif kind == "reasoning":  # an earlier reply's thinking: the next assistant message carries it
+                parts = item.get("content") or []
+                thinking = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+                out.append({"role": "assistant", "content": "", "reasoning_content": thinking})
             elif kind == "function_call_output":
                 output = item.get("output")
                 text = output if isinstance(output, str) else _text(output, i)
@@ -126,6 +136,16 @@ class ResponsesRequest(APIRequest):
             else:
                 raise InvalidParameterError(f"input[{i}]: items of type {kind!r} are not supported", "input")
         return out
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """reasoning.effort as the chat templates read it: gpt-oss's reasoning_effort ("none": thinking off, as
+        Qwen3's enable_thinking)."""
+        effort = self.reasoning.effort if self.reasoning is not None else None
+        if effort is None:
+            return {}
+        if effort == "none":
+            return {"enable_thinking": False}
+        return {"enable_thinking": True, "reasoning_effort": effort}
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         if not self.tools:
@@ -151,12 +171,11 @@ class ResponsesRequest(APIRequest):
         return choice
 
     def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
-        if self.reasoning is not None and (self.reasoning.effort or self.reasoning.summary):
-            raise InvalidParameterError("this server's models do not reason: reasoning must be empty", "reasoning")
         optional = {"temperature": self.temperature, "top_p": self.top_p}
         return SamplingParams(
             max_tokens=max_tokens,
             structured_outputs=self.structured_outputs(),
+            extra_args=self.vllm_xargs,
             **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
         )
 

@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from tokenmill import __version__
 from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.parsers.reply import ReplyFormat, reply_format
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 from tokenmill.server.errors import APIError
 from tokenmill.server.events import EventHub
@@ -46,6 +47,9 @@ class ServerSettings:
     # origins whose web pages may call the API beyond the local ones (http(s)://localhost etc.; ["*"]: any)
     allowed_origins: list[str] = field(default_factory=list)
     responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES  # the Responses API's stored responses, at most
+    # how replies are read back (tokenmill/parsers/reply.py): None or "auto" chooses from the chat template
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
 
 
 class ServerState:
@@ -65,6 +69,7 @@ class ServerState:
         self.admitted: dict[str, int] = {}
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine else None)
         self.events = EventHub()
+        self._reply_format: ReplyFormat | None = None
         self.ready = threading.Event()
 
     @property
@@ -126,6 +131,15 @@ class ServerState:
     @property
     def healthy(self) -> bool:
         return self.engine is not None and self.engine.is_alive and not self.shutting_down
+
+    def reply_format(self) -> ReplyFormat:
+        """The served model's reply format: its thinking and tool-call syntax (from the chat template, unless the
+        server's flags name them)."""
+        engine = self.require_engine().engine
+        if self._reply_format is None:
+            s = self.settings
+            self._reply_format = reply_format(engine.chat_template.source, s.reasoning_parser, s.tool_call_parser)
+        return self._reply_format
 
     def require_engine(self) -> AsyncEngine:
         if self.shutting_down:

@@ -38,7 +38,23 @@ PARSER_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 def grammar_source(params: StructuredOutputsParams) -> str:
-    """The constraint as an llguidance grammar (not yet checked)."""
+    """The constraint as an llguidance grammar (not yet checked). With `thinking` or `wrap`, the constraint is the
+    second of two grammars, referred to (@answer) by a first that lets a <think> block come before it (its text
+    free until </think>: a lexeme with a stop string) and writes the wrapping text around it."""
+    answer = _answer_source(params)
+    if params.thinking is None and params.wrap is None:
+        return answer
+    entry = json.loads(answer)["grammars"][0] if answer.lstrip().startswith("{") else {"lark_grammar": answer}
+    entry["name"] = "answer"
+    before, after = (json.dumps(w) if w else "" for w in params.wrap or ("", ""))
+    think = {"before": '("<think>" think WS)?', "thinking": "think WS"}.get(params.thinking or "", "")
+    lark = f"start: {think} {before} @answer {after}\n"
+    if think:
+        lark += 'think[stop="</think>"]: /(.|\\n)*/\nWS: /[ \\t\\r\\n]*/\n'
+    return json.dumps({"grammars": [{"name": "main", "lark_grammar": lark}, entry]})
+
+
+def _answer_source(params: StructuredOutputsParams) -> str:
     kind = params.kind
     if kind == "json":
         return llguidance.LLMatcher.grammar_from_json_schema(params.json, overrides=JSON_OPTIONS)

@@ -21,6 +21,11 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool = False
+    # A reasoning model's thinking comes first, free, and the constraint applies to the answer after it: "before"
+    # (the reply may open a <think> block) or "thinking" (it starts inside one, which the prompt opened)
+    thinking: str | None = None
+    # literal text around the constrained part: a tool-call syntax's tags, e.g. ("<tool_call>\n", "\n</tool_call>")
+    wrap: tuple[str, str] | None = None
     # the request field the constraint came from, named in errors (the server's response_format, guided_json...)
     source: str = field(default="structured_outputs", compare=False, repr=False)
 
@@ -48,6 +53,10 @@ class StructuredOutputsParams:
             not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice)
         ):
             raise InvalidParameterError("choice must be a non-empty list of strings", self.source)
+        if self.thinking not in (None, "before", "thinking"):
+            raise InvalidParameterError("thinking must be 'before' or 'thinking'", self.source)
+        if self.wrap is not None and (len(self.wrap) != 2 or not all(isinstance(w, str) for w in self.wrap)):
+            raise InvalidParameterError("wrap must be two strings", self.source)
         if not isinstance(self.json_object, bool):
             raise InvalidParameterError("json_object must be true or false", self.source)
 
@@ -60,4 +69,7 @@ class StructuredOutputsParams:
         value = getattr(self, self.kind)
         if self.kind == "json":
             value = json.loads(value) if isinstance(value, str) else value
-        return self.kind, json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+        text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+        if self.thinking is None and self.wrap is None:
+            return self.kind, text
+        return f"{self.kind}:{self.thinking}:{json.dumps(self.wrap)}", text

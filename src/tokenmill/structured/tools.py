@@ -86,11 +86,11 @@ def chosen_functions(functions: list[dict[str, Any]], tool_choice: Any) -> tuple
     )
 
 
-def call_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
+def call_schema(functions: list[dict[str, Any]], arguments_key: str = "arguments") -> dict[str, Any]:
     """The JSON schema of one call of one of these functions, arguments matching its parameters. Parameters with
     references ("$ref": "#/$defs/X", as pydantic writes nested models) are moved under the call schema's own
     $defs, each function's under names of its own, with their references rewritten: inside the call schema a
-    pointer from the parameters' root would no longer resolve."""
+    pointer from the parameters' root would no longer resolve. `arguments_key`: Llama 3's calls say "parameters"."""
     definitions: dict[str, Any] = {}
     options = []
     for i, f in enumerate(functions):
@@ -100,8 +100,8 @@ def call_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
         options.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": arguments},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": f["name"]}, arguments_key: arguments},
+                "required": ["name", arguments_key],
                 "additionalProperties": False,
             }
         )
