@@ -311,6 +311,19 @@ def test_r1_distill_starts_inside_its_thinking(tmp_path_factory, tokenizer: Toke
         assert tokenizer.decode(reply.model_extra["prompt_token_ids"]).endswith("<｜Assistant｜><think>\n")
         message = reply.choices[0].message
         assert (message.reasoning_content, message.content) == ("Short thought.", "Answer.")
+        # Anthropic's budget_tokens: the (unscripted, random) model's thinking is closed after 6 tokens
+        import anthropic
+
+        messages = anthropic.Anthropic(base_url=proc.url, api_key="unused", max_retries=0).messages.create(
+            model=model_of(client),
+            max_tokens=40,
+            messages=ASK,
+            thinking={"type": "enabled", "budget_tokens": 6},
+            extra_body={"temperature": 0},
+        )
+        assert [b.type for b in messages.content[:2]] == ["thinking", "text"]
+        assert len(tokenizer.encode(messages.content[0].thinking)) <= 6
+        assert messages.usage.output_tokens > 6 + len(tokenizer.encode("</think>"))
     finally:
         assert proc.stop() == 0
 

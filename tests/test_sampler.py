@@ -150,3 +150,16 @@ def test_argmax_rows_is_torch_argmax_with_first_ties_and_nan() -> None:
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
     assert torch.equal(argmax_rows(x[:, ::3]), x[:, ::3].argmax(dim=-1))  # strided rows
     assert argmax_rows(x).tolist()[1:4] == [7, 0, 10]
+
+
+def test_a_spent_thinking_budget_writes_the_closing_tag() -> None:
+    from tokenmill.runner.sampler import budget_token
+    from tokenmill.sampling_params import ThinkingBudget
+
+    inside = ThinkingBudget(3, end_ids=[7, 8])  # the prompt opened the block
+    assert budget_token(inside, [1, 2]) is None
+    assert budget_token(inside, [1, 2, 3]) == 7 and budget_token(inside, [1, 2, 3, 7]) == 8
+    assert budget_token(inside, [1, 2, 3, 7, 8]) is None and budget_token(inside, [1, 7, 8, 4, 5]) is None
+    opens = ThinkingBudget(2, end_ids=[7, 8], start_ids=[5])  # the reply opens its own
+    assert budget_token(opens, [1, 2, 3, 4]) is None  # not thinking
+    assert budget_token(opens, [5, 1]) is None and budget_token(opens, [5, 1, 2]) == 7

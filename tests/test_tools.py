@@ -132,4 +132,43 @@ def test_call_schema_hoists_each_functions_definitions() -> None:
             continue
         raise AssertionError(f"accepted {bad}")
     plain = tools.call_schema([functions[2]])
-    assert "$defs" not in plain and plain["properties"]["arguments"] == functions[2]["parameters"]
+    closed = {**functions[2]["parameters"], "additionalProperties": False}  # closed_objects: declared keys only
+    assert "$defs" not in plain and plain["properties"]["arguments"] == closed
+
+
+def test_a_calls_objects_take_only_their_declared_properties() -> None:
+    """As OpenAI's strict mode reads a tool's parameters: LangChain's nested pydantic models (an Address under
+    book_hotel, through $defs) get no invented keys; an object that allows more keeps what it says."""
+    import jsonschema
+
+    book_hotel = {
+        "$defs": {
+            "Address": {
+                "type": "object",
+                "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+                "required": ["street", "city"],
+            }
+        },
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "address": {"$ref": "#/$defs/Address"},
+            "guests": {"type": "array", "items": {"type": "object", "properties": {"age": {"type": "integer"}}}},
+            "notes": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "required": ["name", "address"],
+    }
+    (function,) = tools.check_tools(
+        [{"type": "function", "function": {"name": "book_hotel", "parameters": book_hotel}}]
+    )
+    schema = tools.call_schema([function])
+    good = {"name": "X", "address": {"street": "1 Rue", "city": "Paris"}, "guests": [{"age": 3}], "notes": {"a": "b"}}
+    jsonschema.validate({"name": "book_hotel", "arguments": good}, schema)
+    for extra in (
+        {**good, "id": 7},
+        {**good, "address": {**good["address"], "tags": []}},
+        {**good, "guests": [{"age": 3, "date": "x"}]},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"name": "book_hotel", "arguments": extra}, schema)
+    assert function["parameters"] == book_hotel  # the request's own schema is left as it was

@@ -16,6 +16,16 @@ MAX_LOGIT_BIAS = 100.0  # biases lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
+@dataclass(frozen=True)
+class ThinkingBudget:
+    """At most `tokens` tokens of thinking: then the sampler writes `end_ids` (the tag that closes the thinking).
+    `start_ids`: the tag that opens it, when the reply opens its own block (None: the prompt opened it)."""
+
+    tokens: int
+    end_ids: list[int]
+    start_ids: list[int] | None = None
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -43,6 +53,7 @@ class SamplingParams:
     # vLLM's: arguments for the engine's custom logits processors (--logits-processors), which act only on
     # requests that carry them (the server's `vllm_xargs`)
     extra_args: dict[str, Any] | None = None
+    thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking cut off at a number of tokens
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +108,10 @@ class SamplingParams:
                 raise InvalidParameterError(
                     f"stop_token_ids must be token ids (0 or more), got {negative[0]}", "stop_token_ids"
                 )
+        if self.thinking_budget is not None:
+            _int_range("thinking_budget", self.thinking_budget.tokens, 1, None)
+            if not self.thinking_budget.end_ids:
+                raise InvalidParameterError("a thinking budget needs the tokens that end the thinking", "thinking")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise InvalidParameterError("extra_args must be an object", "extra_args")
         if isinstance(self.structured_outputs, dict):

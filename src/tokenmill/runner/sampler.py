@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import SamplingParams, ThinkingBudget
 
 
 @dataclass
@@ -55,11 +55,35 @@ def is_plain_greedy(row: SamplingRow) -> bool:
         and row.allowed is None
         and not p.logit_bias
         and not p.extra_args
+        and p.thinking_budget is None
         and not row.banned_token_ids
         and p.repetition_penalty == 1.0
         and p.presence_penalty == 0.0
         and p.frequency_penalty == 0.0
     )
+
+
+def _find(ids: list[int], tag: list[int], start: int = 0) -> int:
+    """Where `tag` first occurs in ids[start:] (an index into ids), or -1."""
+    for at in range(start, len(ids) - len(tag) + 1):
+        if ids[at : at + len(tag)] == tag:
+            return at
+    return -1
+
+
+def budget_token(budget: ThinkingBudget, output: list[int]) -> int | None:
+    """The token a reply must take next because its thinking budget is spent (the next one of the closing tag),
+    or None: not thinking (yet, or any more), or within the budget."""
+    start = 0
+    if budget.start_ids is not None:
+        opened = _find(output, budget.start_ids)
+        if opened == -1:
+            return None
+        start = opened + len(budget.start_ids)
+    if _find(output, budget.end_ids, start) != -1 or len(output) - start < budget.tokens:
+        return None
+    written = next((k for k in range(len(budget.end_ids) - 1, 0, -1) if output[-k:] == budget.end_ids[:k]), 0)
+    return budget.end_ids[written]
 
 
 class Sampler:
@@ -123,6 +147,12 @@ class Sampler:
                 torch.tensor(bias_vals, dtype=logits.dtype, device=logits.device),
                 accumulate=True,
             )
+        for i, r in enumerate(rows):  # a thinking budget spent: the tag that ends the thinking, token by token
+            forced = budget_token(r.params.thinking_budget, r.output_token_ids) if r.params.thinking_budget else None
+            if forced is not None:
+                keep = logits[i, forced].clone()
+                logits[i].fill_(float("-inf"))
+                logits[i, forced] = keep if bool(torch.isfinite(keep)) else 0.0
         constrained = {i: r.allowed for i, r in enumerate(rows) if r.allowed is not None}
         for i, allowed in constrained.items():  # a structured output: only what its constraint allows
             logits[i].masked_fill_(~allowed.to(logits.device), float("-inf"))

@@ -64,6 +64,7 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
         req.openai_tool_choice(),
         http_request=http_request,
         template_kwargs=req.template_kwargs(),
+        thinking_budget=req.thinking.budget_tokens if req.thinking is not None else None,
     )
     message_id = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": message_id, "type": "message", "role": "assistant", "model": state.model_name}

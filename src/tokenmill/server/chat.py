@@ -16,8 +16,10 @@ from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import ReplyDelta, ReplyFormat, ReplyParser
-from tokenmill.parsers.think import ANSWER, start_state
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.parsers.think import ANSWER, BEFORE, start_state
+from tokenmill.parsers.think import END as THINK_END
+from tokenmill.parsers.think import START as THINK_START
+from tokenmill.sampling_params import SamplingParams, ThinkingBudget
 from tokenmill.server.completions import _usage, aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
@@ -59,11 +61,13 @@ async def start_chat(
     context_limit: int | None = None,
     http_request: Request | None = None,
     template_kwargs: dict | None = None,
+    thinking_budget: int | None = None,
 ) -> ChatCall:
     """Check the tools (OpenAI's shape), render the chat template and start generating; raises the 400s.
     `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx). `http_request`:
     its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
-    other variables (enable_thinking, reasoning_effort)."""
+    other variables (enable_thinking, reasoning_effort); `thinking_budget`: at most this many tokens of thinking
+    (Anthropic's budget_tokens; <think> models), then the sampler closes the block."""
     llm_engine = state.require_engine().engine
     fmt = state.reply_format()
     functions = tools.check_tools(tool_list) if tool_list is not None else []
@@ -92,6 +96,12 @@ async def start_chat(
         params = dataclasses.replace(
             params, structured_outputs=dataclasses.replace(params.structured_outputs, thinking=thinking)
         )
+    if thinking_budget is not None and fmt.reasoning == "think" and thinking != ANSWER:
+        encode = llm_engine.tokenizer.encode
+        opening = encode(THINK_START) if thinking == BEFORE else None
+        params = dataclasses.replace(
+            params, thinking_budget=ThinkingBudget(thinking_budget, encode(THINK_END), opening)
+        )
     if fmt.keeps_special_tokens:  # harmony's markers are special tokens: its parser reads them
         params = dataclasses.replace(params, skip_special_tokens=False)
     if context_limit is not None:
@@ -102,7 +112,11 @@ async def start_chat(
 
 
 # a call's syntax as text around its JSON: (before, after, the key of its arguments)
-CALL_SYNTAX = {"hermes": ("<tool_call>\n", "\n</tool_call>", "arguments"), "llama3_json": ("", "", "parameters")}
+CALL_SYNTAX = {
+    "hermes": ("<tool_call>\n", "\n</tool_call>", "arguments"),
+    "llama3_json": ("", "", "parameters"),
+    "mistral": ("[TOOL_CALLS][", "]", "arguments"),
+}
 
 
 def require_thinking(state: ServerState, asked: bool, param: str) -> None:
@@ -120,8 +134,8 @@ def call_constraint(
     fmt: ReplyFormat, functions: list[dict], thinking: str
 ) -> tuple[ReplyFormat, StructuredOutputsParams]:
     """A required call, as the grammar that enforces it: in the model's own syntax where tokenmill writes its
-    grammar (hermes, llama3_json: after any thinking), else tokenmill's constrained JSON (which the reply is then
-    read as)."""
+    grammar (hermes, llama3_json, mistral: after any thinking), else tokenmill's constrained JSON (which the reply is
+    then read as: harmony's channels are not written as a grammar yet)."""
     if fmt.tools in CALL_SYNTAX:
         before, after, key = CALL_SYNTAX[fmt.tools]
         schema = tools.call_schema(functions, key)

@@ -90,11 +90,12 @@ def call_schema(functions: list[dict[str, Any]], arguments_key: str = "arguments
     """The JSON schema of one call of one of these functions, arguments matching its parameters. Parameters with
     references ("$ref": "#/$defs/X", as pydantic writes nested models) are moved under the call schema's own
     $defs, each function's under names of its own, with their references rewritten: inside the call schema a
-    pointer from the parameters' root would no longer resolve. `arguments_key`: Llama 3's calls say "parameters"."""
+    pointer from the parameters' root would no longer resolve. `arguments_key`: Llama 3's calls say "parameters".
+    Objects take only the properties they declare unless they say otherwise (closed_objects)."""
     definitions: dict[str, Any] = {}
     options = []
     for i, f in enumerate(functions):
-        arguments = f["parameters"]
+        arguments = closed_objects(f["parameters"])
         if _has_local_ref(arguments):
             arguments = _hoisted(arguments, f"f{i}", definitions)
         options.append(
@@ -107,6 +108,34 @@ def call_schema(functions: list[dict[str, Any]], arguments_key: str = "arguments
         )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "$defs": definitions} if definitions else schema
+
+
+# the keys of a schema whose values are schemas, and those whose values are lists or maps of schemas
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with every object schema that says nothing of additionalProperties closed to the properties it
+    declares, as OpenAI's strict mode and vLLM's grammar backends read a tool's parameters (a model that may add
+    keys invents them: `id`, `tags`...). An object that allows more says so and keeps it."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _has_local_ref(value: Any) -> bool:
