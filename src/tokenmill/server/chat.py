@@ -158,7 +158,7 @@ def render_chat(
     a template that takes tools, else in a system message), and earlier turns' thinking under the names the
     templates read (Qwen3's reasoning_content, gpt-oss's thinking)."""
     takes_tools = llm_engine.chat_template.takes_tools
-    messages = [_for_template(m) for m in tools.template_messages(messages, functions, takes_tools)]
+    messages = [template_message(m) for m in tools.template_messages(messages, functions, takes_tools)]
     template_tools = [{"type": "function", "function": f} for f in functions] if takes_tools else None
     return llm_engine.inputs.render_chat(messages, add_generation_prompt, template_tools, template_kwargs)
 
@@ -174,7 +174,7 @@ def chat_prompt(
 THINKING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
-def _for_template(message: dict) -> dict:
+def template_message(message: dict) -> dict:
     """An assistant message as the templates read it: its thinking under each name they use, its calls'
     arguments as objects (gpt-oss's writes them with tojson; Qwen3's takes either), as vLLM hands them over."""
     if message.get("role") != "assistant":
