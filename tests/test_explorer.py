@@ -372,3 +372,43 @@ STEP_FIELDS = {
     "proposed",  # speculative decoding: how many tokens were proposed, and how many held
     "accepted",
 }
+
+
+def test_a_reasoning_models_thinking_shows_apart_from_its_answer(browser, tmp_path_factory) -> None:
+    """A tiny model with Qwen3's template whose every reply is forced to a thought and an answer
+    (tests/scripted_logits.py): the page shows the thinking in its own box, with its token count and time, and
+    only the answer as the answer."""
+    import os
+
+    from tests.gguf_builder import TinyModel, write_tiny_gguf
+    from tokenmill.loader.gguf_file import GGUFFile
+    from tokenmill.loader.model_path import bundled_model_path
+    from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
+
+    template = (REPO_ROOT / "tests" / "data" / "templates" / "qwen3.jinja").read_text()
+    path = write_tiny_gguf(
+        tmp_path_factory.mktemp("qwen3") / "qwen3.gguf",
+        TinyModel(vocab_size=49152, context=4096),
+        tokenizer_from=bundled_model_path(),
+        chat_template=template,
+    )
+    tokenizer = Tokenizer.from_gguf(GGUFFile(bundled_model_path()))
+    ids = tokenizer.encode("<think>\nWeighing it up.\n</think>\n\nForty-two.") + [tokenizer.eos_token_id]
+    os.environ["TOKENMILL_TEST_SCRIPT"] = json.dumps(ids)
+    try:
+        proc = start_server("--model", str(path), "--logits-processors", "tests.scripted_logits:ScriptedEveryReply")
+    finally:
+        del os.environ["TOKENMILL_TEST_SCRIPT"]
+    try:
+        page = browser.new_page()
+        page.goto(proc.url + "/")
+        page.wait_for_function("document.getElementById('model-info').textContent.includes('KV blocks')")
+        run_prompt(page, "What is the answer?", max_tokens=64)
+        assert page.is_visible("#thinking-box")
+        assert page.inner_text("#thinking").strip() == "Weighing it up."
+        assert page.inner_text("#answer").strip() == "Forty-two."
+        assert re.fullmatch(r"thinking: \d+ tokens, [\d.]+ s", page.inner_text("#thinking-summary")), page.inner_text(
+            "#thinking-summary"
+        )
+    finally:
+        proc.stop()

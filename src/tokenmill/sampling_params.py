@@ -50,8 +50,7 @@ class SamplingParams:
     # what the output must match (JSON schema, regex, choice, grammar): tokenmill.structured.StructuredOutputsParams
     # or a dict of its fields
     structured_outputs: "StructuredOutputsParams | dict[str, Any] | None" = None
-    # vLLM's: arguments for the engine's custom logits processors (--logits-processors), which act only on
-    # requests that carry them (the server's `vllm_xargs`)
+    # vLLM's: arguments for the engine's custom logits processors (--logits-processors; the server's `vllm_xargs`)
     extra_args: dict[str, Any] | None = None
     thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking cut off at a number of tokens
     stop_strings: list[str] = field(init=False, repr=False)

@@ -124,7 +124,7 @@ class EngineConfig:
     logits_processors: list[str] | str | None = option(
         None,
         "custom logits processors, comma-separated importable names (module:Class or module.Class), each applied "
-        "to the requests that carry arguments for them (vLLM's vllm_xargs)",
+        "to the requests it chooses (as a rule those that carry arguments for it: vLLM's vllm_xargs)",
         str,
     )
 

@@ -345,7 +345,9 @@ class EngineCore:
         seed = None
         if p.seed is not None:
             seed = p.seed if seq.sample_index == 0 else (p.seed * 1_000_003 + seq.sample_index) % 2**64
-        return SamplingRow(seq.seq_id, logits_row, p, seq.prompt_token_ids, seq.output_token_ids, banned, seed)
+        row = SamplingRow(seq.seq_id, logits_row, p, seq.prompt_token_ids, seq.output_token_ids, banned, seed)
+        row.processors = [proc for proc in self.sampler.processors if proc.applies(p)]
+        return row
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None) -> None:
         seq.finish_reason = reason

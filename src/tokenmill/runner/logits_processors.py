@@ -1,6 +1,6 @@
 """Custom logits processors (--logits-processors), as vLLM's engine takes them: importable classes, one instance
-per engine, each shown the raw logits of the requests that carry arguments for it (SamplingParams.extra_args, the
-server's `vllm_xargs`) before biases, bans and penalties.
+per engine, each shown the raw logits of the requests it applies to (as a rule those that carry arguments for it:
+SamplingParams.extra_args, the server's `vllm_xargs`) before biases, bans and penalties.
 
 A processor is a class with no constructor arguments and two methods:
     applies(params: SamplingParams) -> bool        whether it acts on this request (it reads params.extra_args)

@@ -8,7 +8,7 @@ generator, so its tokens do not depend on what else is in the batch. Log-probabi
 model distribution.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ class SamplingRow:
     banned_token_ids: list[int]  # EOS / stop tokens while fewer than min_tokens were generated
     seed: int | None
     allowed: torch.Tensor | None = None  # bool [vocab]: the only tokens a structured output allows next
+    processors: list[Any] = field(default_factory=list)  # the custom logits processors that act on this row
 
 
 @dataclass
@@ -54,7 +55,7 @@ def is_plain_greedy(row: SamplingRow) -> bool:
         p.greedy
         and row.allowed is None
         and not p.logit_bias
-        and not p.extra_args
+        and not row.processors
         and p.thinking_budget is None
         and not row.banned_token_ids
         and p.repetition_penalty == 1.0
@@ -131,10 +132,8 @@ class Sampler:
 
     def _apply_biases_and_penalties(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         for i, r in enumerate(rows):
-            if r.params.extra_args:
-                for processor in self.processors:
-                    if processor.applies(r.params):
-                        logits[i] = processor(r.params, r.prompt_token_ids, r.output_token_ids, logits[i])
+            for processor in r.processors:
+                logits[i] = processor(r.params, r.prompt_token_ids, r.output_token_ids, logits[i])
         bias_rows, bias_cols, bias_vals = [], [], []
         for i, r in enumerate(rows):
             for token, value in (r.params.logit_bias or {}).items():

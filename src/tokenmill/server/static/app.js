@@ -378,7 +378,8 @@ async function submit(event) {
   }
   $("submit").disabled = true;
   $("status").textContent = "tokenizing…";
-  for (const id of ["prompt-tokens", "output-tokens", "answer", "kv-grid", "timeline", "timeline-summary"]) $(id).innerHTML = "";
+  for (const id of ["prompt-tokens", "output-tokens", "answer", "thinking", "kv-grid", "timeline", "timeline-summary"]) $(id).innerHTML = "";
+  $("thinking-box").hidden = true;
   for (const id of ["fig-request", "fig-prompt", "fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "fig-allowed", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
   try {
     const messages = [{ role: "user", content: text }];
@@ -415,9 +416,16 @@ async function stream(mode, body) {
   if (!r.ok) { const data = await r.json(); throw new Error(data.error ? data.error.message : `HTTP ${r.status}`); }
   const run = state.run;
   let answer = "";
+  // a reasoning model's thinking, apart from the answer: its text, tokens and time (first to last thinking chunk)
+  const thought = { text: "", tokens: 0, start: null, end: null };
   for await (const chunk of sseData(r)) {
     if (chunk.error) throw new Error(chunk.error.message);
-    if (chunk.usage) { onUsage(chunk.usage); continue; }
+    if (chunk.usage) {
+      onUsage(chunk.usage);
+      const details = chunk.usage.completion_tokens_details;
+      if (thought.text && details && details.reasoning_tokens != null) { thought.tokens = details.reasoning_tokens; showThinking(thought); }
+      continue;
+    }
     const c = chunk.choices[0];
     if (!c) continue;
     const ids = c.token_ids || [];
@@ -430,6 +438,14 @@ async function stream(mode, body) {
       run.tokenTimes.push(now);
       $("output-tokens").append(chip(texts[i] != null ? texts[i] : "", id, "out new" + spec));
     });
+    const thinking = mode === "chat" && c.delta ? c.delta.reasoning_content || "" : "";
+    if (thinking) {
+      if (thought.start === null) thought.start = now;
+      thought.end = now;
+      thought.text += thinking;
+      thought.tokens += ids.length;
+      showThinking(thought);
+    }
     answer += mode === "chat" ? (c.delta && c.delta.content) || "" : c.text || "";
     $("answer").textContent = answer;
     if (ids.length) { $("status").textContent = `generating… ${run.tokenTimes.length} tokens`; updateFigures(); drawTimeline(); }
@@ -438,6 +454,13 @@ async function stream(mode, body) {
   run.tEnd = performance.now();
   $("fig-e2e").textContent = fmtMs(run.tEnd - run.t0);
   drawTimeline();
+}
+
+function showThinking(thought) {
+  $("thinking-box").hidden = false;
+  $("thinking").textContent = thought.text;
+  const seconds = ((thought.end - thought.start) / 1000).toFixed(1);
+  $("thinking-summary").textContent = `thinking: ${thought.tokens} tokens, ${seconds} s`;
 }
 
 function onUsage(usage) {
