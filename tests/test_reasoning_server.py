@@ -351,6 +351,12 @@ def test_gpt_oss_harmony_thinking_calls_and_effort(tmp_path_factory, tokenizer: 
         assert "Reasoning: high" in prompt and prompt.endswith("<|start|>assistant")
         message = reply.choices[0].message
         assert (message.reasoning_content, message.content) == ("Greet back.", "Hi!")
+        chunks = client.chat.completions.create(
+            model=model, messages=ASK, max_tokens=80, stream=True, extra_body={"vllm_xargs": script(tokenizer, answer)}
+        )
+        deltas = [c.choices[0].delta.model_dump() for c in chunks if c.choices]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == "Greet back."
+        assert "".join(d.get("content") or "" for d in deltas) == "Hi!"  # no header text, however it was split
         called = client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": "Weather in Paris?"}],

@@ -44,6 +44,7 @@ class ChatCall:
     format: ReplyFormat  # how the model writes its thinking and its calls
     prompt_tail: str  # the end of the rendered prompt
     forced_name: str | None = None  # the one function tool_choice names
+    required: bool = False  # tool_choice required or named: the reply is a call
 
     def reply_parser(self) -> ReplyParser:
         return ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name)
@@ -108,7 +109,7 @@ async def start_chat(
         params = within_context(params, len(prompt_ids), context_limit)
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
     await generation.start(http_request)
-    return ChatCall(generation, callable_functions, fmt, tail, forced_name)
+    return ChatCall(generation, callable_functions, fmt, tail, forced_name, mode == "required")
 
 
 # a call's syntax as text around its JSON: (before, after, the key of its arguments)
@@ -250,7 +251,9 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     choices = []
     for o in final.outputs:
         reply = replies.parsers[o.index]
-        message: dict = {"role": "assistant", "content": reply.text if reply.text or not reply.calls else None}
+        # with calls: content null, as OpenAI's; "" for a call tool_choice required (vLLM's, which its suite reads)
+        content = reply.text if reply.text or not reply.calls else ("" if chat.required else None)
+        message: dict = {"role": "assistant", "content": content}
         if chat.format.reasoning and req.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = reply.thinking or None
         finish_reason = o.finish_reason
