@@ -368,6 +368,21 @@ def test_gpt_oss_harmony_thinking_calls_and_effort(tmp_path_factory, tokenizer: 
         assert choice.finish_reason == "tool_calls" and choice.message.reasoning_content == "Need the weather tool."
         (call,) = choice.message.tool_calls
         assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+        # a named function: harmony's own call syntax, after the analysis, enforced by a grammar (its markers are
+        # text to this tokenizer; the script keeps <|end|> a token boundary, as gpt-oss's special tokens are)
+        pieces = HARMONY_CALL.partition("<|end|>")
+        forced = [t for p in pieces for t in tokenizer.encode(p)] + [tokenizer.eos_token_id]
+        named = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=100,
+            extra_body={"vllm_xargs": {"script": forced}},
+        )
+        choice = named.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.reasoning_content == "Need the weather tool."
+        assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
         # harmony's rule: an earlier turn's analysis is dropped once a final answer follows it
         history = [
             *ASK,

@@ -91,7 +91,8 @@ async def start_chat(
     thinking = start_state(tail) if fmt.reasoning == "think" else ANSWER
     forced_name = callable_functions[0]["name"] if mode == "required" and len(callable_functions) == 1 else None
     if mode == "required":  # the reply is a call in the model's own syntax, enforced by a grammar
-        fmt, call = call_constraint(fmt, callable_functions, thinking)
+        special = fmt.tools == "harmony" and _special_markers(llm_engine.tokenizer)
+        fmt, call = call_constraint(fmt, callable_functions, thinking, special)
         params = dataclasses.replace(params, structured_outputs=call)
     elif params.structured_outputs is not None and thinking != ANSWER:  # the constraint is on the answer only
         params = dataclasses.replace(
@@ -132,11 +133,18 @@ def require_thinking(state: ServerState, asked: bool, param: str) -> None:
 
 
 def call_constraint(
-    fmt: ReplyFormat, functions: list[dict], thinking: str
+    fmt: ReplyFormat, functions: list[dict], thinking: str, special_markers: bool = False
 ) -> tuple[ReplyFormat, StructuredOutputsParams]:
     """A required call, as the grammar that enforces it: in the model's own syntax where tokenmill writes its
-    grammar (hermes, llama3_json, mistral: after any thinking), else tokenmill's constrained JSON (which the reply is
-    then read as: harmony's channels are not written as a grammar yet)."""
+    grammar (hermes, llama3_json, mistral: after any thinking; harmony: one function's call after any analysis,
+    `special_markers` when the tokenizer's markers are special tokens), else tokenmill's constrained JSON (which the
+    reply is then read as: harmony's choice among several functions)."""
+    if fmt.tools == "harmony" and len(functions) == 1:
+        header = f"<|channel|>commentary to=functions.{functions[0]['name']} <|constrain|>json<|message|>"
+        arguments = tools.closed_objects(functions[0]["parameters"])
+        return fmt, StructuredOutputsParams(
+            json=arguments, wrap=(header, ""), thinking="harmony", special_markers=special_markers, source="tool_choice"
+        )
     if fmt.tools in CALL_SYNTAX:
         before, after, key = CALL_SYNTAX[fmt.tools]
         schema = tools.call_schema(functions, key)
@@ -146,6 +154,13 @@ def call_constraint(
         )
     call = StructuredOutputsParams(json=tools.call_schema(functions), source="tool_choice")
     return dataclasses.replace(fmt, tools="constrained"), call
+
+
+def _special_markers(tokenizer: Tokenizer) -> bool:
+    """Whether harmony's markers are special tokens of this tokenizer (gpt-oss's), as a grammar must name them."""
+    token = tokenizer.backend.token_to_id("<|channel|>")
+    added = tokenizer.backend.get_added_tokens_decoder().get(token) if token is not None else None
+    return bool(added is not None and added.special)
 
 
 def render_chat(

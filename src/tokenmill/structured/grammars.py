@@ -11,6 +11,7 @@ at temperature 1 left free whitespace can spend its whole budget on newlines.
 """
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -39,19 +40,42 @@ PARSER_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 def grammar_source(params: StructuredOutputsParams) -> str:
     """The constraint as an llguidance grammar (not yet checked). With `thinking` or `wrap`, the constraint is the
-    second of two grammars, referred to (@answer) by a first that lets a <think> block come before it (its text
-    free until </think>: a lexeme with a stop string) and writes the wrapping text around it."""
+    second of two grammars, referred to (@answer) by a first that lets the thinking come before it (its text free
+    until the tag that ends it: a lexeme with a stop string) and writes the wrapping text around it. Harmony's
+    markers (<|channel|>, ...) are written as special tokens where the tokenizer has them so (`special_markers`),
+    else as text."""
     answer = _answer_source(params)
     if params.thinking is None and params.wrap is None:
         return answer
     entry = json.loads(answer)["grammars"][0] if answer.lstrip().startswith("{") else {"lark_grammar": answer}
     entry["name"] = "answer"
-    before, after = (json.dumps(w) if w else "" for w in params.wrap or ("", ""))
-    think = {"before": '("<think>" think WS)?', "thinking": "think WS"}.get(params.thinking or "", "")
+    before, after = (_lark_text(w, params.special_markers) for w in params.wrap or ("", ""))
+    opening = _lark_text("<|channel|>analysis<|message|>", params.special_markers)
+    closing = _lark_text("<|start|>assistant", params.special_markers)
+    end = "<|end|>" if params.special_markers else '"<|end|>"'
+    think = {
+        "before": '("<think>" think WS)?',
+        "thinking": "think WS",
+        "harmony": f"({opening} analysis {closing})?",
+    }.get(params.thinking or "", "")
     lark = f"start: {think} {before} @answer {after}\n"
-    if think:
+    if params.thinking in ("before", "thinking"):
         lark += 'think[stop="</think>"]: /(.|\\n)*/\nWS: /[ \\t\\r\\n]*/\n'
+    elif params.thinking == "harmony":  # the analysis message's text, free until <|end|> (which it consumes)
+        lark += f"analysis[stop={end}]: /(.|\\n)*/\n"
     return json.dumps({"grammars": [{"name": "main", "lark_grammar": lark}, entry]})
+
+
+_MARKER = re.compile(r"(<\|[a-z_]+\|>)")
+
+
+def _lark_text(text: str, special_markers: bool) -> str:
+    """`text` as Lark items: string literals, and harmony's markers bare (special tokens) when `special_markers`."""
+    items = []
+    for piece in _MARKER.split(text):
+        if piece:
+            items.append(piece if special_markers and _MARKER.fullmatch(piece) else json.dumps(piece))
+    return " ".join(items)
 
 
 def _answer_source(params: StructuredOutputsParams) -> str:

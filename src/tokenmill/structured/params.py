@@ -24,8 +24,11 @@ class StructuredOutputsParams:
     # A reasoning model's thinking comes first, free, and the constraint applies to the answer after it: "before"
     # (the reply may open a <think> block) or "thinking" (it starts inside one, which the prompt opened)
     thinking: str | None = None
+    # (or "harmony": gpt-oss's analysis message may come first)
     # literal text around the constrained part: a tool-call syntax's tags, e.g. ("<tool_call>\n", "\n</tool_call>")
     wrap: tuple[str, str] | None = None
+    # harmony's markers in `wrap` and its analysis are the tokenizer's special tokens (gpt-oss's), not text
+    special_markers: bool = False
     # the request field the constraint came from, named in errors (the server's response_format, guided_json...)
     source: str = field(default="structured_outputs", compare=False, repr=False)
 
@@ -53,8 +56,8 @@ class StructuredOutputsParams:
             not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice)
         ):
             raise InvalidParameterError("choice must be a non-empty list of strings", self.source)
-        if self.thinking not in (None, "before", "thinking"):
-            raise InvalidParameterError("thinking must be 'before' or 'thinking'", self.source)
+        if self.thinking not in (None, "before", "thinking", "harmony"):
+            raise InvalidParameterError("thinking must be 'before', 'thinking' or 'harmony'", self.source)
         if self.wrap is not None and (len(self.wrap) != 2 or not all(isinstance(w, str) for w in self.wrap)):
             raise InvalidParameterError("wrap must be two strings", self.source)
         if not isinstance(self.json_object, bool):
@@ -72,4 +75,4 @@ class StructuredOutputsParams:
         text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
         if self.thinking is None and self.wrap is None:
             return self.kind, text
-        return f"{self.kind}:{self.thinking}:{json.dumps(self.wrap)}", text
+        return f"{self.kind}:{self.thinking}:{json.dumps(self.wrap)}:{self.special_markers}", text
