@@ -1022,6 +1022,27 @@ def test_tool_parameters_with_defs_and_refs(client: openai.OpenAI, model: str) -
         jsonschema.validate(json.loads(call.arguments), parameters)
     auto = client.chat.completions.create(model=model, messages=ask, tools=[tool], max_tokens=40, temperature=0)
     assert auto.choices[0].finish_reason in ("tool_calls", "stop", "length")
+    # sampled freely under a named function: never a key the models do not declare (OpenAI's strict reading), and
+    # a call cut off by max_tokens is an incomplete call, not text
+    from tokenmill.structured.tools import closed_objects
+
+    named = client.chat.completions.create(
+        model=model,
+        messages=ask,
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "add_person"}},
+        max_tokens=160,
+        n=3,
+        temperature=1.0,
+        seed=5,
+    )
+    for choice in named.choices:
+        (call,) = choice.message.tool_calls
+        assert choice.message.content == "" and call.function.name == "add_person"
+        if choice.finish_reason == "tool_calls":
+            jsonschema.validate(json.loads(call.function.arguments), closed_objects(parameters))
+        else:
+            assert choice.finish_reason == "length"
 
 
 def test_answers_carry_a_system_fingerprint(client: openai.OpenAI, model: str) -> None:
