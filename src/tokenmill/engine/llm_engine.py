@@ -39,6 +39,9 @@ from tokenmill.tokenizer.fim import find_fim_tokens
 logger = logging.getLogger(__name__)
 
 
+ROPE_SPARE_POSITIONS = 64  # rope positions kept beyond max_model_len
+
+
 class LLMEngine(EngineCore):
     """Loads a model and builds the engine core's parts around it; requests come in through its input
     processor (validation, tokenization) and are queued to the core."""
@@ -114,6 +117,10 @@ class LLMEngine(EngineCore):
         cache_tokens = num_blocks * self.config.block_size
         try:
             self.max_model_len = self._max_model_len(cache_tokens)
+            # rope tables beyond the positions a sequence can reach (it and up to a speculation's drafts) go
+            model = getattr(self.runner, "model", None)
+            for rotary in {getattr(model, "rotary", None), getattr(model, "local_rotary", None)} - {None}:
+                rotary.keep_positions(self.max_model_len + ROPE_SPARE_POSITIONS)
             # what loading freed goes back first (glibc keeps it, about 140 MiB at 1.7B): else the cache's pages
             # come on top of it, and that is the peak of the whole start-up
             release_free_memory()

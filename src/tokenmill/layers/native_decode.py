@@ -153,8 +153,7 @@ class _NativeMixture:
         self.gate_up = (Weight * moe.num_experts)(*(_packed(m) for m in moe.gate_up))
         self.down = (Weight * moe.num_experts)(*(_packed(m) for m in moe.down))
         shared = moe.shared_gate_up is not None
-        # the router's float32 values (the float64 copy the torch path multiplies holds them exactly): half the bytes
-        self.router = moe.router.float().contiguous()  # [E, hidden]
+        self.router = moe.router.float().contiguous()  # [E, hidden]: the torch path's own float32 tensor
         self.description = Moe(
             moe.num_experts,
             moe.k,

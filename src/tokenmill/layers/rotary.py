@@ -91,6 +91,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_full", torch.cat([cos, cos], dim=-1), persistent=False)  # [max_pos, rot]
         self.register_buffer("sin_signed", torch.cat([-sin, sin], dim=-1), persistent=False)
 
+    def keep_positions(self, count: int) -> None:
+        """Keep the tables' first `count` positions only: they are built for the model's whole trained context
+        (40,960 positions, 40 MiB for Qwen3-30B-A3B) before the engine knows its max_model_len."""
+        if count < self.cos_full.shape[0]:
+            self.cos_full = self.cos_full[:count].clone()
+            self.sin_signed = self.sin_signed[:count].clone()
+
     def tables(self, positions: torch.Tensor) -> RopeTables:
         """positions [T] -> the step's tables, [T, 1, rot] each."""
         return self.cos_full[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
