@@ -311,19 +311,20 @@ def test_r1_distill_starts_inside_its_thinking(tmp_path_factory, tokenizer: Toke
         assert tokenizer.decode(reply.model_extra["prompt_token_ids"]).endswith("<｜Assistant｜><think>\n")
         message = reply.choices[0].message
         assert (message.reasoning_content, message.content) == ("Short thought.", "Answer.")
-        # Anthropic's budget_tokens: the (unscripted, random) model's thinking is closed after 6 tokens
+        # Anthropic's budget_tokens: a scripted thought longer than the budget is closed after 6 tokens (the budget
+        # overrides the script; the script's later tokens then make the answer)
         import anthropic
 
+        long = script(tokenizer, "Alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu.")
         messages = anthropic.Anthropic(base_url=proc.url, api_key="unused", max_retries=0).messages.create(
             model=model_of(client),
             max_tokens=40,
             messages=ASK,
             thinking={"type": "enabled", "budget_tokens": 6},
-            extra_body={"temperature": 0},
+            extra_body={"vllm_xargs": long},
         )
         assert [b.type for b in messages.content[:2]] == ["thinking", "text"]
-        assert len(tokenizer.encode(messages.content[0].thinking)) <= 6
-        assert messages.usage.output_tokens > 6 + len(tokenizer.encode("</think>"))
+        assert messages.content[0].thinking == tokenizer.decode(long["script"][:6]).strip()
     finally:
         assert proc.stop() == 0
 
