@@ -248,3 +248,29 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(fd)
+
+
+@pytest.mark.slow
+def test_generate_shows_a_reasoning_models_thinking_apart(tmp_path: Path) -> None:
+    """A tiny model with Qwen3's template whose reply is scripted (tests/scripted_logits.py): the thinking goes to
+    stderr, marked, and only the answer to stdout."""
+    import json
+    import os
+
+    from tests.gguf_builder import TinyModel, write_tiny_gguf
+    from tokenmill.loader.gguf_file import GGUFFile
+    from tokenmill.loader.model_path import bundled_model_path
+    from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
+
+    template = (Path(__file__).parent / "data" / "templates" / "qwen3.jinja").read_text()
+    model = TinyModel(vocab_size=49152, context=4096)
+    path = write_tiny_gguf(tmp_path / "qwen3.gguf", model, tokenizer_from=bundled_model_path(), chat_template=template)
+    tokenizer = Tokenizer.from_gguf(GGUFFile(bundled_model_path()))
+    ids = tokenizer.encode("<think>\nA greeting.\n</think>\n\nHello there.") + [tokenizer.eos_token_id]
+    command = [*TOKENMILL, "generate", "Hi", "--model", str(path), "--max-tokens", "40"]
+    command += ["--logits-processors", "tests.scripted_logits:ScriptedEveryReply"]
+    env = {**os.environ, "TOKENMILL_TEST_SCRIPT": json.dumps(ids)}
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "Hello there.\n"
+    assert "[thinking] A greeting.\n" in out.stderr

@@ -2,6 +2,7 @@
 `bench` (measurements), `models` (what it can find)."""
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -38,17 +39,46 @@ def load_llm_with_progress(args: argparse.Namespace):
         return LLM(m.model, dtype=m.dtype, quantization=m.quantization, **engine_options(args))
 
 
-def stream_answer(llm, prompt, params) -> tuple[str, str]:
-    """Print the answer as it streams; returns (answer text, timings line)."""
+def stream_answer(llm, prompt, params, reply=None) -> tuple[str, str]:
+    """Print the answer as it streams; returns (answer text, timings line). `reply`: a ReplyParser for a chat turn
+    (tokenmill/parsers): a reasoning model's thinking goes to stderr (dimmed on a terminal), only its answer to
+    stdout and into the conversation."""
     start = time.monotonic()
     last = None
+    thought = answered = False
     for out in llm.generate_stream(prompt, params):
-        sys.stdout.write(out.outputs[0].delta_text)
+        o = out.outputs[0]
+        text = o.delta_text
+        if reply is not None:
+            delta = reply.feed(text, o.finish_reason is not None, o.finish_reason == "length", len(o.delta_token_ids))
+            if delta.thinking:
+                dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
+                sys.stderr.write(f"{dim}{'' if thought else '[thinking] '}{delta.thinking}{plain}")
+                sys.stderr.flush()
+                thought = True
+            text = delta.text
+            if thought and text and not answered:
+                sys.stderr.write("\n")  # the thinking's end, before the answer starts
+            answered = answered or bool(text)
+        sys.stdout.write(text)
         sys.stdout.flush()
         last = out
     sys.stdout.write("\n")
     assert last is not None
-    return last.outputs[0].text, format_timings(last, start)
+    return (reply.text if reply is not None else last.outputs[0].text), format_timings(last, start)
+
+
+def chat_turn(llm, messages: list[dict], params):
+    """A chat turn's prompt, its parameters and its reply parser: the model's own format read back (thinking apart;
+    harmony's markers kept in the text for it)."""
+    from tokenmill.parsers.reply import ReplyParser, reply_format
+
+    text = llm.engine.inputs.render_chat(messages)
+    fmt = reply_format(llm.engine.chat_template.source)
+    if fmt.keeps_special_tokens:
+        params = dataclasses.replace(params, skip_special_tokens=False)
+    prompt = {"prompt_token_ids": llm.engine.inputs.encode_rendered_chat(text)}
+    return prompt, params, ReplyParser(fmt, text[-256:])
 
 
 def format_timings(out, start: float) -> str:
@@ -73,6 +103,7 @@ def run_generate(args: argparse.Namespace) -> int:
     sampling_params_from(args)  # a bad option fails before the model loads
     llm = load_llm_with_progress(args)
     params = sampling_params_from(args, llm)
+    reply = None
     if args.raw:
         prompt = args.prompt
     else:
@@ -80,8 +111,8 @@ def run_generate(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
         ]
-        prompt = {"prompt_token_ids": llm.engine.encode_chat(messages)}
-    _, timings = stream_answer(llm, prompt, params)
+        prompt, params, reply = chat_turn(llm, messages, params)
+    _, timings = stream_answer(llm, prompt, params, reply)
     print(timings, file=sys.stderr)
     return 0
 
@@ -138,9 +169,9 @@ def run_chat(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": system}] if system else []) + history
         held = HeldInput()  # keys typed while the answer streams are not printed into it
         try:
-            ids = llm.engine.encode_chat(messages)
+            turn, turn_params, reply = chat_turn(llm, messages, params)
             with held:
-                answer, timings = stream_answer(llm, {"prompt_token_ids": ids}, params)
+                answer, timings = stream_answer(llm, turn, turn_params, reply)
         except TokenmillError as exc:
             history.pop()
             print(f"[error: {exc}]", file=sys.stderr)
