@@ -94,8 +94,14 @@ def test_calls_are_read_back_from_replies(reply: str, expected) -> None:
 
 
 def test_streaming_holds_text_back_only_while_it_may_be_a_call() -> None:
-    assert all(tools.may_be_a_call(t) for t in ["", "  ", '{"na', "[", "<tool", "<tool_call>\n{"])
-    assert not any(tools.may_be_a_call(t) for t in ["The", " Sure", "<b>"])
+    """The reply parser for tokenmill's constrained calls (tokenmill/parsers) as a reply starts to stream."""
+    from tokenmill.parsers.reply import ReplyFormat, ReplyParser
+
+    def shown(start: str) -> str:
+        return ReplyParser(ReplyFormat("", "constrained"), "", FUNCTIONS).feed(start).text
+
+    assert all(shown(t) == "" for t in ["", "  ", '{"na', "[", "<tool", "<tool_call>\n{"])
+    assert all(shown(t) == t for t in ["The", " Sure", "<b>"])
 
 
 def test_call_schema_hoists_each_functions_definitions() -> None:

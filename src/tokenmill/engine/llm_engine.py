@@ -118,9 +118,9 @@ class LLMEngine(EngineCore):
         try:
             self.max_model_len = self._max_model_len(cache_tokens)
             # rope tables beyond the positions a sequence can reach (it and up to a speculation's drafts) go
-            model = getattr(self.runner, "model", None)
-            for rotary in {getattr(model, "rotary", None), getattr(model, "local_rotary", None)} - {None}:
-                rotary.keep_positions(self.max_model_len + ROPE_SPARE_POSITIONS)
+            model = getattr(self.runner, "model", None)  # (tensor parallelism's ranks keep theirs whole)
+            if model is not None:
+                model.keep_positions(self.max_model_len + ROPE_SPARE_POSITIONS)
             # what loading freed goes back first (glibc keeps it, about 140 MiB at 1.7B): else the cache's pages
             # come on top of it, and that is the peak of the whole start-up
             release_free_memory()

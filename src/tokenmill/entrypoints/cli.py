@@ -50,7 +50,7 @@ def stream_answer(llm, prompt, params, reply=None) -> tuple[str, str]:
         o = out.outputs[0]
         text = o.delta_text
         if reply is not None:
-            delta = reply.feed(text, o.finish_reason is not None, o.finish_reason == "length", len(o.delta_token_ids))
+            delta = reply.feed_output(o)
             if delta.thinking:
                 dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
                 sys.stderr.write(f"{dim}{'' if thought else '[thinking] '}{delta.thinking}{plain}")
@@ -71,14 +71,14 @@ def stream_answer(llm, prompt, params, reply=None) -> tuple[str, str]:
 def chat_turn(llm, messages: list[dict], params):
     """A chat turn's prompt, its parameters and its reply parser: the model's own format read back (thinking apart;
     harmony's markers kept in the text for it)."""
-    from tokenmill.parsers.reply import ReplyParser, reply_format
+    from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyParser, reply_format
 
     text = llm.engine.inputs.render_chat(messages)
     fmt = reply_format(llm.engine.chat_template.source)
     if fmt.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     prompt = {"prompt_token_ids": llm.engine.inputs.encode_rendered_chat(text)}
-    return prompt, params, ReplyParser(fmt, text[-256:])
+    return prompt, params, ReplyParser(fmt, text[-PROMPT_TAIL_CHARS:])
 
 
 def format_timings(out, start: float) -> str:

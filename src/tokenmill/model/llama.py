@@ -209,6 +209,11 @@ class LlamaForCausalLM(nn.Module):
         # the quantized modes' embedding lookup, from the file's blocks: [T] ids -> float32 [T, hidden]
         self.token_rows: Callable[[torch.Tensor], torch.Tensor] | None = None
 
+    def keep_positions(self, count: int) -> None:
+        """Rope tables for the first `count` positions only (they are built for the whole trained context)."""
+        for rotary in {self.rotary, self.local_rotary}:
+            rotary.keep_positions(count)
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -13,8 +13,7 @@ with a header is plain answer text.
 import re
 
 from tokenmill.parsers.streaming import find_first, held_suffix
-from tokenmill.parsers.tool_formats import new_call
-from tokenmill.structured.tools import ToolCall
+from tokenmill.structured.tools import ToolCall, new_call
 
 MESSAGE = "<|message|>"
 BODY_ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")

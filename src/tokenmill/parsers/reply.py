@@ -11,12 +11,15 @@ either, as vLLM's flags do (vLLM's names are accepted: deepseek_r1 and qwen3 are
 from dataclasses import dataclass, field
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.outputs import CompletionOutput
 from tokenmill.parsers.harmony import HarmonySplitter
 from tokenmill.parsers.streaming import find_first, held_suffix
 from tokenmill.parsers.think import END, START, ThinkSplitter, start_state
 from tokenmill.parsers.tool_formats import FORMATS, ToolFormat
 from tokenmill.structured.tools import ToolCall
 
+# how much of the rendered prompt's end a parser is given (where a thinking block may already be open)
+PROMPT_TAIL_CHARS = 256
 REASONING_PARSERS = {"think": "think", "deepseek_r1": "think", "qwen3": "think", "harmony": "harmony"}
 REASONING_PARSERS |= {"openai": "harmony", "gpt_oss": "harmony", "none": ""}
 TOOL_PARSERS = {"hermes": "hermes", "qwen": "hermes", "llama3_json": "llama3_json", "llama": "llama3_json"}
@@ -140,6 +143,10 @@ class ReplyParser:
         self.text += delta.text
         self.calls += delta.calls
         return delta
+
+    def feed_output(self, o: CompletionOutput) -> ReplyDelta:
+        """feed() with one choice's output as the engine gives it: its new text and tokens, and its finish."""
+        return self.feed(o.delta_text, o.finish_reason is not None, o.finish_reason == "length", len(o.delta_token_ids))
 
     def _answer(self, text: str, finished: bool, cut: bool) -> tuple[str, list[ToolCall]]:
         """Answer text -> (what is shown as text now, the calls it completes)."""

@@ -16,20 +16,20 @@ as far as it was written, its name (or the one tool_choice names) and its argume
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
-from typing import Any
 
-from tokenmill.structured.tools import ToolCall, parse_tool_calls
+from tokenmill.structured.tools import (
+    TAGGED_CALL,
+    ToolCall,
+    call_of,
+    calls_of,
+    json_or_none,
+    new_call,
+    parse_tool_calls,
+)
 
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def new_call(name: str, arguments: Any) -> ToolCall:
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(name, text, f"call_{uuid.uuid4().hex[:24]}")
 
 
 def partial_call(text: str, forced_name: str | None) -> ToolCall:
@@ -38,25 +38,6 @@ def partial_call(text: str, forced_name: str | None) -> ToolCall:
     arguments = _ARGUMENTS.search(text)
     rest = text[arguments.end() :] if arguments else ""
     return new_call(forced_name or (json.loads(f'"{name.group(1)}"') if name else ""), rest.rstrip())
-
-
-def _call_of(value: Any, names: set[str]) -> ToolCall | None:
-    if not isinstance(value, dict) or value.get("name") not in names:
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    return new_call(value["name"], arguments) if isinstance(arguments, dict) else None
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -71,10 +52,10 @@ class ToolFormat:
         if self.name != "hermes":
             return [], 0
         calls, used = [], 0
-        for block in _HERMES.finditer(region):
+        for block in TAGGED_CALL.finditer(region):
             if region[used : block.start()].strip():
                 break
-            call = _call_of(_json(block.group(1)), names)
+            call = call_of(json_or_none(block.group(1)), names)
             if call is None:
                 break
             calls.append(call)
@@ -91,9 +72,7 @@ class ToolFormat:
             return calls if not text[used:].strip() else None
         if self.name == "llama3_json":
             text = text.removeprefix("<|python_tag|>").strip()
-            values = [_json(part) for part in re.split(r"\s*;\s*(?=\{)", text)]
-            calls = [_call_of(v, names) for v in values]
-            return calls if all(c is not None for c in calls) else None
+            return calls_of([json_or_none(part) for part in re.split(r"\s*;\s*(?=\{)", text)], names)
         if self.name == "mistral":
             return _mistral_calls(text.removeprefix("[TOOL_CALLS]").strip(), names)
         return parse_tool_calls(text, [{"name": n} for n in names])  # constrained
@@ -113,18 +92,10 @@ class ToolFormat:
 
 def _mistral_calls(text: str, names: set[str]) -> list[ToolCall] | None:
     if "[ARGS]" in text:  # NAME[ARGS]{...} per call, each after its own [TOOL_CALLS]
-        calls = []
-        for part in text.split("[TOOL_CALLS]"):
-            name, _, arguments = part.partition("[ARGS]")
-            call = _call_of({"name": name.strip(), "arguments": _json(arguments.strip())}, names)
-            if call is None:
-                return None
-            calls.append(call)
-        return calls
-    value = _json(text)
-    values = value if isinstance(value, list) else [value]
-    calls = [_call_of(v, names) for v in values]
-    return calls if calls and all(c is not None for c in calls) else None
+        parts = [part.partition("[ARGS]") for part in text.split("[TOOL_CALLS]")]
+        return calls_of([{"name": n.strip(), "arguments": json_or_none(a.strip())} for n, _, a in parts], names)
+    value = json_or_none(text)
+    return calls_of(value if isinstance(value, list) else [value], names)
 
 
 FORMATS = {

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
-from tokenmill.parsers.reply import ReplyDelta, ReplyParser
+from tokenmill.parsers.reply import ReplyParser
 from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from tokenmill.server.chat import chat_prompt, require_thinking, start_chat
 from tokenmill.server.completions import aborted_error
@@ -75,7 +75,7 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
         return GenerationStream(guarded, chat.generation, headers=echo(client_id))
     reply = chat.reply_parser()
     try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: _feed(reply, out.outputs[0]))
+        (final,) = await chat.generation.collect(http_request, lambda _, out: reply.feed_output(out.outputs[0]))
     except ClientDisconnected:
         return JSONResponse({}, status_code=499)
     o = final.outputs[0]
@@ -87,11 +87,6 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
     return JSONResponse(
         {**head, "content": content, **_stop(o, reply.calls), "usage": _usage(final)}, headers=echo(client_id)
     )
-
-
-def _feed(reply: ReplyParser, o: CompletionOutput) -> ReplyDelta:
-    finished = o.finish_reason is not None
-    return reply.feed(o.delta_text, finished, o.finish_reason == "length", len(o.delta_token_ids))
 
 
 def _thinking_block(text: str) -> dict[str, Any]:
@@ -170,7 +165,7 @@ async def _events(
             if o.finish_reason == "abort":
                 yield _error_event(aborted_error(state, "aborted"))
                 return
-            delta = _feed(reply, o)
+            delta = reply.feed_output(o)
             if delta.thinking and show_thinking:
                 for event in switch("thinking"):
                     yield event

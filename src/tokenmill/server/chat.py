@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
-from tokenmill.parsers.reply import ReplyDelta, ReplyFormat, ReplyParser
+from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.parsers.think import ANSWER, BEFORE, start_state
 from tokenmill.parsers.think import END as THINK_END
 from tokenmill.parsers.think import START as THINK_START
@@ -30,9 +30,6 @@ from tokenmill.server.state import ServerState
 from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
-# how much of the rendered prompt's end the reply parsers read (where a thinking block may already be open)
-PROMPT_TAIL_CHARS = 256
-
 
 @dataclass
 class ChatCall:
@@ -43,8 +40,12 @@ class ChatCall:
     functions: list[dict]  # the functions the reply may call
     format: ReplyFormat  # how the model writes its thinking and its calls
     prompt_tail: str  # the end of the rendered prompt
-    forced_name: str | None = None  # the one function tool_choice names
     required: bool = False  # tool_choice required or named: the reply is a call
+
+    @property
+    def forced_name(self) -> str | None:
+        """The one function tool_choice names (a cut-off call keeps its name)."""
+        return self.functions[0]["name"] if self.required and len(self.functions) == 1 else None
 
     def reply_parser(self) -> ReplyParser:
         return ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name)
@@ -89,7 +90,6 @@ async def start_chat(
     prompt_ids = await asyncio.to_thread(llm_engine.inputs.encode_rendered_chat, text)
     tail = text[-PROMPT_TAIL_CHARS:]
     thinking = start_state(tail) if fmt.reasoning == "think" else ANSWER
-    forced_name = callable_functions[0]["name"] if mode == "required" and len(callable_functions) == 1 else None
     if mode == "required":  # the reply is a call in the model's own syntax, enforced by a grammar
         special = fmt.tools == "harmony" and _special_markers(llm_engine.tokenizer)
         fmt, call = call_constraint(fmt, callable_functions, thinking, special)
@@ -110,7 +110,7 @@ async def start_chat(
         params = within_context(params, len(prompt_ids), context_limit)
     generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
     await generation.start(http_request)
-    return ChatCall(generation, callable_functions, fmt, tail, forced_name, mode == "required")
+    return ChatCall(generation, callable_functions, fmt, tail, mode == "required")
 
 
 # a call's syntax as text around its JSON: (before, after, the key of its arguments)
@@ -315,9 +315,7 @@ class Replies:
                 continue
             if finished:
                 self._fed.add(o.index)
-            deltas[o.index] = self.parsers[o.index].feed(
-                o.delta_text, finished, cut=o.finish_reason == "length", tokens=len(o.delta_token_ids)
-            )
+            deltas[o.index] = self.parsers[o.index].feed_output(o)
         return deltas
 
     def usage(self, final: RequestOutput) -> dict:

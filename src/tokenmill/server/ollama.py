@@ -18,9 +18,9 @@ from fastapi.responses import JSONResponse
 
 from tokenmill import __version__
 from tokenmill.outputs import CompletionOutput, RequestOutput
-from tokenmill.parsers.reply import ReplyDelta, ReplyFormat, ReplyParser
+from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.server.chat import PROMPT_TAIL_CHARS, render_chat, require_thinking, start_chat, within_context
+from tokenmill.server.chat import render_chat, require_thinking, start_chat, within_context
 from tokenmill.server.completions import SHUTDOWN_ERROR, aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
@@ -232,7 +232,7 @@ class _Reply:
         return self.parser.feed(text, finish_reason is not None, finish_reason == "length", tokens)
 
     def delta_of(self, o: CompletionOutput) -> ReplyDelta:
-        return self.delta(o.delta_text, o.finish_reason, len(o.delta_token_ids))
+        return self.parser.feed_output(o)
 
     def final(self, out: RequestOutput, delta: ReplyDelta) -> dict:
         m = out.metrics

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import RequestOutput
-from tokenmill.parsers.reply import ReplyDelta, ReplyParser
+from tokenmill.parsers.reply import ReplyParser
 from tokenmill.server.chat import require_thinking, start_chat
 from tokenmill.server.completions import aborted_error
 from tokenmill.server.errors import APIError, guarded_stream
@@ -238,7 +238,7 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
         guarded = guarded_stream(events, state.metrics.internal_errors.inc, seq.error)
         return GenerationStream(guarded, chat.generation, headers=echo(client_id), on_close=turn.settle)
     try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: _feed(reply, out.outputs[0]))
+        (final,) = await chat.generation.collect(http_request, lambda _, out: reply.feed_output(out.outputs[0]))
         o = final.outputs[0]
         if o.finish_reason == "abort":
             raise aborted_error(state)
@@ -289,11 +289,6 @@ class _Sequence:
         return self.event("error", {"code": error.code or error.type, "message": error.message, "param": error.param})
 
 
-def _feed(reply: ReplyParser, o) -> ReplyDelta:
-    finished = o.finish_reason is not None
-    return reply.feed(o.delta_text, finished, o.finish_reason == "length", len(o.delta_token_ids))
-
-
 async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: _Sequence) -> AsyncIterator[str]:
     """response.created and in_progress; a reasoning item's text deltas while the reply thinks, then the message
     item's (held back while the reply may be a call); function_call items as they complete; response.completed
@@ -301,24 +296,37 @@ async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: 
     yield seq.event("response.created", {"response": turn.body("in_progress", [])})
     yield seq.event("response.in_progress", {"response": turn.body("in_progress", [])})
     items = 0  # output items added
-    open_item = ""  # "reasoning" or "message" while one is open
-    message_at = reasoning_at = -1
+    open_item, open_at = "", -1  # the item open now ("reasoning" or "message"; "": none) and its output index
 
-    def close() -> list[str]:
-        nonlocal open_item
+    def where() -> dict:
+        item_id = turn.reasoning_id if open_item == "reasoning" else turn.message_id
+        return {"item_id": item_id, "output_index": open_at, "content_index": 0}
+
+    def switch(kind: str) -> list[str]:
+        """Events that close the open item and open one of `kind` ("": none), unless it is open already."""
+        nonlocal items, open_item, open_at
+        if kind == open_item:
+            return []
         events = []
         if open_item == "reasoning":
-            at = {"item_id": turn.reasoning_id, "output_index": reasoning_at, "content_index": 0}
             item = turn.reasoning_item(reply.thinking)
-            events.append(seq.event("response.reasoning_text.done", {**at, "text": reply.thinking}))
-            events.append(seq.event("response.output_item.done", {"output_index": reasoning_at, "item": item}))
+            events.append(seq.event("response.reasoning_text.done", {**where(), "text": reply.thinking}))
+            events.append(seq.event("response.output_item.done", {"output_index": open_at, "item": item}))
         elif open_item == "message":
-            at = {"item_id": turn.message_id, "output_index": message_at, "content_index": 0}
             item = turn.message_item(reply.text)
-            events.append(seq.event("response.output_text.done", {**at, "text": reply.text, "logprobs": []}))
-            events.append(seq.event("response.content_part.done", {**at, "part": item["content"][0]}))
-            events.append(seq.event("response.output_item.done", {"output_index": message_at, "item": item}))
-        open_item = ""
+            events.append(seq.event("response.output_text.done", {**where(), "text": reply.text, "logprobs": []}))
+            events.append(seq.event("response.content_part.done", {**where(), "part": item["content"][0]}))
+            events.append(seq.event("response.output_item.done", {"output_index": open_at, "item": item}))
+        open_item = kind
+        if kind:
+            open_at, items = items, items + 1
+            item = (
+                turn.reasoning_item("", "in_progress") if kind == "reasoning" else turn.message_item("", "in_progress")
+            )
+            events.append(seq.event("response.output_item.added", {"output_index": open_at, "item": item}))
+            if kind == "message":
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                events.append(seq.event("response.content_part.added", {**where(), "part": part}))
         return events
 
     try:
@@ -328,30 +336,17 @@ async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: 
                 state = turn.state
                 yield seq.error(aborted_error(state, "aborted"))
                 return
-            delta = _feed(reply, o)
+            delta = reply.feed_output(o)
             if delta.thinking:
-                if open_item != "reasoning":
-                    for event in close():
-                        yield event
-                    reasoning_at, items, open_item = items, items + 1, "reasoning"
-                    item = turn.reasoning_item("", "in_progress")
-                    yield seq.event("response.output_item.added", {"output_index": reasoning_at, "item": item})
-                at = {"item_id": turn.reasoning_id, "output_index": reasoning_at, "content_index": 0}
-                yield seq.event("response.reasoning_text.delta", {**at, "delta": delta.thinking})
+                for event in switch("reasoning"):
+                    yield event
+                yield seq.event("response.reasoning_text.delta", {**where(), "delta": delta.thinking})
             if delta.text:
-                if open_item != "message":
-                    for event in close():
-                        yield event
-                    message_at, items, open_item = items, items + 1, "message"
-                    item = turn.message_item("", "in_progress")
-                    yield seq.event("response.output_item.added", {"output_index": message_at, "item": item})
-                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    at = {"item_id": turn.message_id, "output_index": message_at, "content_index": 0}
-                    yield seq.event("response.content_part.added", {**at, "part": part})
-                at = {"item_id": turn.message_id, "output_index": message_at, "content_index": 0}
-                yield seq.event("response.output_text.delta", {**at, "delta": delta.text, "logprobs": []})
+                for event in switch("message"):
+                    yield event
+                yield seq.event("response.output_text.delta", {**where(), "delta": delta.text, "logprobs": []})
             if delta.calls or o.finish_reason is not None:
-                for event in close():
+                for event in switch(""):
                     yield event
             for call in delta.calls:
                 item = _call_item(call)

@@ -52,7 +52,7 @@ def grammar_source(params: StructuredOutputsParams) -> str:
     before, after = (_lark_text(w, params.special_markers) for w in params.wrap or ("", ""))
     opening = _lark_text("<|channel|>analysis<|message|>", params.special_markers)
     closing = _lark_text("<|start|>assistant", params.special_markers)
-    end = "<|end|>" if params.special_markers else '"<|end|>"'
+    end = _lark_text("<|end|>", params.special_markers)
     think = {
         "before": '("<think>" think WS)?',
         "thinking": "think WS",

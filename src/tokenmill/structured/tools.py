@@ -23,7 +23,7 @@ FALLBACK_INSTRUCTIONS = (
     '{{"name": <function name>, "arguments": <an object of its arguments>}} and nothing else. '
     "The functions:\n{functions}"
 )
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+TAGGED_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)  # a call in Hermes/Qwen tags
 
 
 @dataclass(frozen=True)
@@ -209,38 +209,44 @@ def _call_text(call: Any) -> str:
 def parse_tool_calls(text: str, functions: list[dict[str, Any]]) -> list[ToolCall] | None:
     """The calls the reply makes, or None when it is not (only) calls of these functions."""
     names = {f["name"] for f in functions}
-    tagged = _TAGGED.findall(text)
-    if tagged and not _TAGGED.sub("", text).strip():
+    tagged = TAGGED_CALL.findall(text)
+    if tagged and not TAGGED_CALL.sub("", text).strip():
         candidates: list[Any] = []
         for body in tagged:
-            value = _json(body)
+            value = json_or_none(body)
             if value is None:
                 return None
             candidates += value if isinstance(value, list) else [value]
     else:
-        value = _json(text.strip())
+        value = json_or_none(text.strip())
         if value is None:
             return None
         candidates = value if isinstance(value, list) else [value]
-    calls = []
-    for c in candidates:
-        if not isinstance(c, dict) or c.get("name") not in names:
-            return None
-        arguments = c.get("arguments", c.get("parameters"))
-        if not isinstance(arguments, dict):
-            return None
-        calls.append(ToolCall(c["name"], json.dumps(arguments, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}"))
-    return calls or None
+    return calls_of(candidates, names)
 
 
-def _json(text: str) -> Any:
+def calls_of(values: list[Any], names: set[str]) -> list[ToolCall] | None:
+    """Each value as a call (call_of), or None unless there are some and every one is."""
+    calls = [call_of(v, names) for v in values]
+    return [c for c in calls if c is not None] if calls and None not in calls else None
+
+
+def call_of(value: Any, names: set[str]) -> ToolCall | None:
+    """{"name": one of `names`, "arguments" (or Llama's "parameters"): an object} as a call, else None."""
+    if not isinstance(value, dict) or value.get("name") not in names:
+        return None
+    arguments = value.get("arguments", value.get("parameters"))
+    return new_call(value["name"], arguments) if isinstance(arguments, dict) else None
+
+
+def new_call(name: str, arguments: Any) -> ToolCall:
+    """A call with a fresh id; `arguments` an object or its JSON text as written."""
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(name, text, f"call_{uuid.uuid4().hex[:24]}")
+
+
+def json_or_none(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
         return None
-
-
-def may_be_a_call(text: str) -> bool:
-    """Whether a reply that begins with `text` could still turn out to be a call (streaming holds it back)."""
-    start = text.lstrip()
-    return not start or start.startswith(("{", "[", "<tool_call>")) or "<tool_call>".startswith(start)
