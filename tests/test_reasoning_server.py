@@ -415,9 +415,9 @@ def test_unknown_parser_names_fail_at_start() -> None:
     assert out.returncode == 2 and "no reasoning parser 'magic'" in out.stderr
 
 
-def test_a_model_without_thinking_says_so(qwen3: ServerProcess) -> None:
-    """The bundled SmolLM2's template has no thinking: asking it to think is refused as Ollama refuses it (the
-    suite's test_server_apis checks that server; here the Qwen3 one accepts the same request)."""
+def test_a_thinking_model_takes_the_request_a_plain_one_refuses(qwen3: ServerProcess) -> None:
+    """Ollama's think: true, which the bundled SmolLM2 (no thinking in its template) answers with a 400
+    (test_server_apis.py), is accepted by a model whose template thinks."""
     reply = httpx.post(
         f"{qwen3.url}/api/chat",
         json={
