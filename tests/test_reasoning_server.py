@@ -325,6 +325,21 @@ def test_r1_distill_starts_inside_its_thinking(tmp_path_factory, tokenizer: Toke
         )
         assert [b.type for b in messages.content[:2]] == ["thinking", "text"]
         assert messages.content[0].thinking == tokenizer.decode(long["script"][:6]).strip()
+        # vLLM's thinking_token_budget on the chat API: the same limit; -1 is no limit; others are refused
+        think = {"vllm_xargs": long, "chat_template_kwargs": {"enable_thinking": True}}
+        budgeted = client.chat.completions.create(
+            model=model_of(client), messages=ASK, max_tokens=40, extra_body={**think, "thinking_token_budget": 6}
+        )
+        assert budgeted.choices[0].message.reasoning_content == messages.content[0].thinking
+        unlimited = client.chat.completions.create(
+            model=model_of(client), messages=ASK, max_tokens=40, extra_body={**think, "thinking_token_budget": -1}
+        )
+        assert unlimited.choices[0].message.reasoning_content.endswith("lambda mu.")  # the whole thought
+        for bad in (-2, 0.6, 10.5):
+            with pytest.raises(openai.BadRequestError, match="thinking_token_budget"):
+                client.chat.completions.create(
+                    model=model_of(client), messages=ASK, max_tokens=5, extra_body={"thinking_token_budget": bad}
+                )
     finally:
         assert proc.stop() == 0
 

@@ -69,7 +69,7 @@ async def start_chat(
     `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx). `http_request`:
     its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
     other variables (enable_thinking, reasoning_effort); `thinking_budget`: at most this many tokens of thinking
-    (Anthropic's budget_tokens; <think> models), then the sampler closes the block."""
+    (Anthropic's budget_tokens, vLLM's thinking_token_budget; <think> models), then the sampler closes the block."""
     llm_engine = state.require_engine().engine
     fmt = state.reply_format()
     functions = tools.check_tools(tool_list) if tool_list is not None else []
@@ -248,6 +248,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         req.add_generation_prompt,
         http_request=http_request,
         template_kwargs=req.template_kwargs(),
+        thinking_budget=req.thinking_budget(),
     )
     created = int(time.time())
     tokenizer = llm_engine.tokenizer

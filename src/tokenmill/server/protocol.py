@@ -400,9 +400,16 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True
+    # vLLM's: at most this many tokens of thinking (<think> models), then the sampler closes the block; -1: no limit
+    thinking_token_budget: Annotated[int, Field(ge=-1)] | None = None
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_unset=True) for m in self.messages]
+
+    def thinking_budget(self) -> int | None:
+        """thinking_token_budget with vLLM's -1 (unlimited) as no budget."""
+        budget = self.thinking_token_budget
+        return None if budget is None or budget < 0 else budget
 
     def template_kwargs(self) -> dict[str, Any]:
         """The chat template's variables beyond the conversation: chat_template_kwargs, and reasoning_effort
