@@ -329,21 +329,31 @@ def write_tokenizer(writer: gguf.GGUFWriter, model: TinyModel) -> None:
     writer.add_eos_token_id(1)
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, source: Path, model: TinyModel, chat_template: str | None = None) -> None:
-    """The tokenizer of the GGUF at `source` (every tokenizer.* key), whose vocabulary must be the model's;
-    `chat_template` replaces its template."""
+def copy_tokenizer(
+    writer: gguf.GGUFWriter,
+    source: Path,
+    model: TinyModel,
+    chat_template: str | None = None,
+    added_tokens: tuple[str, ...] = (),
+) -> None:
+    """The tokenizer of the GGUF at `source` (every tokenizer.* key), whose vocabulary and `added_tokens` (appended
+    as user-defined tokens, as Qwen3's <think> is) must be the model's; `chat_template` replaces its template."""
     reader = gguf.GGUFReader(source)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
+    extra = {"tokenizer.ggml.tokens": list(added_tokens), "tokenizer.ggml.token_type": [4] * len(added_tokens)}
     for entry in reader.fields.values():
         if entry.name == "tokenizer.chat_template" and chat_template is not None:
             continue
         if entry.name.startswith("tokenizer."):
             value_type = entry.types[0]
             sub_type = entry.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(entry.name, entry.contents(), value_type, sub_type=sub_type)
-    if len(reader.fields["tokenizer.ggml.tokens"].contents()) != model.vocab_size:
-        raise ValueError(f"{source}'s vocabulary is not the model's {model.vocab_size} tokens")
+            value = entry.contents()
+            if entry.name in extra:
+                value = [*value, *extra[entry.name]]
+            writer.add_key_value(entry.name, value, value_type, sub_type=sub_type)
+    if len(reader.fields["tokenizer.ggml.tokens"].contents()) + len(added_tokens) != model.vocab_size:
+        raise ValueError(f"{source}'s vocabulary and the added tokens are not the model's {model.vocab_size} tokens")
 
 
 def write_tiny_gguf(
@@ -354,12 +364,13 @@ def write_tiny_gguf(
     expert_type: str | None = None,
     tokenizer_from: Path | None = None,
     chat_template: str | None = None,
+    added_tokens: tuple[str, ...] = (),
 ) -> Path:
     """The model as a GGUF file, its matrices stored as `matrix_type` (vectors, routers and biases, gpt-oss's 2-D
     expert ones too, stay F32, as the converter keeps them) and the experts' 3-D ones as `expert_type` where given
     (gpt-oss's MXFP4). `arch` writes another general.architecture over the same tensors (for tests of unsupported
     ones); `tokenizer_from`, a GGUF whose tokenizer the file takes (else a few placeholder tokens), with
-    `chat_template` in place of its template where given."""
+    `chat_template` in place of its template where given and `added_tokens` after its vocabulary."""
     if not model.weights:
         model.make_weights()
     writer = gguf.GGUFWriter(str(path), arch or model.arch)
@@ -367,7 +378,7 @@ def write_tiny_gguf(
     if tokenizer_from is None:
         write_tokenizer(writer, model)
     else:
-        copy_tokenizer(writer, tokenizer_from, model, chat_template)
+        copy_tokenizer(writer, tokenizer_from, model, chat_template, added_tokens)
     qtype = gguf.GGMLQuantizationType[matrix_type]
     for name, value in gguf_tensors(model):
         router = name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))  # the converter keeps F32

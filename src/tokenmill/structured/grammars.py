@@ -10,6 +10,7 @@ JSON is generated compact, with json.dumps's separators (", " and ": ") and no o
 at temperature 1 left free whitespace can spend its whole budget on newlines.
 """
 
+import copy
 import json
 import re
 import threading
@@ -128,6 +129,38 @@ class CompiledConstraint:
     start: llguidance.LLMatcher
 
 
+class _TokensAsText:
+    """The tokenizer as llguidance's TokenizerWrapper reads it: each id's exact bytes, the control tokens as the
+    special ones, and text -> ids with control tokens written in the text kept as text.
+
+    Given the tokenizer's JSON instead, llguidance takes every added token that looks like <...> for a special
+    one, whatever its `special` flag says; Qwen3's <think> and <tool_call> are added tokens that are text
+    (user-defined in GGUF, special: false in HF), which the model writes in its reply and a grammar must be able
+    to match as text: read as special, a tool call's grammar could not end (llguidance: "token [id] doesn't
+    satisfy the grammar")."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        added = tokenizer.backend.get_added_tokens_decoder()
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+        self.special_token_ids = sorted(i for i, token in added.items() if token.special)
+        self._text = copy.copy(tokenizer.backend)
+        self._text.encode_special_tokens = True  # "<|im_end|>" in a grammar's text is text, as the model's bytes
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # llguidance probes with bytes: it then passes whole strings only
+            raise TypeError("text only")
+        return self._text.encode(text, add_special_tokens=False).ids
+
+
+def llguidance_tokenizer(tokenizer: Tokenizer, vocab_size: int, stop: list[int]) -> llguidance.LLTokenizer:
+    """The tokenizer as llguidance sees it (_TokensAsText), over the model's vocabulary (rows past the
+    tokenizer's, if any, are tokens no grammar allows); `stop`: the tokens that may end a constrained output."""
+    wrapper = llguidance.TokenizerWrapper(_TokensAsText(tokenizer))
+    return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=stop if stop else None)
+
+
 @dataclass
 class _Entry:
     future: "Future[CompiledConstraint]"
@@ -150,9 +183,7 @@ class GrammarCompiler:
     ):
         # every token that ends generation may end a constrained output, where the grammar allows it to end
         stop = sorted(tokenizer.stop_token_ids)
-        self.tokenizer = llguidance.LLTokenizer(
-            tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=stop if stop else None
-        )
+        self.tokenizer = llguidance_tokenizer(tokenizer, vocab_size, stop)
         self.stop_token_ids = frozenset(stop)
         self.vocab_size = vocab_size
         self.max_constraint_bytes = max_constraint_bytes
