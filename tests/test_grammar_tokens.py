@@ -60,3 +60,15 @@ def test_control_tokens_stay_special(compiler: GrammarCompiler, tokenizer: Token
     assert not follow(compiler, as_text, [end])
     pieces = compiler.tokenizer.tokenize_str("<|im_end|>")
     assert len(pieces) > 1 and follow(compiler, as_text, pieces)
+
+
+def test_the_answer_after_thinking_may_not_wait_in_whitespace(compiler: GrammarCompiler, tokenizer: Tokenizer) -> None:
+    """A blank line or two between </think> and the call, not a budget's worth: a weak model at temperature 0
+    wrote 1,000 tokens of whitespace there and never called (vLLM's named-tool test, over a random model)."""
+    call = StructuredOutputsParams(json=CALL, wrap=("<tool_call>\n", "\n</tool_call>"), thinking="before")
+    thought, body = (
+        tokenizer.encode("<think>\nA call.\n</think>"),
+        tokenizer.encode('<tool_call>\n{"name": "f"}\n</tool_call>'),
+    )
+    assert follow(compiler, call, thought + tokenizer.encode("\n\n") + body)
+    assert not follow(compiler, call, thought + tokenizer.encode("\n" * 8) + body)
