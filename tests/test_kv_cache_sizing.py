@@ -6,7 +6,7 @@ import torch
 
 from tokenmill.config import EngineConfig
 from tokenmill.runner import kv_cache
-from tokenmill.runner.kv_cache import DEFAULT_CPU_CACHE_TOKENS, num_kv_blocks_for
+from tokenmill.runner.kv_cache import DEFAULT_CPU_CACHE_TOKENS, num_kv_blocks_for, split_kv_pools
 
 CPU = torch.device("cpu")
 GIB = 2**30
@@ -35,3 +35,21 @@ def test_the_default_stays_within_a_quarter_of_available_memory() -> None:
 def test_a_count_or_a_budget_wins() -> None:
     assert num_kv_blocks_for(EngineConfig(num_kv_blocks=7, max_model_len=32768), 1024, CPU) == 7
     assert num_kv_blocks_for(EngineConfig(kv_cache_memory="1MiB", max_model_len=32768), 1024, CPU) == 1024
+
+
+def test_a_drafts_share_of_the_memory_goes_with_the_full_pool() -> None:
+    """Two pools (sliding-window layers apart) and a draft model whose K/V live in the full pool's blocks: the
+    split spends the memory of num_blocks blocks of every layer and the draft, no more, and without a draft is
+    the split it always was."""
+    config = EngineConfig(block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
+    layers, local, window, layer_bytes, draft_bytes = 24, 12, 128, 1000, 7000
+    num_blocks = 400
+    full, num_local = split_kv_pools(config, num_blocks, layers, local, window, layer_bytes, draft_bytes)
+    assert num_local == 4 * (128 // 16 + 1) + 4
+    budget = num_blocks * (layers * layer_bytes + draft_bytes)
+    spent = full * ((layers - local) * layer_bytes + draft_bytes) + num_local * local * layer_bytes
+    assert budget - ((layers - local) * layer_bytes + draft_bytes) < spent <= budget
+    assert split_kv_pools(config, num_blocks, layers, local, window) == (
+        (num_blocks * layers - num_local * local) // (layers - local),
+        num_local,
+    )

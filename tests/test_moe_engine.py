@@ -44,11 +44,13 @@ def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "method"), [("qwen3moe", "ngram"), ("qwen3moe", "draft_model"), ("gpt-oss", "ngram")])
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_speculation_keeps_a_mixtures_tokens(files: dict, name: str, method: str) -> None:
     """In float32 (the torch path for target and verification alike), n-gram lookup and the bundled model's 4-bit
-    copy drafting for a mixture give plain greedy decoding's tokens, with proposals made and verified. (A draft
-    model for a target with sliding-window layers, gpt-oss, is refused: tests/test_spec_decode.py.)"""
+    copy drafting for a mixture give plain greedy decoding's tokens, with proposals made and verified; gpt-oss's
+    window of 8 on every other layer is passed many times in 72 tokens (its window layers keep their own pool, the
+    draft reads the full-attention layers' block tables)."""
     path = str(files[name])
     expected = generate(LLM(path, num_kv_blocks=64), PROMPTS, LONG)
     config = {"method": method, **ALWAYS}

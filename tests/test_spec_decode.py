@@ -67,8 +67,6 @@ def test_a_draft_model_must_share_the_tokenizer() -> None:
     """Checked before either model's weights are read."""
     with pytest.raises(InvalidParameterError, match="another tokenizer"):
         LLM(quantization="auto", speculative_config={**DRAFT, "model": "gemma3-270m"})
-    with pytest.raises(InvalidParameterError, match="sliding-window"):  # Gemma 3 drafting for itself
-        LLM("gemma3-270m", quantization="auto", speculative_config={**DRAFT, "model": "gemma3-270m"})
 
 
 def test_the_scheduler_computes_proposals_and_counts_only_accepted_ones() -> None:
@@ -406,3 +404,26 @@ def test_step_descriptions_tell_proposed_and_accepted_tokens(auto_pair) -> None:
     assert verified and all(0 <= e["accepted"] <= e["proposed"] for e in verified)
     assert sum(e["accepted"] for e in verified) > 10
     assert all(e["accepted"] is None for e in entries if not e["proposed"])
+
+
+@pytest.mark.slow
+def test_sliding_window_models_draft_and_are_drafted_for(gemma3_path) -> None:
+    """Gemma 3 (five layers with a window of 512 to one global) drafting, in its 4-bit file form, for itself in
+    float32, past its window: the target's window layers keep their own pool, the draft (whose window layers read
+    the full pool's block tables) proposes, and the tokens are plain greedy decoding's. The KV memory splits the
+    draft's share into the full pool: the same budget holds the draft's K/V of every full-pool block."""
+    from tests.test_gemma3 import long_prompt_text
+
+    plain = LLM(str(gemma3_path), max_num_batched_tokens=256, num_kv_blocks=160)
+    prompt = plain.get_tokenizer().encode(long_prompt_text())
+    assert len(prompt) > 2 * plain.engine.model_config.sliding_window
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = plain.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    config = {"method": "draft_model", "model": str(gemma3_path), "quantization": "auto", **ALWAYS}
+    spec = LLM(str(gemma3_path), max_num_batched_tokens=256, num_kv_blocks=160, speculative_config=config)
+    assert spec.engine.kv.window_pool is not None  # the target's window layers have their own pool
+    got = spec.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    stats = spec.stats()
+    assert stats["spec_decode_num_accepted_tokens"] > 0.5 * stats["spec_decode_num_draft_tokens"] > 0
+    spec.engine.check_integrity()

@@ -189,12 +189,13 @@ class LLMEngine(EngineCore):
 
     def _kv_pools(self) -> tuple[int, int]:
         """(blocks of the full-attention layers' pool, blocks of the sliding-window layers' own pool or 0)."""
-        bytes_per_block = self.runner.kv_bytes_per_block()
-        if self.drafter is not None:  # a block holds the draft model's K/V of its tokens too
-            bytes_per_block += self.drafter.kv_bytes_per_block()
-        num_blocks = num_kv_blocks_for(self.config, bytes_per_block, self.device)
         layers, local = self.model_config.num_layers, self.runner.num_local_layers
-        return split_kv_pools(self.config, num_blocks, layers, local, self.model_config.sliding_window)
+        layer_bytes = self.runner.kv_bytes_per_block() // layers
+        # a block of the full pool holds the draft model's K/V of its tokens too
+        draft_bytes = self.drafter.kv_bytes_per_block() if self.drafter is not None else 0
+        num_blocks = num_kv_blocks_for(self.config, layers * layer_bytes + draft_bytes, self.device)
+        window = self.model_config.sliding_window
+        return split_kv_pools(self.config, num_blocks, layers, local, window, layer_bytes, draft_bytes)
 
     def _kv_cache_bytes(self, num_blocks: int, num_local_blocks: int) -> int:
         layers, local = self.model_config.num_layers, (self.runner.num_local_layers if num_local_blocks else 0)

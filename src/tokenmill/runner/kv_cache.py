@@ -61,7 +61,13 @@ def num_kv_blocks_for(config: EngineConfig, bytes_per_block: int, device: torch.
 
 
 def split_kv_pools(
-    config: EngineConfig, num_blocks: int, layers: int, local: int, window: int | None
+    config: EngineConfig,
+    num_blocks: int,
+    layers: int,
+    local: int,
+    window: int | None,
+    layer_block_bytes: int = 1,
+    draft_block_bytes: int = 0,
 ) -> tuple[int, int]:
     """num_blocks blocks for every layer -> (blocks of the full-attention layers' pool, blocks of the
     sliding-window layers' own pool, or 0 without such layers).
@@ -69,7 +75,8 @@ def split_kv_pools(
     The memory is what one pool for every layer would take. With sliding-window layers, their pool holds what
     max_num_seqs sequences read in their windows plus a step's new tokens (at least one sequence's), since their
     blocks go back once they leave the window; the rest of the memory goes to the full-attention layers, whose
-    blocks every position keeps."""
+    blocks every position keeps. A draft model's K/V (draft_block_bytes a block, against layer_block_bytes of each
+    of the target's layers) live in the full pool's blocks: its block tables are the ones the draft reads."""
     if not local:
         return num_blocks, 0
     bs = config.block_size
@@ -78,4 +85,5 @@ def split_kv_pools(
     one = -(-window // bs) + 2 + step_blocks  # what one sequence may hold during a step
     want = config.max_num_seqs * (-(-window // bs) + 1) + step_blocks
     num_local = max(one, min(num_blocks, want))
-    return max(1, (num_blocks * layers - num_local * local) // (layers - local)), num_local
+    lb, db = layer_block_bytes, draft_block_bytes
+    return max(1, (num_blocks * (layers * lb + db) - num_local * local * lb) // ((layers - local) * lb + db)), num_local

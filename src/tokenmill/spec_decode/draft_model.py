@@ -61,7 +61,9 @@ class DraftCacheLedger:
 
 def open_draft_model(spec: SpeculativeConfig, target: ModelSource, target_tokenizer: Tokenizer) -> ModelSource:
     """The draft model's file, checked against the target's before either model's weights are read: the same
-    vocabulary, and no sliding-window layers (not supported yet)."""
+    vocabulary. Sliding-window layers are welcome on either side: the draft reads the target's full-attention
+    block tables (every position's blocks, kept as long as the sequence), its own window layers masking what lies
+    outside their window there, while the target's window layers keep their own pool."""
     assert spec.model is not None
     source = open_model_source(resolve_model_path(spec.model))
     # the same file (another format of one model, e.g. its 4-bit copy): the same tokenizer
@@ -78,12 +80,6 @@ def open_draft_model(spec: SpeculativeConfig, target: ModelSource, target_tokeni
         raise InvalidParameterError(
             f"speculative_config: the draft model's vocabulary has {config.vocab_size} rows, the target's "
             f"{target_config.vocab_size}",
-            "speculative_config",
-        )
-    if config.sliding_window or target_config.sliding_window:
-        raise InvalidParameterError(
-            "speculative_config: draft_model with sliding-window layers (in the draft or the target, as Gemma 3 "
-            "has) is not supported yet; use method ngram",
             "speculative_config",
         )
     return source
