@@ -7,9 +7,10 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
 PEERS := .venv-peers
+VLLM_SUITE := .venv-vllm-suite
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test-deps serve generate test test-fast lint clean bench-peers bench reference moe-reference
+.PHONY: install test-deps serve generate test test-fast lint clean bench-peers bench reference moe-reference vllm-suite
 
 # `make serve PORT=8123 HOST=0.0.0.0 ARGS="--model gemma3-270m"`: where it listens, and any other serve options
 PORT ?= 8000
@@ -65,6 +66,18 @@ $(PEERS)/.installed: benchmarks/peers/requirements.txt benchmarks/peers/llama_cm
 		-r benchmarks/peers/requirements.txt
 	touch $@
 
+# vLLM 0.33.0's own OpenAI-server tests run unchanged against tokenmill serve (benchmarks/peers/vllm_suite/run.py);
+# not part of `make test`: it downloads vLLM's source distribution for its tests, and its venv holds vLLM's wheel
+$(VLLM_SUITE)/.installed: benchmarks/peers/vllm_suite/requirements.txt
+	test -x $(VLLM_SUITE)/bin/python || $(PYTHON) -m venv $(VLLM_SUITE)
+	$(VLLM_SUITE)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_SUITE)/bin/python -m pip install --quiet --no-deps vllm==0.33.0
+	$(VLLM_SUITE)/bin/python -m pip install --quiet -r benchmarks/peers/vllm_suite/requirements.txt
+	touch $@
+
+vllm-suite: test-deps $(VLLM_SUITE)/.installed
+	$(BIN)/python benchmarks/peers/vllm_suite/run.py --python $(VLLM_SUITE)/bin/python
+
 # tokenmill beside llama.cpp, in one run (see benchmarks/README.md): the bundled models, then a SmolLM2-1.7B-shaped
 # Q4_K_M GGUF (written into ~/.cache/tokenmill/synth the first time)
 bench: test-deps bench-peers
@@ -90,4 +103,4 @@ moe-reference: install bench-peers
 		--tokenizer "$$($(BIN)/python -c 'from tokenmill.loader.model_path import bundled_model_path as p; print(p())')"
 
 clean:
-	rm -rf $(VENV) $(PEERS) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(PEERS) $(VLLM_SUITE) .pytest_cache .ruff_cache *.egg-info
