@@ -77,14 +77,12 @@ def vllm_source(cache: Path) -> Path:
 
 
 def qwen3_standin(work: Path) -> tuple[Path, Tokenizer]:
-    """The tiny qwen3 model with Qwen3's template and added tokens, and its tokenizer."""
+    """The tiny qwen3 model with Qwen3's template and added tokens (Qwen3's context), and its tokenizer; written
+    anew each run (a second), so it is never a stale one."""
     path = work / "qwen3-standin.gguf"
-    if not path.exists():
-        template = (REPO / "tests" / "data" / "templates" / "qwen3.jinja").read_text()
-        model = TinyModel(arch="qwen3", vocab_size=49152 + len(QWEN3_ADDED), context=40960, head_size=16)
-        write_tiny_gguf(
-            path, model, tokenizer_from=bundled_model_path(), chat_template=template, added_tokens=QWEN3_ADDED
-        )
+    template = (REPO / "tests" / "data" / "templates" / "qwen3.jinja").read_text()
+    model = TinyModel(arch="qwen3", vocab_size=49152 + len(QWEN3_ADDED), context=40960, head_size=16)
+    write_tiny_gguf(path, model, tokenizer_from=bundled_model_path(), chat_template=template, added_tokens=QWEN3_ADDED)
     return path, Tokenizer.from_gguf(GGUFFile(path))
 
 
