@@ -16,6 +16,9 @@ from typing import Any
 import gguf
 import numpy as np
 
+# Qwen3's added tokens that are text, not control (user-defined in its GGUF, special: false in HF): single tokens
+# the model writes in its replies
+QWEN3_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 # GGUF architecture name -> gguf's enum (for its tensor-name map)
 _ARCHES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 

@@ -1,18 +1,15 @@
 """The tokenizer as the grammars see it: added tokens that are text (Qwen3's <think> and <tool_call>, user-defined
 in GGUF, `special: false` in HF) match a grammar's text, as the model writes them; control tokens stay special."""
 
-from pathlib import Path
-
 import pytest
 
-from tests.gguf_builder import TinyModel, write_tiny_gguf
+from tests.gguf_builder import QWEN3_ADDED, TinyModel, write_tiny_gguf
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import bundled_model_path
 from tokenmill.structured.grammars import GrammarCompiler
 from tokenmill.structured.params import StructuredOutputsParams
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
-QWEN3_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 CALL = {"type": "object", "properties": {"name": {"const": "f"}}, "required": ["name"], "additionalProperties": False}
 
 
@@ -20,7 +17,7 @@ CALL = {"type": "object", "properties": {"name": {"const": "f"}}, "required": ["
 def tokenizer(tmp_path_factory) -> Tokenizer:
     path = tmp_path_factory.mktemp("qwen3-tokens") / "tiny.gguf"
     model = TinyModel(vocab_size=49152 + len(QWEN3_ADDED), hidden=16, intermediate=32, layers=1, heads=2, kv_heads=1)
-    write_tiny_gguf(Path(path), model, tokenizer_from=bundled_model_path(), added_tokens=QWEN3_ADDED)
+    write_tiny_gguf(path, model, tokenizer_from=bundled_model_path(), added_tokens=QWEN3_ADDED)
     return Tokenizer.from_gguf(GGUFFile(path))
 
 

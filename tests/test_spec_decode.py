@@ -410,8 +410,8 @@ def test_step_descriptions_tell_proposed_and_accepted_tokens(auto_pair) -> None:
 def test_sliding_window_models_draft_and_are_drafted_for(gemma3_path) -> None:
     """Gemma 3 (five layers with a window of 512 to one global) drafting, in its 4-bit file form, for itself in
     float32, past its window: the target's window layers keep their own pool, the draft (whose window layers read
-    the full pool's block tables) proposes, and the tokens are plain greedy decoding's. The KV memory splits the
-    draft's share into the full pool: the same budget holds the draft's K/V of every full-pool block."""
+    the full pool's block tables) proposes, and the tokens are plain greedy decoding's. (How the memory splits
+    with a draft: tests/test_kv_cache_sizing.py.)"""
     from tests.test_gemma3 import long_prompt_text
 
     plain = LLM(str(gemma3_path), max_num_batched_tokens=256, num_kv_blocks=160)

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "src"))
 
-from tests.gguf_builder import TinyModel, write_tiny_gguf  # noqa: E402
+from tests.gguf_builder import QWEN3_ADDED, TinyModel, write_tiny_gguf  # noqa: E402
 from tokenmill.loader.gguf_file import GGUFFile  # noqa: E402
 from tokenmill.loader.model_path import bundled_model_path  # noqa: E402
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer  # noqa: E402
@@ -42,7 +42,7 @@ VLLM_VERSION = "0.33.0"
 SIMPLE_INDEX = "https://pypi.org/simple/vllm/"
 CACHE = Path.home() / ".cache" / "tokenmill" / "vllm-suite"
 HERE = Path(__file__).resolve().parent
-QWEN3_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+QWEN3_TEMPLATE = REPO / "tests" / "data" / "templates" / "qwen3.jinja"
 QWEN3_NAMES = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B")  # the names the selected tests use
 SNAPSHOT = "0" * 40  # the offline cache's revision of each stand-in's tokenizer
 STANDIN_THINKING = "<think>\nThe user asks for a sum. One plus one is two, so I answer 2.\n</think>\n\n"
@@ -80,7 +80,7 @@ def qwen3_standin(work: Path) -> tuple[Path, Tokenizer]:
     """The tiny qwen3 model with Qwen3's template and added tokens (Qwen3's context), and its tokenizer; written
     anew each run (a second), so it is never a stale one."""
     path = work / "qwen3-standin.gguf"
-    template = (REPO / "tests" / "data" / "templates" / "qwen3.jinja").read_text()
+    template = QWEN3_TEMPLATE.read_text()
     model = TinyModel(arch="qwen3", vocab_size=49152 + len(QWEN3_ADDED), context=40960, head_size=16)
     write_tiny_gguf(path, model, tokenizer_from=bundled_model_path(), chat_template=template, added_tokens=QWEN3_ADDED)
     return path, Tokenizer.from_gguf(GGUFFile(path))
@@ -146,8 +146,7 @@ def main() -> None:
     work = args.cache / "work"
     work.mkdir(parents=True, exist_ok=True)
     standin, tokenizer = qwen3_standin(work)
-    template = (REPO / "tests" / "data" / "templates" / "qwen3.jinja").read_text()
-    write_hf_cache(work / "hf" / "hub", QWEN3_NAMES, tokenizer, template)
+    write_hf_cache(work / "hf" / "hub", QWEN3_NAMES, tokenizer, QWEN3_TEMPLATE.read_text())
     script = {
         "think": tokenizer.encode(STANDIN_THINKING),
         "answer": tokenizer.encode(STANDIN_ANSWER) + [tokenizer.token_to_id("<|im_end|>")],
