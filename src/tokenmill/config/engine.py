@@ -58,6 +58,12 @@ class EngineConfig:
         choices=KV_CACHE_DTYPE_NAMES,
     )
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of shared prompt prefixes (default: on)")
+    weight_cache: bool = option(
+        False,
+        "keep the quantized weights as the native kernels lay them out in a file under the cache directory (about "
+        "the model file's size, one per model), so that later loads map it instead of reading and repacking the "
+        "model file (default: off)",
+    )
     max_num_seqs: int = option(64, "sequences per step (default 64)", int)
     max_num_batched_tokens: int = option(512, "tokens per step: prefill chunks + decodes (default 512)", int)
     decode_step_ms: float = option(
@@ -164,6 +170,8 @@ class EngineConfig:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidParameterError("enable_prefix_caching must be true or false", "enable_prefix_caching")
+        if not isinstance(self.weight_cache, bool):
+            raise InvalidParameterError("weight_cache must be true or false", "weight_cache")
 
     @classmethod
     def from_options(cls, options: dict) -> "EngineConfig":

@@ -97,6 +97,7 @@ class LLMEngine(EngineCore):
                 self.config.block_size,
                 quantization,
                 kv_cache_dtype=self.config.kv_cache_dtype,
+                weight_cache=self.config.weight_cache,
             )
         self.model_config = self.runner.model_config
         self.drafter: DraftModelProposer | None = None

@@ -53,6 +53,7 @@ class RankSpec:
     tensor_parallel_size: int
     collective_timeout_s: float
     kv_cache_dtype: str = "auto"
+    weight_cache: bool = False
 
     @classmethod
     def for_engine(cls, model: str | None, dtype: str, quantization: str | None, config: EngineConfig) -> "RankSpec":
@@ -66,6 +67,7 @@ class RankSpec:
             c.tensor_parallel_size,
             c.collective_timeout_s,
             c.kv_cache_dtype,
+            c.weight_cache,
         )
 
     def to_json(self) -> str:

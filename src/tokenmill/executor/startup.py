@@ -67,6 +67,7 @@ def load_shard(spec: RankSpec, group: ParallelGroup) -> ModelRunner:
         quantization,
         (plan, group),
         kv_cache_dtype=spec.kv_cache_dtype,
+        weight_cache=spec.weight_cache,
     )
 
 

@@ -30,6 +30,7 @@ from torch import nn
 
 from tokenmill import native
 from tokenmill.loader.dequantize import dequantize
+from tokenmill.loader.weight_cache import IN_MEMORY, InMemoryWeights
 
 INT4_GROUP_SIZE = 32
 # int8 activation passes of every projection's product, prompt and generated tokens alike (one kernel: a token's
@@ -61,7 +62,9 @@ NATIVE_GROUP = 16  # output rows per group in the native kernels' interleaved we
 NATIVE_TYPES = frozenset(
     GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 )
-RawRows = torch.Tensor | np.ndarray  # uint8 [rows, bytes per row]: a GGUF tensor's rows as stored
+# uint8 [rows, bytes per row]: a GGUF tensor's rows as stored (or an object with `shape`, `ndim` and `__array__`
+# that makes them on demand: model/weights.py's LazyRows)
+RawRows = torch.Tensor | np.ndarray
 
 
 def _padded(rows: int) -> int:
@@ -84,8 +87,15 @@ class NativeLinear(nn.Module):
     rows must be a multiple of 16)."""
 
     def __init__(
-        self, parts: Sequence[tuple[RawRows, GGMLQuantizationType]], in_features: int, passes: int = 1, lib=None
+        self,
+        parts: Sequence[tuple[RawRows, GGMLQuantizationType]],
+        in_features: int,
+        passes: int = 1,
+        lib=None,
+        store: InMemoryWeights = IN_MEMORY,
     ):
+        """`store` gives the repacked buffers (loader/weight_cache.py: made in memory, or mapped from a cache file,
+        when the raw rows are not read at all)."""
         super().__init__()
         self._lib = lib if lib is not None else native.load()
         if self._lib is None:
@@ -100,7 +110,7 @@ class NativeLinear(nn.Module):
         self.out_features = sum(self.part_rows)
         c_parts = []
         for i, ((raw, _), ggml_type, rows) in enumerate(zip(parts, self.part_types, self.part_rows, strict=True)):
-            buffer = self._repack(raw, ggml_type, rows)  # uint8 [repacked bytes]
+            buffer = self._repack(raw, ggml_type, rows, store)  # uint8 [repacked bytes]
             self.register_buffer(f"part{i}", buffer, persistent=False)
             c_parts.append(native.Part(int(ggml_type), _padded(rows), in_features, buffer.data_ptr()))
         self.c_weight = native.Weight(len(c_parts), (native.Part * native.MAX_PARTS)(*c_parts))
@@ -126,7 +136,7 @@ class NativeLinear(nn.Module):
         """A float weight [out, in] quantized to Q8_0 or Q4_1 blocks (gguf_rows_from_float)."""
         return cls([(gguf_rows_from_float(weight, ggml_type), ggml_type)], weight.shape[1], passes, lib)
 
-    def _repack(self, raw: RawRows, ggml_type: GGMLQuantizationType, rows: int) -> torch.Tensor:
+    def _repack(self, raw: RawRows, ggml_type: GGMLQuantizationType, rows: int, store: InMemoryWeights) -> torch.Tensor:
         if ggml_type not in NATIVE_TYPES:
             raise ValueError(f"the native products do not take {ggml_type.name} weights")
         values, block_bytes = GGML_QUANT_SIZES[ggml_type]
@@ -135,18 +145,19 @@ class NativeLinear(nn.Module):
             raise ValueError(
                 f"{ggml_type.name} rows of {self.in_features} inputs are {row_bytes} bytes: {tuple(raw.shape)}"
             )
-        if isinstance(raw, np.ndarray):  # straight from the file's pages: no copy unless not contiguous
-            raw = np.ascontiguousarray(raw).view(np.uint8)
-            pointer, keep = raw.ctypes.data, raw
-        else:
-            keep = raw.contiguous().view(torch.uint8)
-            pointer = keep.data_ptr()
+
+        def fill(address: int) -> None:  # reads the raw rows only when the store has no copy of the result
+            if isinstance(raw, torch.Tensor):
+                keep = raw.contiguous().view(torch.uint8)
+                pointer = keep.data_ptr()
+            else:  # straight from the file's pages (no copy unless not contiguous), or rows made on demand
+                keep = np.ascontiguousarray(raw).view(np.uint8)
+                pointer = keep.ctypes.data
+            if self._lib.tm_repack(int(ggml_type), pointer, rows, self.in_features, address) != 0:
+                raise ValueError(f"cannot repack {ggml_type.name} rows of {self.in_features} inputs")
+
         size = self._lib.tm_repack_bytes(int(ggml_type), rows, self.in_features)
-        buffer = torch.empty(size, dtype=torch.uint8)
-        if self._lib.tm_repack(int(ggml_type), pointer, rows, self.in_features, buffer.data_ptr()) != 0:
-            raise ValueError(f"cannot repack {ggml_type.name} rows of {self.in_features} inputs")
-        del keep
-        return buffer
+        return store.buffer(int(ggml_type), rows, self.in_features, size, fill)
 
     @property
     def nbytes(self) -> int:

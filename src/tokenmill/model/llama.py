@@ -22,6 +22,7 @@ from tokenmill.layers.moe import MixtureOfExperts
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
 from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.weight_cache import IN_MEMORY, InMemoryWeights
 from tokenmill.model.config import ModelConfig
 from tokenmill.model.weights import WeightLoader
 
@@ -293,14 +294,16 @@ class LlamaForCausalLM(nn.Module):
             ]
         )
 
-    def load_weights(self, source: GGUFFile, quantization: str | None = None) -> None:
+    def load_weights(
+        self, source: GGUFFile, quantization: str | None = None, store: InMemoryWeights = IN_MEMORY
+    ) -> None:
         """Build every weight from `source` in the kernels of `quantization` (None: dequantized to the compute
         dtype; "auto", "int4", "int8": model/weights.py), one tensor at a time. Under the quantized modes no float
         copy of a projection, the LM head or the embedding table is made: they go from the file's blocks to the
         native kernels' as the file has them (`auto`: every GGUF block type; `int4`: Q4_0/Q4_1/Q4_K/MXFP4 kept, the
-        rest re-coded to Q4_1)."""
+        rest re-coded to Q4_1). `store` gives the native kernels' buffers (loader/weight_cache.py)."""
         c = self.config
-        weights = WeightLoader(source, quantization, self.dtype)
+        weights = WeightLoader(source, quantization, self.dtype, store)
         head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
         self.lm_head = weights.head(head_name)
         # a tied head is the table itself: its rows can be looked up from the head's blocks (an untied head of the

@@ -1,14 +1,17 @@
 """Architecture name (GGUF `general.architecture`, or config.json's mapped by loader/hf_checkpoint.py) -> model
 class, and building a loaded model from either source."""
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from tokenmill import native
 from tokenmill.distributed.shard import ShardedGGUF, ShardPlan
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.model_source import ModelSource
+from tokenmill.loader.weight_cache import IN_MEMORY, InMemoryWeights, open_weight_cache
 from tokenmill.model.config import ModelConfig
 from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.model.llama import LlamaForCausalLM
@@ -46,11 +49,13 @@ def build_model(
     device: torch.device,
     quantization: str | None = None,
     parallel: "tuple[ShardPlan, ParallelGroup] | None" = None,
+    weight_cache: bool = False,
 ) -> tuple[nn.Module, ModelConfig]:
     """Instantiate the architecture of `gguf`, build its weights from the file in `quantization` mode's kernels
     (model/weights.py) and move them to `device`.
-    With `parallel`, only this rank's shard of every weight is read and held. Returns the model and the whole
-    model's config."""
+    With `parallel`, only this rank's shard of every weight is read and held. With `weight_cache`, the native
+    kernels' buffers are kept in a file under the cache directory and mapped from it by later loads
+    (loader/weight_cache.py). Returns the model and the whole model's config."""
     model_class = model_class_for(gguf)
     config = model_config_from_source(gguf)
     check_tensor_shapes(gguf, config)  # before any weight is read
@@ -61,11 +66,30 @@ def build_model(
         gguf = ShardedGGUF(gguf, plan)  # type: ignore[assignment]
         model = model_class(plan.local_config, dtype)
         model.parallel, model.vocab_start = group, plan.vocab[0]
-    model.load_weights(gguf, quantization)
+    store = _weight_store(gguf, quantization, parallel) if weight_cache else IN_MEMORY
+    try:
+        model.load_weights(gguf, quantization, store)
+    except BaseException:
+        store.abandon()
+        raise
+    store.finish()
+    model.weight_store = store  # its state: "off", "read" (mapped from the cache) or "written" (being written)
     placeholders = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if placeholders:  # a bug: every weight must have been built
         raise RuntimeError(f"weights left unloaded: {', '.join(placeholders[:4])}")
     return model.to(device).eval(), config
+
+
+def _weight_store(
+    gguf: ModelSource, quantization: str | None, parallel: "tuple[ShardPlan, ParallelGroup] | None"
+) -> InMemoryWeights:
+    """The weight cache of this model file, quantization and rank (only the native kernels' buffers are cached)."""
+    library = native.load()
+    if quantization not in ("auto", "int4") or library is None:
+        return IN_MEMORY
+    rank, world = (parallel[1].rank, parallel[1].world_size) if parallel is not None else (0, 1)
+    options = {"quantization": quantization, "rank": rank, "world_size": world}
+    return open_weight_cache(Path(gguf.path), options, Path(library._name).name)
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

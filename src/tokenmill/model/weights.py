@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from tokenmill import native
@@ -35,10 +35,12 @@ from tokenmill.layers.quantized_linear import (
 from tokenmill.loader.dequantize import dequantize
 from tokenmill.loader.experts import expert_tensor
 from tokenmill.loader.gguf_file import GGUFTensor
+from tokenmill.loader.weight_cache import IN_MEMORY, InMemoryWeights
 
 FOUR_BIT_TYPES = frozenset(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q4_K", "MXFP4"))  # int4 keeps these
 QUANTIZED_MODES = ("auto", "int4", "int8")
-NativePart = tuple[np.ndarray, GGMLQuantizationType]  # raw rows uint8 [rows, bytes per row] and their type
+# raw rows uint8 [rows, bytes per row] (a view of the file, or LazyRows) and their type
+NativePart = tuple["np.ndarray | LazyRows", GGMLQuantizationType]
 
 # (tensor name, its number of rope heads when its rows are stored permuted for ggml's rope, else None)
 TensorSource = tuple[str, int | None]
@@ -56,12 +58,27 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
+class LazyRows:
+    """Raw rows uint8 [rows, bytes per row] made only when read (np.asarray): a copy or a conversion that a weight
+    cache's hit never needs (loader/weight_cache.py)."""
+
+    def __init__(self, shape: tuple[int, int], make: Callable[[], np.ndarray]):
+        self.shape, self.ndim, self.make = shape, 2, make
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        rows = self.make()
+        assert rows.shape == self.shape, f"rows made {rows.shape}, announced {self.shape}"
+        return rows if dtype is None else rows.astype(dtype)
+
+
 def _joined(parts: list[NativePart]) -> list[NativePart]:
     """Neighbouring parts of one type as one (the native products take a few parts; fewer run faster)."""
     joined: list[NativePart] = []
     for rows, ggml_type in parts:
         if joined and joined[-1][1] == ggml_type:
-            joined[-1] = (np.concatenate([joined[-1][0], rows]), ggml_type)
+            both = (joined[-1][0], rows)
+            shape = (both[0].shape[0] + rows.shape[0], rows.shape[1])
+            joined[-1] = (LazyRows(shape, lambda both=both: np.concatenate([np.asarray(r) for r in both])), ggml_type)
         else:
             joined.append((rows, ggml_type))
     return joined
@@ -71,12 +88,14 @@ class WeightLoader:
     """Builds a model's modules from `source` (a GGUF file, a checkpoint, or one rank's shard of either) for
     quantization `mode` (None, or one of QUANTIZED_MODES), in `dtype`."""
 
-    def __init__(self, source, mode: str | None, dtype: torch.dtype):
+    def __init__(self, source, mode: str | None, dtype: torch.dtype, store: InMemoryWeights = IN_MEMORY):
+        """`store`: where the native kernels' buffers come from (loader/weight_cache.py)."""
         if mode is not None and mode not in QUANTIZED_MODES:
             raise ValueError(f"unknown quantization mode {mode!r}")
         self.source = source
         self.mode = mode
         self.dtype = dtype
+        self.store = store
 
     # ---- reading -------------------------------------------------------------------------------------------------
 
@@ -99,12 +118,12 @@ class WeightLoader:
     def _float_of(self, t: GGUFTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         return dequantize(t.data, t.ggml_type, t.shape).to(dtype or self.dtype)
 
-    def _raw(self, t: GGUFTensor, heads: int | None) -> np.ndarray:
+    def _raw(self, t: GGUFTensor, heads: int | None) -> "np.ndarray | LazyRows":
         """A tensor's raw rows as stored (uint8 [rows, bytes per row]: a view of the file, or with rope rows put back
-        in HF's order a copy)."""
+        in HF's order a copy made when read)."""
         rows = np.asarray(t.data).reshape(t.shape[0], -1).view(np.uint8)
         if heads:
-            rows = unpermute_rope_rows(torch.from_numpy(np.array(rows, copy=True)), heads).numpy()
+            return LazyRows(rows.shape, lambda: unpermute_rope_rows(torch.from_numpy(rows.copy()), heads).numpy())
         return rows
 
     def float_rows(self, name: str, heads: int | None) -> torch.Tensor:
@@ -147,7 +166,7 @@ class WeightLoader:
         if self.mode == "int8" or lib is None:  # torch's kernels, from float: one projection at a time
             return Int8Linear(float_weight()) if self.mode == "int8" else Int4Linear(float_weight())
         parts = [self._native_part(t, heads, self.mode) for t, heads in sources]
-        return NativeLinear(_joined(parts), sources[0][0].shape[-1], ACTIVATION_PASSES, lib)
+        return NativeLinear(_joined(parts), sources[0][0].shape[-1], ACTIVATION_PASSES, lib, self.store)
 
     def _native_part(self, t: GGUFTensor, heads: int | None, mode: str) -> NativePart:
         """One source tensor as raw rows of a type the native products read: the file's own blocks where the mode
@@ -156,8 +175,9 @@ class WeightLoader:
         keep = NATIVE_TYPES if mode == "auto" else FOUR_BIT_TYPES
         if t.ggml_type in keep:
             return self._raw(t, heads), t.ggml_type
-        rows = gguf_rows_from_float(self._float_rows_of(t, heads), GGMLQuantizationType.Q4_1)
-        return rows.numpy(), GGMLQuantizationType.Q4_1
+        q4_1 = GGMLQuantizationType.Q4_1
+        shape = (t.shape[0], t.shape[-1] // GGML_QUANT_SIZES[q4_1][0] * GGML_QUANT_SIZES[q4_1][1])
+        return LazyRows(shape, lambda: gguf_rows_from_float(self._float_rows_of(t, heads), q4_1).numpy()), q4_1
 
     def _stacked(self, parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -174,9 +194,10 @@ class WeightLoader:
         if tensor.ggml_type in NATIVE_TYPES:
             part = self._native_part(tensor, None, "auto")
         else:
-            rows = gguf_rows_from_float(self.float_tensor(name), GGMLQuantizationType.Q8_0)
-            part = (rows.numpy(), GGMLQuantizationType.Q8_0)
-        head = NativeLinear([part], tensor.shape[-1], 2, lib)
+            q8_0 = GGMLQuantizationType.Q8_0
+            shape = (tensor.shape[0], tensor.shape[-1] // GGML_QUANT_SIZES[q8_0][0] * GGML_QUANT_SIZES[q8_0][1])
+            part = (LazyRows(shape, lambda: gguf_rows_from_float(self._float_of(tensor), q8_0).numpy()), q8_0)
+        head = NativeLinear([part], tensor.shape[-1], 2, lib, self.store)
         self._release(tensor)
         return head
 

@@ -79,13 +79,15 @@ class ModelRunner:
         quantization: str | None = None,
         parallel: "tuple[ShardPlan, ParallelGroup] | None" = None,
         kv_cache_dtype: str = "auto",
+        weight_cache: bool = False,
     ):
         """`parallel`: this process is one tensor-parallel rank and holds that shard of the model;
-        `kv_cache_dtype`: EngineConfig's (resolved by runner/kv_cache.py)."""
+        `kv_cache_dtype`: EngineConfig's (resolved by runner/kv_cache.py); `weight_cache`: EngineConfig's (the
+        native kernels' weights mapped from a cache file: model/registry.py)."""
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
-        self.model, self._model_config = build_model(gguf, dtype, device, quantization, parallel)
+        self.model, self._model_config = build_model(gguf, dtype, device, quantization, parallel, weight_cache)
         self.config = self.model.config  # the part held here: sizes the KV cache
         # what computes generated tokens (runner/decode_backend.py); None: the model's forward, with the prompts
         self.decode_backend = choose_decode_backend(self.model, quantization)
