@@ -796,6 +796,26 @@ def test_required_tool_calls_are_valid_calls(client: openai.OpenAI, model: str) 
     assert named.choices[0].message.tool_calls[0].function.name == "get_time"
 
 
+def test_the_log_says_the_finish_the_api_reported(server: ServerProcess, client: openai.OpenAI, model: str) -> None:
+    """A reply that is a call finishes "tool_calls" on the API, and so says its log line (it said "stop")."""
+    for stream in (False, True):
+        call_id = f"logged-call-{stream}"
+        answer = client.chat.completions.create(
+            model=model,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=60,
+            temperature=0,
+            stream=stream,
+            extra_headers={"X-Request-Id": call_id},
+        )
+        choices = [c for chunk in answer for c in chunk.choices] if stream else answer.choices
+        assert "tool_calls" in [c.finish_reason for c in choices]
+        (line,) = server.log_lines(f"chatcmpl-{call_id} ")
+        assert "200: " in line and "finish tool_calls," in line
+
+
 def test_a_streamed_tool_call_reassembles_to_the_same_call(client: openai.OpenAI, model: str) -> None:
     kwargs = dict(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0)
     whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
@@ -1051,3 +1071,37 @@ def test_answers_carry_a_system_fingerprint(client: openai.OpenAI, model: str) -
     chunks = list(client.completions.create(model=model, prompt="Hi", max_tokens=2, stream=True))
     assert chat.system_fingerprint and chat.system_fingerprint.startswith("fp_")
     assert text.system_fingerprint == chat.system_fingerprint == chunks[0].system_fingerprint
+
+
+def test_every_failed_call_leaves_one_log_line(server: ServerProcess, client: openai.OpenAI, model: str) -> None:
+    """One line per API call, as the README promises: failed calls too (400, 404, 413, a client that left), each
+    with its status and why; a successful call keeps its own single line."""
+    url = f"{server.url}/v1/chat/completions"
+    ask = [{"role": "user", "content": "Hi"}]
+    calls = {
+        "failed-400": ({"messages": ask, "temperature": -1}, 400),
+        "failed-404": ({"messages": ask, "model": "nope"}, 404),
+        "failed-n": ({"messages": ask, "n": 9999}, 400),  # refused by the engine's checks, not the schema
+        "failed-413": ({"messages": [{"role": "user", "content": "a" * 5_000_000}]}, 413),
+        "succeeded": ({"messages": ask, "max_tokens": 2}, 200),
+    }
+    for call_id, (body, status) in calls.items():
+        try:
+            answer = httpx.post(url, json=body, headers={"X-Request-Id": call_id}, timeout=60)
+        except httpx.TransportError:  # the 413 may come before the client has sent it all, and close
+            assert status == 413
+            continue
+        assert answer.status_code == status, answer.text
+    for call_id, (_, status) in calls.items():
+        (line,) = server.log_lines(f"{call_id} ")
+        assert f" /v1/chat/completions {status}: " in line, line
+    assert "model `nope` does not exist" in server.log_lines("failed-404 ")[0]
+    assert "chatcmpl-succeeded /v1/chat/completions 200: " in server.log_lines("succeeded ")[0]
+    # a route that does not exist, and a client that leaves before its answer
+    assert httpx.get(f"{server.url}/v1/nothing", headers={"X-Request-Id": "failed-route"}).status_code == 404
+    assert " /v1/nothing 404: " in server.log_lines("failed-route ")[0]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url, json={"messages": ask, "max_tokens": 4000, "ignore_eos": True}, timeout=1.0,
+                   headers={"X-Request-Id": "failed-left"})  # fmt: skip
+    (line,) = server.log_lines("failed-left ", timeout=30)
+    assert " /v1/chat/completions aborted: " in line

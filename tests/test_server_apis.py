@@ -335,13 +335,36 @@ def test_anthropic_messages_whole_and_streamed(anthropic_client, client: openai.
     assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
-def test_anthropic_tool_use_whole_and_streamed(anthropic_client, model: str) -> None:
+def test_anthropic_streams_usage_with_cache_reads_from_the_start(anthropic_client, model: str) -> None:
+    """message_start's usage carries cache_read_input_tokens and cache_creation_input_tokens, as Anthropic's API:
+    the second of two same prompts reads most of it from the prefix cache."""
+    ask = [{"role": "user", "content": "Tell me about the prefix cache of this server, please."}]
+    counted = anthropic_client.messages.count_tokens(model=model, messages=ask).input_tokens
+    starts = []
+    for _ in range(2):
+        with anthropic_client.messages.stream(model=model, max_tokens=3, messages=ask) as s:
+            starts += [e.message.usage for e in s if e.type == "message_start"]
+    first, second = starts
+    assert first.cache_creation_input_tokens == second.cache_creation_input_tokens == 0
+    assert first.input_tokens + first.cache_read_input_tokens == counted
+    assert second.cache_read_input_tokens >= 16 and second.input_tokens + second.cache_read_input_tokens == counted
+
+
+def test_anthropic_tool_use_whole_and_streamed(anthropic_client, model: str, server: ServerProcess) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     forced = {"type": "tool", "name": "get_weather"}
     message = anthropic_client.messages.create(
-        model=model, max_tokens=60, messages=ask, tools=[WEATHER_TOOL], tool_choice=forced
+        model=model,
+        max_tokens=60,
+        messages=ask,
+        tools=[WEATHER_TOOL],
+        tool_choice=forced,
+        extra_headers={"X-Request-Id": "anthropic-tool-use"},
     )
     assert message.stop_reason == "tool_use"
+    # the request log says the finish the API reported: a call, not "stop"
+    (line,) = server.log_lines("msg-anthropic-tool-use ")
+    assert "msg-anthropic-tool-use /v1/messages 200: " in line and "finish tool_calls," in line
     (use,) = [b for b in message.content if b.type == "tool_use"]
     assert use.name == "get_weather" and isinstance(use.input["city"], str) and use.id.startswith("toolu_")
     with anthropic_client.messages.stream(

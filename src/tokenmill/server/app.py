@@ -21,6 +21,7 @@ from tokenmill import __version__
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server import schemas
 from tokenmill.server.anthropic import add_anthropic_routes
+from tokenmill.server.call_log import CallLog
 from tokenmill.server.chat import create_chat_completion
 from tokenmill.server.completions import create_completion
 from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
@@ -60,9 +61,10 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     def protected(path: str) -> bool:
         return path.startswith(PROTECTED_PREFIXES) or (settings.metrics_require_key and path == "/metrics")
 
-    # added innermost first. From the outside in: Host and Origin are checked before anything else; a browser's
-    # preflight (OPTIONS, no key) is answered by CORS; the key is checked before a body is read; bodies are
-    # bounded before they are parsed, and read as JSON whatever their Content-Type (safe behind the origin check)
+    # added innermost first. From the outside in: every failed call gets its log line (call_log.py); Host and
+    # Origin are checked before anything else; a browser's preflight (OPTIONS, no key) is answered by CORS; the
+    # key is checked before a body is read; bodies are bounded before they are parsed, and read as JSON whatever
+    # their Content-Type (safe behind the origin check)
     policy = state.origin_policy
     app.add_middleware(JSONBodies)
     app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
@@ -76,6 +78,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         expose_headers=["x-request-id"],
     )
     app.add_middleware(HostOriginGuard, policy=policy)
+    app.add_middleware(CallLog, enabled=lambda: settings.log_requests)
     with_model = error_responses(400, 401, 404, 413, 503)
 
     @app.get(
