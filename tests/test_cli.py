@@ -69,6 +69,19 @@ def test_bad_model_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_a_model_name_that_names_nothing_says_where_to_look() -> None:
+    """`--model llama3` or a Hub id was answered "no such file": the error names the models there are, the command
+    that lists them, and (for a Hub id) that tokenmill does not download; before anything loads."""
+    guessed = run("serve", "--model", "llama3", "--port", "0", timeout=60)
+    assert guessed.returncode == 2 and "Traceback" not in guessed.stderr
+    assert "'llama3' is no model's name" in guessed.stderr and "`tokenmill models` lists them" in guessed.stderr
+    assert "smollm2-135m, gemma3-270m" in guessed.stderr and "Hub" not in guessed.stderr
+    hub = run("generate", "hi", "--model", "meta-llama/Llama-3.1-8B", timeout=60)
+    assert hub.returncode == 2 and "`tokenmill models`" in hub.stderr
+    assert "looks like a Hugging Face Hub id: tokenmill does not download models" in hub.stderr
+    assert "loading" not in hub.stderr  # refused before the loading line
+
+
 @pytest.mark.server
 def test_serve_exits_when_the_engine_cannot_be_built() -> None:
     """`tokenmill serve` builds its engine in a thread while the web stack starts: a failure there still ends the

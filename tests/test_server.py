@@ -1105,3 +1105,34 @@ def test_every_failed_call_leaves_one_log_line(server: ServerProcess, client: op
                    headers={"X-Request-Id": "failed-left"})  # fmt: skip
     (line,) = server.log_lines("failed-left ", timeout=30)
     assert " /v1/chat/completions aborted: " in line
+
+
+def test_openai_paths_without_v1(server: ServerProcess, model: str) -> None:
+    """A client given the server's address without /v1 is served, as llama.cpp's server serves it."""
+    bare = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in bare.models.list().data] == [model]
+    assert bare.models.retrieve(model).id == model
+    ask = [{"role": "user", "content": "Hi"}]
+    assert bare.chat.completions.create(model=model, messages=ask, max_tokens=2).usage.completion_tokens == 2
+    assert bare.completions.create(model=model, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    assert len(bare.embeddings.create(model=model, input="Hi").data[0].embedding) == 576
+    with pytest.raises(openai.NotFoundError):
+        bare.models.retrieve("nope")
+    # documented once, under /v1
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert "/v1/chat/completions" in paths and "/chat/completions" not in paths
+
+
+def test_a_regex_digit_is_an_ascii_digit(client: openai.OpenAI, model: str) -> None:
+    """`\\d` is [0-9], as in a JSON schema's pattern: with the tokens of '🯸' (a Unicode digit) favoured, the
+    output still holds only ASCII digits (Rust's Unicode \\d let the model write '🯸🯸🯸🯸-🯸🯸-🯸🯸')."""
+    favoured = {str(t): 100 for t in (10813, 124, 133)}  # '🯸' in the bundled tokenizer
+    answer = client.completions.create(
+        model=model,
+        prompt="Today's date:",
+        max_tokens=20,
+        temperature=0,
+        logit_bias=favoured,
+        extra_body={"structured_outputs": {"regex": r"\d{4}-\d{2}-\d{2}"}},
+    )
+    assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", answer.choices[0].text), answer.choices[0].text

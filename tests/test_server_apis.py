@@ -22,7 +22,7 @@ TEXTS = ["The cat sat on the mat.", "A cat is sitting on a mat.", "Quarterly rev
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server()  # `auto`, as a user starts it
+    proc = start_server("--model", "smollm2-135m")  # `auto`, as a user starts it, naming the bundled model
     yield proc
     assert proc.stop() == 0
 
@@ -41,6 +41,22 @@ def client(server: ServerProcess) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
+
+
+def test_the_name_the_server_was_started_with_is_an_alias(
+    server: ServerProcess, client: openai.OpenAI, ollama_client, anthropic_client
+) -> None:
+    """`--model smollm2-135m` serves the file's id, SmolLM2-135M-Instruct; a client that sends the name the user
+    typed is served too, on every API, and /v1/models lists both (as vLLM lists --served-model-name's)."""
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct", "smollm2-135m"]
+    assert client.models.retrieve("smollm2-135m").id == "smollm2-135m"
+    ask = [{"role": "user", "content": "Hi"}]
+    assert client.chat.completions.create(model="smollm2-135m", messages=ask, max_tokens=2).usage.completion_tokens
+    assert client.embeddings.create(model="smollm2-135m", input="Hi").data
+    assert ollama_client.chat("smollm2-135m", ask, options={"num_predict": 2}).message.role == "assistant"
+    assert anthropic_client.messages.create(model="smollm2-135m", max_tokens=2, messages=ask).content
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gemma3-270m", messages=ask, max_tokens=2)
 
 
 # ---- OpenAI: /v1/embeddings -----------------------------------------------------------------------------------

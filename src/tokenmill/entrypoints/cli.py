@@ -30,12 +30,12 @@ def load_llm_with_progress(args: argparse.Namespace):
     """generate and chat: the model loads under a loading line (importing torch alone takes seconds)."""
     from tokenmill.entrypoints.terminal import LoadingLine
 
+    m = model_options(args)  # a --model that names nothing fails before the loading line
     with LoadingLine(args.model or "the bundled SmolLM2-135M-Instruct") as line:
         line.phase("importing torch")
         from tokenmill.entrypoints.llm import LLM
 
         line.phase("reading the model and building the engine")
-        m = model_options(args)
         return LLM(m.model, dtype=m.dtype, quantization=m.quantization, **engine_options(args))
 
 

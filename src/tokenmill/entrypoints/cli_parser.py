@@ -5,6 +5,7 @@ from dataclasses import fields
 
 from tokenmill import __version__
 from tokenmill.config import EngineConfig, ModelOptions
+from tokenmill.entrypoints.model_names import check_model_name
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
@@ -18,9 +19,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
-    """The model options of parsed arguments, validated (the quantization parsed: "none" -> None)."""
+    """The model options of parsed arguments, validated (the quantization parsed: "none" -> None; a --model that
+    names nothing is refused with the names there are)."""
     given = {f.name: getattr(args, f.name) for f in fields(ModelOptions) if getattr(args, f.name) is not None}
-    return ModelOptions(**given)
+    options = ModelOptions(**given)
+    check_model_name(options.model)
+    return options
 
 
 def add_config_options(
