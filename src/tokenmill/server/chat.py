@@ -383,12 +383,13 @@ async def _stream(
     def chunk(choices: list[dict]) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
-    yield chunk(
-        [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            for i in range(req.n)
-        ]
-    )
+    roles = [
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        for i in range(req.n)
+    ]
+    # return_token_ids: the prompt's ids at the top of the first chunk only, as vLLM's stream has them
+    prompt_ids = {"prompt_token_ids": generation.prompts[0]["prompt_token_ids"]} if req.return_token_ids else {}
+    yield f"data: {json.dumps({**head, 'choices': roles, **extra, **prompt_ids})}\n\n"
     final: RequestOutput | None = None
     try:
         async for _, out in generation.stream():
@@ -414,8 +415,6 @@ async def _stream(
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = list(o.delta_token_ids)
-                    if first == 0:
-                        choice["prompt_token_ids"] = out.prompt_token_ids
                 yield chunk([choice])
     except APIError as exc:
         yield exc.sse()
