@@ -1007,6 +1007,17 @@ def test_unknown_fields_are_refused_on_completions_and_embeddings(client: openai
     assert client.embeddings.create(model=model, input="Hi", user="someone").data
 
 
+def test_llama_cpp_n_predict_is_max_tokens(client: openai.OpenAI, model: str) -> None:
+    """llama.cpp's clients name the output's length n_predict on the OpenAI endpoints too; its slot and cache
+    hints, and the defaults SGLang's gateway writes into every request, ask for nothing and pass."""
+    ask = [{"role": "user", "content": "Tell me a story."}]
+    hints = {"id_slot": 0, "cache_prompt": False, "no_stop_trim": False, "separate_reasoning": True}
+    answer = client.completions.create(model=model, prompt="Once", extra_body={"n_predict": 3, "ignore_eos": True})
+    assert answer.usage.completion_tokens == 3
+    chat = client.chat.completions.create(model=model, messages=ask, extra_body={"n_predict": 5, **hints})
+    assert chat.usage.completion_tokens <= 5 and chat.choices[0].finish_reason == "length"
+
+
 def test_continuous_usage_stats_is_refused(client: openai.OpenAI, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(

@@ -97,7 +97,15 @@ ACCEPTED_UNUSED: dict[str, tuple[Any, ...] | None] = {
     "priority": (0,),
     "spaces_between_special_tokens": (True,),
     "cache_prompt": (True, False),  # llama.cpp's prompt cache: the prefix cache's hits change no output
+    "id_slot": None,  # llama.cpp's slot: every request here runs in one batch, its output the same in any
     "timings_per_token": (False,),
+    "return_progress": (False,),
+    "verbose": (False,),
+    # SGLang's, which its model gateway (sglang-router) writes into every request it forwards
+    "no_stop_trim": (False,),
+    "return_hidden_states": (False,),
+    "separate_reasoning": (True,),
+    "stream_reasoning": (True,),
 }
 
 
@@ -236,11 +244,20 @@ class SamplingFields(APIRequest):
     json_schema: dict[str, Any] | None = None
     # vLLM's: arguments for the server's custom logits processors (--logits-processors)
     vllm_xargs: dict[str, Any] | None = None
+    # llama.cpp's name for max_tokens (-1: no limit), which its server takes on these endpoints too
+    n_predict: Annotated[int, Field(ge=-1)] | None = None
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise unsupported_field_error("stream_options", "is only allowed with stream: true")
+        return self
+
+    @model_validator(mode="after")
+    def _n_predict_is_max_tokens(self) -> "SamplingFields":
+        """n_predict stands for max_tokens where the request does not name that."""
+        if self.n_predict is not None and "max_tokens" not in self.model_fields_set:
+            self.max_tokens = None if self.n_predict < 0 else self.n_predict  # type: ignore[attr-defined]
         return self
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
