@@ -133,6 +133,18 @@ def test_type_ahead_keeps_lines_and_their_order() -> None:
     assert ahead.take_partial() == "x"
 
 
+def test_serve_help_names_every_api_and_what_quantization_does() -> None:
+    """The help said only OpenAI's endpoints, and that `auto` picked "the fastest kernels measured for each batch
+    size" where it runs the file's own blocks (config/quantization.py)."""
+    out = run("serve", "--help").stdout
+    description = " ".join(out.split("options:")[0].split())
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/infill", "/server_info"):
+        assert path in description, path
+    quantization = " ".join(out.split("--quantization {none,int8,int4,auto}\n", 1)[1].split("--device")[0].split())
+    assert "the file's own quantized blocks" in quantization and "re-coded to Q4_1" in quantization
+    assert "measured" not in quantization
+
+
 def test_every_command_has_help() -> None:
     for command in ("serve", "generate", "chat"):
         out = run(command, "--help")

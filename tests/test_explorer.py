@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import sync_playwright  # installed by `make install`
+from playwright.sync_api import sync_playwright  # a test extra (`make test-deps`, which `make test` runs)
 
 from tests.conftest import REPO_ROOT
 from tests.server_utils import start_server
@@ -45,7 +45,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
-    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make install`"
+    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make test-deps` (which `make test` runs)"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b

@@ -87,10 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve",
-        help="run the OpenAI-compatible HTTP server",
-        description="Serve the model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), "
-        "with /health, /metrics (Prometheus), /tokenize, /detokenize and /tokenizer_info. "
-        "Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
+        help="run the HTTP server (OpenAI's, Anthropic's, Ollama's and llama.cpp's APIs)",
+        description="Serve the model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
+        "/v1/responses, /v1/models; also without /v1), Anthropic's Messages API (/v1/messages, "
+        "/v1/messages/count_tokens), Ollama's (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, ...), "
+        "llama.cpp's /infill, the SGLang gateway's /server_info, /model_info and /get_load, with /health, /metrics "
+        "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
+        "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
