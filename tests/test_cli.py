@@ -276,6 +276,48 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
 
 
 @pytest.mark.slow
+def test_ctrl_c_stops_the_answer_not_the_chat() -> None:
+    """In a terminal, Ctrl-C (the terminal sends the process SIGINT) while an answer streams stops that answer
+    only: the terminal is left on a new line at the prompt, the conversation goes on with the answer as far as it
+    was shown; Ctrl-C at the prompt then ends the chat. (It used to end the program mid-answer, conversation lost.)"""
+    import os
+    import pty
+    import re
+    import signal
+
+    args = ["chat", "--temperature", "0", "--repetition-penalty", "1", "--max-tokens", "300"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: tokenmill chat on the terminal's other end
+        os.execv(sys.executable, [*TOKENMILL, *args])
+    seen = bytearray()
+    try:
+        _read_until(fd, b"\n> ", seen)
+        os.write(fd, b"How do GPUs work?\r")
+        _read_until(fd, b"Granular", seen)  # the answer is streaming
+        os.write(fd, b"\x03")
+        _read_until(fd, b"stopped by Ctrl-C]\r\n> ", seen)  # back at the prompt, on a line of its own
+        first = re.findall(rb"\[(\d+) prompt tokens, (\d+) generated", bytes(seen))
+        assert len(first) == 1 and int(first[0][1]) < 300, bytes(seen[-800:])  # it stopped early
+        turn = len(seen)
+        os.write(fd, b"Go on.\r")
+        _read_until(fd, b"]\r\n> ", seen, start=turn)  # its answer, its timings line, the prompt
+        (prompt_1, generated_1), (prompt_2, _) = re.findall(rb"\[(\d+) prompt tokens, (\d+) generated", bytes(seen))
+        # the second turn's prompt holds the first question and the first answer as far as it was shown
+        assert int(prompt_2) >= int(prompt_1) + int(generated_1), bytes(seen[-800:])
+        os.write(fd, b"\x03")  # at the prompt: the chat ends
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 130
+        assert b"Traceback" not in seen and b"KeyboardInterrupt" not in seen
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ChildProcessError, ProcessLookupError):
+            pass
+        os.close(fd)
+
+
+@pytest.mark.slow
 def test_generate_shows_a_reasoning_models_thinking_apart(tmp_path: Path) -> None:
     """A tiny model with Qwen3's template whose reply is scripted (tests/scripted_logits.py): the thinking goes to
     stderr, marked, and only the answer to stdout."""

@@ -212,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="An interactive, multi-turn chat: type a message and press Enter; the answer streams, "
         "followed by its time to first token and tokens/s. Commands: /reset forgets the conversation, "
         "/system TEXT sets the system message, /help lists them, /exit (or Ctrl-D) quits; a message that starts "
-        "with / is sent as //message. Lines typed while an answer streams are sent after it, in turn.",
+        "with / is sent as //message. Lines typed while an answer streams are sent after it, in turn. Ctrl-C "
+        "stops the answer that streams (the conversation goes on); at the prompt it quits.",
     )
     chat.add_argument("--system", default=None, help="a system message for the whole conversation")
     add_model_args(chat)
