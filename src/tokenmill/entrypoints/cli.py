@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 
-from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options
+from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options, model_to_load
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
 
@@ -32,7 +32,7 @@ def load_llm_with_progress(args: argparse.Namespace):
     """generate and chat: the model loads under a loading line (importing torch alone takes seconds)."""
     from tokenmill.entrypoints.terminal import LoadingLine
 
-    m = model_options(args)  # a --model that names nothing fails before the loading line
+    m = model_to_load(args)  # a --model that names nothing fails before the loading line
     with LoadingLine(args.model or "the bundled SmolLM2-135M-Instruct") as line:
         line.phase("importing torch")
         from tokenmill.entrypoints.llm import LLM
@@ -235,7 +235,7 @@ def run_serve(args: argparse.Namespace) -> int:
         setup_logging(args.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
-    m = model_options(args)
+    m = model_to_load(args)
     prefetched = EnginePrefetch(m.model)
     prefetched.start_engine(m.dtype, m.quantization, engine_options(args))
     from tokenmill.server.serve import serve
@@ -306,7 +306,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     else:
         options = {k: getattr(args, k) for k in ENGINE_OPTIONS if k != "seed" and getattr(args, k, None) is not None}
-        m = model_options(args)
+        m = model_to_load(args)
         llm_kwargs = {"model": m.model, "dtype": m.dtype, "quantization": m.quantization, **options}
         if args.bench == "structured":
             from tokenmill.bench.structured import run_structured

@@ -19,10 +19,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
-    """The model options of parsed arguments, validated (the quantization parsed: "none" -> None; a --model that
-    names nothing is refused with the names there are)."""
+    """The model options of parsed arguments, validated (the quantization parsed: "none" -> None)."""
     given = {f.name: getattr(args, f.name) for f in fields(ModelOptions) if getattr(args, f.name) is not None}
-    options = ModelOptions(**given)
+    return ModelOptions(**given)
+
+
+def model_to_load(args: argparse.Namespace) -> ModelOptions:
+    """model_options, for a command about to load its model: a --model that names nothing there is is refused
+    first, with the names there are (entrypoints/model_names.py)."""
+    options = model_options(args)
     check_model_name(options.model)
     return options
 
