@@ -730,8 +730,8 @@ def test_x_request_id_names_the_call(server: ServerProcess) -> None:
     unnamed = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     assert unnamed.json()["id"] == f"cmpl-{unnamed.headers['x-request-id']}"
     for bad in ("", "has space", "x" * 65, "semi;colon", "slash/"):
-        for path in ("/v1/completions", "/v1/chat/completions"):
-            r = httpx.post(f"{url}{path}", json={**body, **chat, "stream": False}, headers={"X-Request-Id": bad})
+        for path, sent in (("/v1/completions", body), ("/v1/chat/completions", {**chat, "stream": False})):
+            r = httpx.post(f"{url}{path}", json=sent, headers={"X-Request-Id": bad})
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request_id", (bad, r.text)
 
     # the same id while the first call runs: a 400, and the first call is untouched
