@@ -10,7 +10,8 @@ PEERS := .venv-peers
 VLLM_SUITE := .venv-vllm-suite
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test-deps serve generate test test-fast lint clean bench-peers bench reference moe-reference vllm-suite
+.PHONY: install test-deps serve generate test test-fast test-unit lint clean bench-peers bench reference moe-reference \
+	vllm-suite
 
 # `make serve PORT=8123 HOST=0.0.0.0 ARGS="--model gemma3-270m"`: where it listens, and any other serve options
 PORT ?= 8000
@@ -52,6 +53,15 @@ test: test-deps
 # unit and small engine tests: no servers, no browsers, nothing marked slow (a few minutes on 2 cores)
 test-fast: test-deps
 	$(BIN)/python -m pytest -q -m "not slow and not server"
+
+# the model-free tests, in seconds: no model, no server, no torch (scheduler, block and KV-cache managers, step pacer,
+# request types, reply parsers, tools, options, the layering); tests/test_no_torch.py checks that this list stays so
+UNIT_TESTS := tests/test_block_manager.py tests/test_kv_cache_manager.py tests/test_window_blocks.py \
+	tests/test_scheduler.py tests/test_step_pacer.py tests/test_output_collector.py tests/test_sampling_params.py \
+	tests/test_reply_parsers.py tests/test_tools.py tests/test_quantization_option.py tests/test_cli_options.py \
+	tests/test_layering.py tests/test_no_torch.py
+test-unit: test-deps
+	$(BIN)/python -m pytest -q $(UNIT_TESTS)
 
 lint: test-deps
 	$(BIN)/ruff check .

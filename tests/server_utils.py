@@ -65,6 +65,16 @@ class ServerProcess:
             self._reader.join(timeout=10)
         return "".join(self.lines)
 
+    def log_lines(self, text: str, count: int = 1, timeout: float = 10) -> list[str]:
+        """The lines of the output that hold `text`, once there are `count` of them (or `timeout` passed: the
+        server writes a call's line as it ends, and this process reads it a moment later)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [line for line in self.output().splitlines() if text in line]
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
 
 def start_server(*args: str, timeout: float = 120) -> ServerProcess:
     port = free_port()

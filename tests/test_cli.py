@@ -69,6 +69,19 @@ def test_bad_model_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
+def test_a_model_name_that_names_nothing_says_where_to_look() -> None:
+    """`--model llama3` or a Hub id was answered "no such file": the error names the models there are, the command
+    that lists them, and (for a Hub id) that tokenmill does not download; before anything loads."""
+    guessed = run("serve", "--model", "llama3", "--port", "0", timeout=60)
+    assert guessed.returncode == 2 and "Traceback" not in guessed.stderr
+    assert "'llama3' is no model's name" in guessed.stderr and "`tokenmill models` lists them" in guessed.stderr
+    assert "smollm2-135m, gemma3-270m" in guessed.stderr and "Hub" not in guessed.stderr
+    hub = run("generate", "hi", "--model", "meta-llama/Llama-3.1-8B", timeout=60)
+    assert hub.returncode == 2 and "`tokenmill models`" in hub.stderr
+    assert "looks like a Hugging Face Hub id: tokenmill does not download models" in hub.stderr
+    assert "loading" not in hub.stderr  # refused before the loading line
+
+
 @pytest.mark.server
 def test_serve_exits_when_the_engine_cannot_be_built() -> None:
     """`tokenmill serve` builds its engine in a thread while the web stack starts: a failure there still ends the
@@ -118,6 +131,18 @@ def test_type_ahead_keeps_lines_and_their_order() -> None:
     assert ahead.take_partial() == "then" and ahead.take_partial() == ""
     ahead.add(*edited(" x"))
     assert ahead.take_partial() == "x"
+
+
+def test_serve_help_names_every_api_and_what_quantization_does() -> None:
+    """The help said only OpenAI's endpoints, and that `auto` picked "the fastest kernels measured for each batch
+    size" where it runs the file's own blocks (config/quantization.py)."""
+    out = run("serve", "--help").stdout
+    description = " ".join(out.split("options:")[0].split())
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/infill", "/server_info"):
+        assert path in description, path
+    quantization = " ".join(out.split("--quantization {none,int8,int4,auto}\n", 1)[1].split("--device")[0].split())
+    assert "the file's own quantized blocks" in quantization and "re-coded to Q4_1" in quantization
+    assert "measured" not in quantization
 
 
 def test_every_command_has_help() -> None:
@@ -247,6 +272,48 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        os.close(fd)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_answer_not_the_chat() -> None:
+    """In a terminal, Ctrl-C (the terminal sends the process SIGINT) while an answer streams stops that answer
+    only: the terminal is left on a new line at the prompt, the conversation goes on with the answer as far as it
+    was shown; Ctrl-C at the prompt then ends the chat. (It used to end the program mid-answer, conversation lost.)"""
+    import os
+    import pty
+    import re
+    import signal
+
+    args = ["chat", "--temperature", "0", "--repetition-penalty", "1", "--max-tokens", "300"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: tokenmill chat on the terminal's other end
+        os.execv(sys.executable, [*TOKENMILL, *args])
+    seen = bytearray()
+    try:
+        _read_until(fd, b"\n> ", seen)
+        os.write(fd, b"How do GPUs work?\r")
+        _read_until(fd, b"Granular", seen)  # the answer is streaming
+        os.write(fd, b"\x03")
+        _read_until(fd, b"stopped by Ctrl-C]\r\n> ", seen)  # back at the prompt, on a line of its own
+        first = re.findall(rb"\[(\d+) prompt tokens, (\d+) generated", bytes(seen))
+        assert len(first) == 1 and int(first[0][1]) < 300, bytes(seen[-800:])  # it stopped early
+        turn = len(seen)
+        os.write(fd, b"Go on.\r")
+        _read_until(fd, b"]\r\n> ", seen, start=turn)  # its answer, its timings line, the prompt
+        (prompt_1, generated_1), (prompt_2, _) = re.findall(rb"\[(\d+) prompt tokens, (\d+) generated", bytes(seen))
+        # the second turn's prompt holds the first question and the first answer as far as it was shown
+        assert int(prompt_2) >= int(prompt_1) + int(generated_1), bytes(seen[-800:])
+        os.write(fd, b"\x03")  # at the prompt: the chat ends
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 130
+        assert b"Traceback" not in seen and b"KeyboardInterrupt" not in seen
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ChildProcessError, ProcessLookupError):
+            pass
         os.close(fd)
 
 

@@ -222,6 +222,7 @@ def test_logprobs_agree_with_prompt_logprobs(llm: LLM) -> None:
         assert abs(scored.prompt_logprobs[len(prompt) + i][token].logprob - o.logprobs[i][token].logprob) < 1e-3
 
 
+@pytest.mark.slow
 def test_penalties_change_the_output(llm: LLM) -> None:
     prompt = {"prompt_token_ids": llm.engine.encode_chat([{"role": "user", "content": "How do GPUs work?"}])}
 
@@ -235,7 +236,7 @@ def test_penalties_change_the_output(llm: LLM) -> None:
 def test_abort_frees_blocks_at_once(llm: LLM) -> None:
     engine = llm.engine
     ids = [
-        engine.add_request(None, f"Story number {i}:", SamplingParams(max_tokens=50, ignore_eos=True)) for i in range(3)
+        engine.add_request(None, f"Story number {i}:", SamplingParams(max_tokens=12, ignore_eos=True)) for i in range(3)
     ]
     engine.step()
     engine.step()

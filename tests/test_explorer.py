@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import sync_playwright  # installed by `make install`
+from playwright.sync_api import sync_playwright  # a test extra (`make test-deps`, which `make test` runs)
 
 from tests.conftest import REPO_ROOT
 from tests.server_utils import start_server
@@ -45,7 +45,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def browser():
-    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make install`"
+    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make test-deps` (which `make test` runs)"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
@@ -73,11 +73,15 @@ def run_prompt(page, text: str, max_tokens: int = 24, temperature: str = "0") ->
 
 
 def record_statuses(page) -> None:
-    """From now on the page keeps every text its status line shows (window.statuses), however briefly."""
+    """From now on the page keeps every text its status line shows (window.statuses), however briefly, and the
+    engine panel's running count as each was shown (window.runningAt: [status, running])."""
     page.evaluate(
-        """() => { window.statuses = [];
-        new MutationObserver(() => window.statuses.push(document.getElementById('status').textContent))
-          .observe(document.getElementById('status'), { childList: true, characterData: true, subtree: true }); }"""
+        """() => { window.statuses = []; window.runningAt = [];
+        const text = (id) => document.getElementById(id).textContent;
+        new MutationObserver(() => {
+            window.statuses.push(text('status'));
+            window.runningAt.push([text('status'), text('eng-running')]);
+        }).observe(document.getElementById('status'), { childList: true, characterData: true, subtree: true }); }"""
     )
 
 
@@ -207,6 +211,10 @@ def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -
         for t in page.evaluate("window.statuses")
     ]
     chunks_shown = sorted({(int(m[1]), int(m[2])) for m in shown if m})
+    # the engine panel counts the tab's own request as running from its first chunk on (it said 0 until the first
+    # step was done: the step that starts carried no counts)
+    first_chunk = [running for status, running in page.evaluate("window.runningAt") if "chunk 1/" in status]
+    assert first_chunk and all(running == "1" for running in first_chunk), page.evaluate("window.runningAt")
 
     prompt_tokens = int(page.inner_text("#fig-prompt").replace(",", ""))
     assert prompt_tokens >= 1300
@@ -229,6 +237,49 @@ def test_a_long_prompt_shows_each_prefill_chunk_as_it_happens(server, browser) -
     more.click()
     assert page.locator("#prompt-tokens .chip").count() == prompt_tokens
     page.screenshot(path=str(ARTIFACTS / "explorer-long-expanded.png"))
+    page.close()
+
+
+def _luminance(rgb: str) -> float:
+    """WCAG's relative luminance of a computed colour ("rgb(r, g, b)")."""
+    channels = [int(c) / 255 for c in re.findall(r"\d+", rgb)[:3]]
+    r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_the_base_model_note_is_readable(server, browser) -> None:
+    """The note that a model is a base model sits in the dark header with a cream background of its own: its text
+    was the header's white (contrast 1.0:1); WCAG asks 4.5:1 of small text."""
+    page = open_explorer(browser, server.url)
+    color, background = page.evaluate(
+        """() => { const note = document.getElementById('model-note');
+        note.textContent = 'a base model: give it text to continue'; note.hidden = false;
+        const style = getComputedStyle(note); return [style.color, style.backgroundColor]; }"""
+    )
+    lighter, darker = sorted((_luminance(color), _luminance(background)), reverse=True)
+    assert (lighter + 0.05) / (darker + 0.05) >= 4.5, (color, background)
+    page.close()
+
+
+def test_new_output_chips_never_cover_their_neighbours(server, browser) -> None:
+    """A new token's chip is animated in: at any moment of its animation it stays within its own box (it grew by
+    a quarter and covered the chips beside it)."""
+    page = open_explorer(browser, server.url)
+    run_prompt(page, "Name three colors.", max_tokens=12)
+    overlaps = page.evaluate(
+        """() => { const box = document.getElementById('output-tokens');
+        const fresh = [0, 1, 2].map((i) => { const el = chip('tok' + i, i, 'out new'); box.append(el); return el; });
+        const found = [];
+        for (const t of [0, 100, 200, 300]) {
+            for (const el of fresh) for (const a of el.getAnimations()) { a.pause(); a.currentTime = t; }
+            const [a, b, c] = fresh.map((el) => el.getBoundingClientRect());
+            const meet = (p, q) => p.left < q.right - 0.5 && q.left < p.right - 0.5 && p.top < q.bottom - 0.5
+                && q.top < p.bottom - 0.5;
+            if (meet(a, b) || meet(b, c)) found.push(t);
+        }
+        return found; }"""
+    )
+    assert overlaps == [], f"new chips overlap at {overlaps} ms of their animation"
     page.close()
 
 

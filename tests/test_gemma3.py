@@ -40,6 +40,7 @@ def test_architecture_traits(gemma: LLM) -> None:
     assert gemma.engine.runner.decode_backend is None  # float32: the torch path computes every token
 
 
+@pytest.mark.slow
 def test_reference_greedy_and_logprobs(gemma: LLM, gemma3_reference: dict) -> None:
     gens = gemma3_reference["generations"]
     outs = gemma.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(32), use_tqdm=False)

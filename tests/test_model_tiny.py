@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-import transformers  # installed by `make install` with the test extras
+import transformers  # a test extra (`make test-deps`, which `make test` runs)
 
 from tests.gguf_builder import TinyLlama, write_tiny_llama
 from tokenmill.loader.gguf_file import GGUFFile

@@ -673,6 +673,16 @@ def test_cached_tokens_and_token_ids(client: openai.OpenAI, model: str, llm: LLM
     chunks = list(stream)
     ids = [i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids", [])]
     assert len(ids) == 5 and chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+    # a streamed chat: the prompt's ids at the top of the first chunk, and in no other (as vLLM streams them)
+    chat = list(
+        client.chat.completions.create(
+            model=model, messages=messages, max_tokens=4, stream=True, extra_body={"return_token_ids": True}
+        )
+    )
+    assert chat[0].model_extra["prompt_token_ids"] == llm.engine.encode_chat(messages)
+    assert all("prompt_token_ids" not in c.model_extra for c in chat[1:])
+    assert all("prompt_token_ids" not in (choice.model_extra or {}) for c in chat for choice in c.choices)
+    assert sum(len(c.choices[0].model_extra.get("token_ids", [])) for c in chat if c.choices) == 4
 
 
 def test_explorer_endpoints(server: ServerProcess) -> None:
@@ -720,8 +730,8 @@ def test_x_request_id_names_the_call(server: ServerProcess) -> None:
     unnamed = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     assert unnamed.json()["id"] == f"cmpl-{unnamed.headers['x-request-id']}"
     for bad in ("", "has space", "x" * 65, "semi;colon", "slash/"):
-        for path in ("/v1/completions", "/v1/chat/completions"):
-            r = httpx.post(f"{url}{path}", json={**body, **chat, "stream": False}, headers={"X-Request-Id": bad})
+        for path, sent in (("/v1/completions", body), ("/v1/chat/completions", {**chat, "stream": False})):
+            r = httpx.post(f"{url}{path}", json=sent, headers={"X-Request-Id": bad})
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request_id", (bad, r.text)
 
     # the same id while the first call runs: a 400, and the first call is untouched
@@ -794,6 +804,26 @@ def test_required_tool_calls_are_valid_calls(client: openai.OpenAI, model: str) 
         temperature=0,
     )
     assert named.choices[0].message.tool_calls[0].function.name == "get_time"
+
+
+def test_the_log_says_the_finish_the_api_reported(server: ServerProcess, client: openai.OpenAI, model: str) -> None:
+    """A reply that is a call finishes "tool_calls" on the API, and so says its log line (it said "stop")."""
+    for stream in (False, True):
+        call_id = f"logged-call-{stream}"
+        answer = client.chat.completions.create(
+            model=model,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=60,
+            temperature=0,
+            stream=stream,
+            extra_headers={"X-Request-Id": call_id},
+        )
+        choices = [c for chunk in answer for c in chunk.choices] if stream else answer.choices
+        assert "tool_calls" in [c.finish_reason for c in choices]
+        (line,) = server.log_lines(f"chatcmpl-{call_id} ")
+        assert "200: " in line and "finish tool_calls," in line
 
 
 def test_a_streamed_tool_call_reassembles_to_the_same_call(client: openai.OpenAI, model: str) -> None:
@@ -939,6 +969,12 @@ def test_a_browser_preflight_is_answered(server: ServerProcess) -> None:
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
         ({"seed": 2**64}, "seed"),
+        # fields the server knows nothing of: refused, never ignored
+        ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
+        ({"cache_salt": "tenant-1"}, "cache_salt"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"store": True}, "store"),
+        ({"service_tier": "flex"}, "service_tier"),
     ],
 )
 def test_fields_not_honoured_are_refused_by_name(client: openai.OpenAI, model: str, extra: dict, param: str) -> None:
@@ -947,13 +983,39 @@ def test_fields_not_honoured_are_refused_by_name(client: openai.OpenAI, model: s
             model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, extra_body=extra
         )
     assert refused.value.body["param"] == param  # type: ignore[index]
-    # the values that ask for nothing pass
+    assert param in refused.value.body["message"]  # type: ignore[index]
+    # the values that ask for nothing pass, and so do the hints clients send for OpenAI's platform
     client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Hi"}],
         max_tokens=2,
-        extra_body={"use_beam_search": False, "continue_final_message": False, "prompt_logprobs": None},
+        user="someone",
+        metadata={"team": "a"},
+        store=False,
+        service_tier="auto",
+        extra_body={"use_beam_search": False, "continue_final_message": False, "prompt_logprobs": None, "x": None},
     )
+
+
+def test_unknown_fields_are_refused_on_completions_and_embeddings(client: openai.OpenAI, model: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model, prompt="Hi", max_tokens=2, extra_body={"kv_transfer_params": {}})
+    assert refused.value.body["param"] == "kv_transfer_params"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=model, input="Hi", extra_body={"truncate_prompt_tokens": 4})
+    assert refused.value.body["param"] == "truncate_prompt_tokens"  # type: ignore[index]
+    assert client.embeddings.create(model=model, input="Hi", user="someone").data
+
+
+def test_llama_cpp_n_predict_is_max_tokens(client: openai.OpenAI, model: str) -> None:
+    """llama.cpp's clients name the output's length n_predict on the OpenAI endpoints too; its slot and cache
+    hints, and the defaults SGLang's gateway writes into every request, ask for nothing and pass."""
+    ask = [{"role": "user", "content": "Tell me a story."}]
+    hints = {"id_slot": 0, "cache_prompt": False, "no_stop_trim": False, "separate_reasoning": True}
+    answer = client.completions.create(model=model, prompt="Once", extra_body={"n_predict": 3, "ignore_eos": True})
+    assert answer.usage.completion_tokens == 3
+    chat = client.chat.completions.create(model=model, messages=ask, extra_body={"n_predict": 5, **hints})
+    assert chat.usage.completion_tokens <= 5 and chat.choices[0].finish_reason == "length"
 
 
 def test_continuous_usage_stats_is_refused(client: openai.OpenAI, model: str) -> None:
@@ -1051,3 +1113,68 @@ def test_answers_carry_a_system_fingerprint(client: openai.OpenAI, model: str) -
     chunks = list(client.completions.create(model=model, prompt="Hi", max_tokens=2, stream=True))
     assert chat.system_fingerprint and chat.system_fingerprint.startswith("fp_")
     assert text.system_fingerprint == chat.system_fingerprint == chunks[0].system_fingerprint
+
+
+def test_openai_paths_without_v1(server: ServerProcess, model: str) -> None:
+    """A client given the server's address without /v1 is served, as llama.cpp's server serves it."""
+    bare = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in bare.models.list().data] == [model]
+    assert bare.models.retrieve(model).id == model
+    ask = [{"role": "user", "content": "Hi"}]
+    assert bare.chat.completions.create(model=model, messages=ask, max_tokens=2).usage.completion_tokens == 2
+    assert bare.completions.create(model=model, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    assert len(bare.embeddings.create(model=model, input="Hi").data[0].embedding) == 576
+    with pytest.raises(openai.NotFoundError):
+        bare.models.retrieve("nope")
+    # documented once, under /v1
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert "/v1/chat/completions" in paths and "/chat/completions" not in paths
+
+
+def test_a_regex_digit_is_an_ascii_digit(client: openai.OpenAI, model: str) -> None:
+    """`\\d` is [0-9], as in a JSON schema's pattern: with the tokens of '🯸' (a Unicode digit) favoured, the
+    output still holds only ASCII digits (Rust's Unicode \\d let the model write '🯸🯸🯸🯸-🯸🯸-🯸🯸')."""
+    favoured = {str(t): 100 for t in (10813, 124, 133)}  # '🯸' in the bundled tokenizer
+    answer = client.completions.create(
+        model=model,
+        prompt="Today's date:",
+        max_tokens=20,
+        temperature=0,
+        logit_bias=favoured,
+        extra_body={"structured_outputs": {"regex": r"\d{4}-\d{2}-\d{2}"}},
+    )
+    assert re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", answer.choices[0].text), answer.choices[0].text
+
+
+def test_every_failed_call_leaves_one_log_line(server: ServerProcess, client: openai.OpenAI, model: str) -> None:
+    """One line per API call, as the README promises: failed calls too (400, 404, 413, a client that left), each
+    with its status and why; a successful call keeps its own single line."""
+    url = f"{server.url}/v1/chat/completions"
+    ask = [{"role": "user", "content": "Hi"}]
+    calls = {
+        "failed-400": ({"messages": ask, "temperature": -1}, 400),
+        "failed-404": ({"messages": ask, "model": "nope"}, 404),
+        "failed-n": ({"messages": ask, "n": 9999}, 400),  # refused by the engine's checks, not the schema
+        "failed-413": ({"messages": [{"role": "user", "content": "a" * 5_000_000}]}, 413),
+        "succeeded": ({"messages": ask, "max_tokens": 2}, 200),
+    }
+    for call_id, (body, status) in calls.items():
+        try:
+            answer = httpx.post(url, json=body, headers={"X-Request-Id": call_id}, timeout=60)
+        except httpx.TransportError:  # the 413 may come before the client has sent it all, and close
+            assert status == 413
+            continue
+        assert answer.status_code == status, answer.text
+    for call_id, (_, status) in calls.items():
+        (line,) = server.log_lines(f"{call_id} ")
+        assert f" /v1/chat/completions {status}: " in line, line
+    assert "model `nope` does not exist" in server.log_lines("failed-404 ")[0]
+    assert "chatcmpl-succeeded /v1/chat/completions 200: " in server.log_lines("succeeded ")[0]
+    # a route that does not exist, and a client that leaves before its answer
+    assert httpx.get(f"{server.url}/v1/nothing", headers={"X-Request-Id": "failed-route"}).status_code == 404
+    assert " /v1/nothing 404: " in server.log_lines("failed-route ")[0]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url, json={"messages": ask, "max_tokens": 4000, "ignore_eos": True}, timeout=1.0,
+                   headers={"X-Request-Id": "failed-left"})  # fmt: skip
+    (line,) = server.log_lines("failed-left ", timeout=30)
+    assert " /v1/chat/completions aborted: " in line

@@ -22,7 +22,7 @@ TEXTS = ["The cat sat on the mat.", "A cat is sitting on a mat.", "Quarterly rev
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_server()  # `auto`, as a user starts it
+    proc = start_server("--model", "smollm2-135m")  # `auto`, as a user starts it, naming the bundled model
     yield proc
     assert proc.stop() == 0
 
@@ -41,6 +41,22 @@ def client(server: ServerProcess) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
+
+
+def test_the_name_the_server_was_started_with_is_an_alias(
+    server: ServerProcess, client: openai.OpenAI, ollama_client, anthropic_client
+) -> None:
+    """`--model smollm2-135m` serves the file's id, SmolLM2-135M-Instruct; a client that sends the name the user
+    typed is served too, on every API, and /v1/models lists both (as vLLM lists --served-model-name's)."""
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct", "smollm2-135m"]
+    assert client.models.retrieve("smollm2-135m").id == "smollm2-135m"
+    ask = [{"role": "user", "content": "Hi"}]
+    assert client.chat.completions.create(model="smollm2-135m", messages=ask, max_tokens=2).usage.completion_tokens
+    assert client.embeddings.create(model="smollm2-135m", input="Hi").data
+    assert ollama_client.chat("smollm2-135m", ask, options={"num_predict": 2}).message.role == "assistant"
+    assert anthropic_client.messages.create(model="smollm2-135m", max_tokens=2, messages=ask).content
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gemma3-270m", messages=ask, max_tokens=2)
 
 
 # ---- OpenAI: /v1/embeddings -----------------------------------------------------------------------------------
@@ -335,13 +351,36 @@ def test_anthropic_messages_whole_and_streamed(anthropic_client, client: openai.
     assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
-def test_anthropic_tool_use_whole_and_streamed(anthropic_client, model: str) -> None:
+def test_anthropic_streams_usage_with_cache_reads_from_the_start(anthropic_client, model: str) -> None:
+    """message_start's usage carries cache_read_input_tokens and cache_creation_input_tokens, as Anthropic's API:
+    the second of two same prompts reads most of it from the prefix cache."""
+    ask = [{"role": "user", "content": "Tell me about the prefix cache of this server, please."}]
+    counted = anthropic_client.messages.count_tokens(model=model, messages=ask).input_tokens
+    starts = []
+    for _ in range(2):
+        with anthropic_client.messages.stream(model=model, max_tokens=3, messages=ask) as s:
+            starts += [e.message.usage for e in s if e.type == "message_start"]
+    first, second = starts
+    assert first.cache_creation_input_tokens == second.cache_creation_input_tokens == 0
+    assert first.input_tokens + first.cache_read_input_tokens == counted
+    assert second.cache_read_input_tokens >= 16 and second.input_tokens + second.cache_read_input_tokens == counted
+
+
+def test_anthropic_tool_use_whole_and_streamed(anthropic_client, model: str, server: ServerProcess) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     forced = {"type": "tool", "name": "get_weather"}
     message = anthropic_client.messages.create(
-        model=model, max_tokens=60, messages=ask, tools=[WEATHER_TOOL], tool_choice=forced
+        model=model,
+        max_tokens=60,
+        messages=ask,
+        tools=[WEATHER_TOOL],
+        tool_choice=forced,
+        extra_headers={"X-Request-Id": "anthropic-tool-use"},
     )
     assert message.stop_reason == "tool_use"
+    # the request log says the finish the API reported: a call, not "stop"
+    (line,) = server.log_lines("msg-anthropic-tool-use ")
+    assert "msg-anthropic-tool-use /v1/messages 200: " in line and "finish tool_calls," in line
     (use,) = [b for b in message.content if b.type == "tool_use"]
     assert use.name == "get_weather" and isinstance(use.input["city"], str) and use.id.startswith("toolu_")
     with anthropic_client.messages.stream(

@@ -93,7 +93,7 @@ def test_a_burst_is_held_to_the_queue_limit(server: ServerProcess) -> None:
     def one(i: int) -> None:
         ready.wait()
         body = {"prompt": f"Story {i}:", "max_tokens": 120, "ignore_eos": True}
-        results.append(post(server, "/v1/completions", body))
+        results.append(post(server, "/v1/completions", body, headers={"X-Request-Id": f"burst-{i}"}))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
     for t in threads:
@@ -106,6 +106,10 @@ def test_a_burst_is_held_to_the_queue_limit(server: ServerProcess) -> None:
     assert all(r.json()["usage"]["completion_tokens"] == 120 for r in served)
     for r in refused:
         assert r.headers["retry-after"] == "1" and assert_openai_error(r, 503)["code"] == "overloaded"
+    # every refused call has its line in the request log, as the served ones have theirs
+    lines = server.log_lines(" /v1/completions 503: the server is busy", count=34)
+    assert len(lines) == 34 and all(line.split("tokenmill.requests: ")[1].startswith("burst-") for line in lines)
+    assert len(server.log_lines("cmpl-burst-", count=6)) == 6
     wait_idle(server)
 
 
@@ -121,10 +125,16 @@ def test_the_api_key_guards_everything_but_health(server: ServerProcess) -> None
         ("GET", "/metrics"),  # --metrics-require-key
     ]:
         r = httpx.request(method, url + path, json={"prompt": "x"})
-        assert assert_openai_error(r, 401)["code"] == "invalid_api_key", path
+        missing = assert_openai_error(r, 401)
+        # a missing key is said to be missing (as OpenAI says it), not to be incorrect
+        assert missing["code"] == "missing_api_key" and "didn't provide an API key" in missing["message"], path
+        assert "Incorrect" not in missing["message"]
         wrong = httpx.request(method, url + path, json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401, path
+        assert assert_openai_error(wrong, 401)["code"] == "invalid_api_key", path
     assert httpx.get(url + "/health").status_code == 200
+    # each refusal leaves its line in the request log
+    httpx.get(url + "/v1/models", headers={"X-Request-Id": "no-key"})
+    assert " /v1/models 401: You didn't provide an API key" in server.log_lines("no-key ")[0]
     assert "tokenmill:generation_tokens_total" in httpx.get(url + "/metrics", headers=AUTH).text
     good = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     assert good.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2

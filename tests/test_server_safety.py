@@ -107,7 +107,7 @@ def page_server():
 
 @pytest.fixture(scope="module")
 def browser():
-    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make install`"
+    assert Path(CHROMIUM).exists(), "Debian's chromium is installed by `make test-deps` (which `make test` runs)"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         yield b

@@ -283,6 +283,7 @@ def test_a_draft_model_keeps_its_cache_right_through_preemption() -> None:
     tight.engine.check_integrity()
 
 
+@pytest.mark.slow
 def test_an_int8_kv_cache_speculates_with_the_same_tokens() -> None:
     """K/V in int8 for the target and its draft alike (the draft's cache takes the engine's kv_cache_dtype): the
     `auto` model drafting for itself proposes what it then samples, so every proposal is accepted and the tokens

@@ -22,11 +22,13 @@ class ModelOptions:
     )
     dtype: str = option("float32", "compute dtype", str, group="model", choices=DTYPES)
     # the parsed mode (config/quantization.py): None for float weights. LLM(...) defaults to None, as vLLM's
-    # does; the command line to auto, the fastest (its cli_default)
+    # does; the command line to auto, the fastest (its cli_default). What each mode means: config/quantization.py
     quantization: str | None = option(
         None,
-        "auto (default): the fastest kernels measured for each batch size (4-bit weights for decode); "
-        "none: weights dequantized to --dtype, exact float32 results; int4 / int8: those weights everywhere",
+        "auto (default): the file's own quantized blocks (float tensors quantized as they load) through the native "
+        "integer kernels, no float copy (on a GPU: float weights); none: weights dequantized to --dtype, exact "
+        "float32 results; int4: Q4_0/Q4_1/Q4_K as the file has them, every other type re-coded to Q4_1; int8: 8 "
+        "bits per output row (int4 and int8: CPU kernels, refused on a GPU)",
         str,
         group="model",
         choices=QUANTIZATIONS,

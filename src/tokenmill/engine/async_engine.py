@@ -46,8 +46,8 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputCollector]] = {}
         self._stats: dict[str, Any] = engine.stats()
         self.error: BaseException | None = None
-        # called on the engine thread (must not block) with {"type": "running", **the step's description} when a
-        # step starts its forward pass, and {"type": "step", **engine.last_step, **stats} when it is done
+        # called on the engine thread (must not block) with {"type": "running", **the step's description, **stats}
+        # when a step starts its forward pass, and {"type": "step", **engine.last_step, **stats} when it is done
         self.step_listeners: list[Callable[[dict[str, Any]], None]] = []
         engine.on_step_start = self._publish_step_start
         self._thread = threading.Thread(target=self._run, name="tokenmill-engine", daemon=True)
@@ -98,7 +98,10 @@ class AsyncEngine:
             listener(event)
 
     def _publish_step_start(self, step: dict[str, Any]) -> None:
-        self._publish({"type": "running", **step})
+        # the counts as this step scheduled them: a long first prefill's own request shows as running while it
+        # runs (the explorer), and so do the stats heartbeats meanwhile, not the idle engine's zeros
+        self._stats = self.engine.stats()
+        self._publish({"type": "running", **step, **self._stats})
 
     def _maybe_log_stats(self, idle: bool = False) -> None:
         """One line of throughput since the last one, and the engine's state now: every stats_log_interval_s

@@ -18,7 +18,7 @@ from tokenmill.errors import EngineClosedError, InvalidParameterError
 from tokenmill.executor.launcher import RankSpec
 from tokenmill.executor.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.loader.model_facts import describe_model
-from tokenmill.loader.model_path import BUNDLED_NAME, resolve_model_path
+from tokenmill.loader.model_path import BUNDLED_NAME, NAMED_MODELS, bundled_model_path, resolve_model_path
 from tokenmill.loader.model_source import load_tokenizer, open_model_source
 from tokenmill.loader.prefetch import ModelPrefetch
 from tokenmill.model.generation_defaults import read_generation_defaults
@@ -64,7 +64,9 @@ class LLMEngine(EngineCore):
         self.quantization = quantization
         path = resolve_model_path(model)
         self.model_path = path
-        self.model_name = BUNDLED_NAME if model is None else path.stem
+        # the bundled model has one name, given by default or by its name (not its file's "...Instruct.Q4_1")
+        bundled = model is None or NAMED_MODELS.get(model.lower()) is bundled_model_path
+        self.model_name = BUNDLED_NAME if bundled else path.stem
         if prefetched is not None and prefetched.path == path:
             gguf, self.tokenizer = prefetched.take()  # parsed while the caller was starting up
         else:

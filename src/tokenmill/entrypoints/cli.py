@@ -6,8 +6,10 @@ import dataclasses
 import logging
 import sys
 import time
+from collections.abc import Callable
+from contextlib import closing
 
-from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options
+from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options, model_to_load
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
 
@@ -30,42 +32,60 @@ def load_llm_with_progress(args: argparse.Namespace):
     """generate and chat: the model loads under a loading line (importing torch alone takes seconds)."""
     from tokenmill.entrypoints.terminal import LoadingLine
 
+    m = model_to_load(args)  # a --model that names nothing fails before the loading line
     with LoadingLine(args.model or "the bundled SmolLM2-135M-Instruct") as line:
         line.phase("importing torch")
         from tokenmill.entrypoints.llm import LLM
 
         line.phase("reading the model and building the engine")
-        m = model_options(args)
         return LLM(m.model, dtype=m.dtype, quantization=m.quantization, **engine_options(args))
 
 
-def stream_answer(llm, prompt, params, reply=None) -> tuple[str, str]:
+def stream_answer(llm, prompt, params, reply=None, stopped: Callable[[], bool] = lambda: False) -> tuple[str, str]:
     """Print the answer as it streams; returns (answer text, timings line). `reply`: a ReplyParser for a chat turn
     (tokenmill/parsers): a reasoning model's thinking goes to stderr (dimmed on a terminal), only its answer to
-    stdout and into the conversation."""
+    stdout and into the conversation. Once `stopped()` holds (Ctrl-C in chat) the answer ends where it is: its
+    request is aborted, and what was shown is the answer."""
     start = time.monotonic()
     last = None
-    thought = answered = False
-    for out in llm.generate_stream(prompt, params):
-        o = out.outputs[0]
+    printer = AnswerPrinter(reply)
+    with closing(llm.generate_stream(prompt, params)) as outputs:  # closed early: the request is aborted
+        for out in outputs:
+            if stopped():
+                break
+            printer.show(out.outputs[0])
+            last = out
+    sys.stdout.write("\n")  # the terminal on a new line, however the answer ended
+    sys.stdout.flush()
+    if last is None:
+        return "", "[stopped before the first token]"
+    answer = reply.text if reply is not None else last.outputs[0].text
+    timings = format_timings(last, start)
+    return answer, (timings[:-1] + "; stopped by Ctrl-C]" if stopped() else timings)
+
+
+class AnswerPrinter:
+    """An answer's text to stdout as it grows; with a reply parser, its thinking to stderr first, marked."""
+
+    def __init__(self, reply=None):
+        self.reply = reply
+        self.thought = self.answered = False
+
+    def show(self, o) -> None:
         text = o.delta_text
-        if reply is not None:
-            delta = reply.feed_output(o)
+        if self.reply is not None:
+            delta = self.reply.feed_output(o)
             if delta.thinking:
                 dim, plain = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
-                sys.stderr.write(f"{dim}{'' if thought else '[thinking] '}{delta.thinking}{plain}")
+                sys.stderr.write(f"{dim}{'' if self.thought else '[thinking] '}{delta.thinking}{plain}")
                 sys.stderr.flush()
-                thought = True
+                self.thought = True
             text = delta.text
-            if thought and text and not answered:
+            if self.thought and text and not self.answered:
                 sys.stderr.write("\n")  # the thinking's end, before the answer starts
-            answered = answered or bool(text)
+            self.answered = self.answered or bool(text)
         sys.stdout.write(text)
         sys.stdout.flush()
-        last = out
-    sys.stdout.write("\n")
-    assert last is not None
-    return (reply.text if reply is not None else last.outputs[0].text), format_timings(last, start)
 
 
 def chat_turn(llm, messages: list[dict], params):
@@ -121,7 +141,7 @@ CHAT_COMMANDS = "/reset (forget the conversation), /system TEXT (set the system 
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from tokenmill.entrypoints.terminal import HeldInput, TypeAhead, input_with
+    from tokenmill.entrypoints.terminal import HeldInput, Interrupts, TypeAhead, input_with
 
     sampling_params_from(args)  # a bad option fails before the model loads
     llm = load_llm_with_progress(args)
@@ -142,6 +162,9 @@ def run_chat(args: argparse.Namespace) -> int:
                 line = input_with(ahead.take_partial(), prompt)
             except EOFError:
                 break
+            except KeyboardInterrupt:  # Ctrl-C at the prompt (the one during an answer only stopped that answer)
+                print()
+                return 130
         text = line.strip()
         if not text:
             continue
@@ -170,16 +193,19 @@ def run_chat(args: argparse.Namespace) -> int:
         held = HeldInput()  # keys typed while the answer streams are not printed into it
         try:
             turn, turn_params, reply = chat_turn(llm, messages, params)
-            with held:
-                answer, timings = stream_answer(llm, turn, turn_params, reply)
+            with held, Interrupts() as ctrl_c:  # Ctrl-C stops this answer, not the chat
+                answer, timings = stream_answer(llm, turn, turn_params, reply, lambda: ctrl_c.seen)
         except TokenmillError as exc:
             history.pop()
             print(f"[error: {exc}]", file=sys.stderr)
             continue
         finally:
             ahead.add(held.lines, held.text)
-        history.append({"role": "assistant", "content": answer})
         print(timings, file=sys.stderr)
+        if answer or not ctrl_c.seen:  # a stopped answer stays in the conversation as far as it was shown
+            history.append({"role": "assistant", "content": answer})
+        else:  # stopped before it said anything: the question was not answered
+            history.pop()
     return 0
 
 
@@ -209,7 +235,7 @@ def run_serve(args: argparse.Namespace) -> int:
         setup_logging(args.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
-    m = model_options(args)
+    m = model_to_load(args)
     prefetched = EnginePrefetch(m.model)
     prefetched.start_engine(m.dtype, m.quantization, engine_options(args))
     from tokenmill.server.serve import serve
@@ -280,7 +306,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     else:
         options = {k: getattr(args, k) for k in ENGINE_OPTIONS if k != "seed" and getattr(args, k, None) is not None}
-        m = model_options(args)
+        m = model_to_load(args)
         llm_kwargs = {"model": m.model, "dtype": m.dtype, "quantization": m.quantization, **options}
         if args.bench == "structured":
             from tokenmill.bench.structured import run_structured

@@ -5,6 +5,7 @@ from dataclasses import fields
 
 from tokenmill import __version__
 from tokenmill.config import EngineConfig, ModelOptions
+from tokenmill.entrypoints.model_names import check_model_name
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
@@ -21,6 +22,14 @@ def model_options(args: argparse.Namespace) -> ModelOptions:
     """The model options of parsed arguments, validated (the quantization parsed: "none" -> None)."""
     given = {f.name: getattr(args, f.name) for f in fields(ModelOptions) if getattr(args, f.name) is not None}
     return ModelOptions(**given)
+
+
+def model_to_load(args: argparse.Namespace) -> ModelOptions:
+    """model_options, for a command about to load its model: a --model that names nothing there is is refused
+    first, with the names there are (entrypoints/model_names.py)."""
+    options = model_options(args)
+    check_model_name(options.model)
+    return options
 
 
 def add_config_options(
@@ -83,10 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser(
         "serve",
-        help="run the OpenAI-compatible HTTP server",
-        description="Serve the model over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), "
-        "with /health, /metrics (Prometheus), /tokenize, /detokenize and /tokenizer_info. "
-        "Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
+        help="run the HTTP server (OpenAI's, Anthropic's, Ollama's and llama.cpp's APIs)",
+        description="Serve the model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
+        "/v1/responses, /v1/models; also without /v1), Anthropic's Messages API (/v1/messages, "
+        "/v1/messages/count_tokens), Ollama's (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, ...), "
+        "llama.cpp's /infill, the SGLang gateway's /server_info, /model_info and /get_load, with /health, /metrics "
+        "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
+        "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -205,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="An interactive, multi-turn chat: type a message and press Enter; the answer streams, "
         "followed by its time to first token and tokens/s. Commands: /reset forgets the conversation, "
         "/system TEXT sets the system message, /help lists them, /exit (or Ctrl-D) quits; a message that starts "
-        "with / is sent as //message. Lines typed while an answer streams are sent after it, in turn.",
+        "with / is sent as //message. Lines typed while an answer streams are sent after it, in turn. Ctrl-C "
+        "stops the answer that streams (the conversation goes on); at the prompt it quits.",
     )
     chat.add_argument("--system", default=None, help="a system message for the whole conversation")
     add_model_args(chat)

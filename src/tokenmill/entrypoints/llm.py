@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.entrypoints.model_names import check_model_name
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
@@ -30,6 +31,7 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, dtype: str = "float32", quantization: str | None = None, **options):
+        check_model_name(None if model is None else str(model))
         self.engine = LLMEngine(model, dtype, quantization, EngineConfig.from_options(options))
 
     def close(self) -> None:

@@ -3,6 +3,7 @@ model loads, and keys typed while an answer streams kept out of the answer (and 
 
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -94,6 +95,25 @@ class HeldInput:
             typed += chunk
         termios.tcsetattr(fd, termios.TCSANOW, self._saved)
         self.lines, self.text = edited(typed.decode("utf-8", "replace"))
+
+
+class Interrupts:
+    """While active, Ctrl-C (SIGINT) raises nothing: it is noted (`seen`), for the loop in progress to stop at a
+    point of its own choosing (an engine step is never cut in the middle). Main thread only, as signal handlers."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "Interrupts":
+        self._previous = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.seen = True
+
+    def __exit__(self, *_: Any) -> None:
+        signal.signal(signal.SIGINT, self._previous)
 
 
 def edited(typed: str) -> tuple[list[str], str]:

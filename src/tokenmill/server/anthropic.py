@@ -105,6 +105,8 @@ def _stop(o: CompletionOutput, calls: list[ToolCall] | None) -> dict[str, Any]:
 
 
 def _usage(out: RequestOutput) -> dict[str, int]:
+    """Anthropic's usage: input_tokens counts the prompt tokens computed, cache_read_input_tokens those the prefix
+    cache served (this server writes its cache on every request, at no extra cost: no cache_creation)."""
     cached = out.num_cached_tokens
     return {
         "input_tokens": len(out.prompt_token_ids) - cached,
@@ -134,15 +136,9 @@ def _error_event(error: APIError) -> str:
 async def _events(
     generation, reply: ReplyParser, head: dict, state: ServerState, show_thinking: bool
 ) -> AsyncIterator[str]:
-    """message_start, then each content block's start, deltas and stop (thinking, text, tool_use), then
-    message_delta and message_stop."""
-    prompt_tokens = len(generation.prompts[0]["prompt_token_ids"])
-    start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
-    yield _event(
-        "message_start",
-        {"message": {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}},
-    )
-    yield _event("ping", {})
+    """message_start (once the prompt is computed: its usage tells the prefix-cache hits, as Anthropic's), then
+    each content block's start, deltas and stop (thinking, text, tool_use), then message_delta and message_stop."""
+    started = False
     blocks = 0  # content blocks started
     open_kind = ""  # the kind of the block open now ("thinking", "text"), or ""
 
@@ -161,6 +157,12 @@ async def _events(
 
     try:
         async for _, out in generation.stream():
+            if not started:
+                started = True
+                start_usage = {**_usage(out), "output_tokens": 0}
+                message = {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}
+                yield _event("message_start", {"message": message})
+                yield _event("ping", {})
             o = out.outputs[0]
             if o.finish_reason == "abort":
                 yield _error_event(aborted_error(state, "aborted"))

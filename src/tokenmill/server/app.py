@@ -1,4 +1,4 @@
-"""The FastAPI application: OpenAI endpoints, health, metrics, tokenizer endpoints, the request explorer, auth.
+"""The FastAPI application: every API's routes, health, metrics, tokenizer endpoints, the request explorer, auth.
 
 Every route declares what it answers (tokenmill/server/schemas.py), so /openapi.json describes the server as it
 behaves: errors are 400 (never FastAPI's 422), 401, 404, 413 and 503 in OpenAI's shape.
@@ -10,7 +10,7 @@ import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
@@ -21,24 +21,23 @@ from tokenmill import __version__
 from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server import schemas
 from tokenmill.server.anthropic import add_anthropic_routes
-from tokenmill.server.chat import create_chat_completion
-from tokenmill.server.completions import create_completion
-from tokenmill.server.embeddings import EmbeddingRequest, create_embeddings
+from tokenmill.server.call_log import CallLog
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
 from tokenmill.server.infill import add_infill_routes
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit, HostOriginGuard, JSONBodies
 from tokenmill.server.ollama import add_ollama_routes
-from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from tokenmill.server.openai_routes import ROOT_PATHS, add_openai_routes
+from tokenmill.server.protocol import DetokenizeRequest, TokenizeRequest
 from tokenmill.server.responses import add_responses_routes
 from tokenmill.server.router_info import add_router_routes
-from tokenmill.server.schemas import error_responses, streaming_ok
+from tokenmill.server.schemas import error_responses
 from tokenmill.server.state import ServerState
 
 # with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
 PROTECTED_PREFIXES = (
     "/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill", "/server_info", "/model_info",
-    "/get_load", "/get_server_info", "/get_model_info",
+    "/get_load", "/get_server_info", "/get_model_info", *ROOT_PATHS,
 )  # fmt: skip
 STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
@@ -60,9 +59,10 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     def protected(path: str) -> bool:
         return path.startswith(PROTECTED_PREFIXES) or (settings.metrics_require_key and path == "/metrics")
 
-    # added innermost first. From the outside in: Host and Origin are checked before anything else; a browser's
-    # preflight (OPTIONS, no key) is answered by CORS; the key is checked before a body is read; bodies are
-    # bounded before they are parsed, and read as JSON whatever their Content-Type (safe behind the origin check)
+    # added innermost first. From the outside in: every failed call gets its log line (call_log.py); Host and
+    # Origin are checked before anything else; a browser's preflight (OPTIONS, no key) is answered by CORS; the
+    # key is checked before a body is read; bodies are bounded before they are parsed, and read as JSON whatever
+    # their Content-Type (safe behind the origin check)
     policy = state.origin_policy
     app.add_middleware(JSONBodies)
     app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
@@ -76,6 +76,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         expose_headers=["x-request-id"],
     )
     app.add_middleware(HostOriginGuard, policy=policy)
+    app.add_middleware(CallLog, enabled=lambda: settings.log_requests)
     with_model = error_responses(400, 401, 404, 413, 503)
 
     @app.get(
@@ -99,46 +100,6 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
 
     # load balancers and uptime checks ask with HEAD: the same status, no body (not in the schema: HEAD has none)
     app.head("/health", include_in_schema=False)(health)
-
-    def model_card(request: Request) -> dict:
-        engine = state.require_engine()
-        return {
-            "id": state.model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "tokenmill",
-            "root": state.shown_path(request),
-            "max_model_len": engine.engine.max_model_len,
-        }
-
-    @app.get("/v1/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
-    async def models(request: Request) -> dict:
-        return {"object": "list", "data": [model_card(request)]}
-
-    # the OpenAI client's models.retrieve(id); ids with a slash ("org/name") are one path
-    @app.get("/v1/models/{model_id:path}", response_model=schemas.ModelCard, responses=error_responses(401, 404, 503))
-    async def model(model_id: str, request: Request) -> dict:
-        card = model_card(request)
-        if model_id != card["id"]:
-            raise APIError(
-                404,
-                f"The model '{model_id}' does not exist (this server serves '{card['id']}')",
-                param="model",
-                code="model_not_found",
-            )
-        return card
-
-    @app.post("/v1/completions", responses={**streaming_ok(schemas.CompletionResponse), **with_model})
-    async def completions(req: CompletionRequest, request: Request):
-        return await create_completion(req, request, state)
-
-    @app.post("/v1/chat/completions", responses={**streaming_ok(schemas.ChatCompletionResponse), **with_model})
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
-        return await create_chat_completion(req, request, state)
-
-    @app.post("/v1/embeddings", response_model=schemas.EmbeddingResponse, responses=with_model)
-    async def embeddings(req: EmbeddingRequest, request: Request):
-        return await create_embeddings(req, request, state)
 
     @app.get(
         "/metrics",
@@ -186,6 +147,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             "chat_template": None if engine.chat_template.is_fallback else engine.chat_template.source,
         }
 
+    add_openai_routes(app, state)
     add_ollama_routes(app, state)
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -41,6 +41,10 @@ class ChatCall:
     format: ReplyFormat  # how the model writes its thinking and its calls
     prompt_tail: str  # the end of the rendered prompt
     required: bool = False  # tool_choice required or named: the reply is a call
+    parsers: list[ReplyParser] = field(default_factory=list)  # choice i's is the i-th reply_parser() made
+
+    def __post_init__(self) -> None:
+        self.generation.reported_finish = self.finish_reason  # the call's log line says what the API said
 
     @property
     def forced_name(self) -> str | None:
@@ -48,7 +52,17 @@ class ChatCall:
         return self.functions[0]["name"] if self.required and len(self.functions) == 1 else None
 
     def reply_parser(self) -> ReplyParser:
-        return ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name)
+        """The next choice's reply parser (one per choice, made in choice order)."""
+        parser = ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name)
+        self.parsers.append(parser)
+        return parser
+
+    def finish_reason(self, o: CompletionOutput) -> str | None:
+        """OpenAI's finish reason for a choice's output: "tool_calls" where its reply called (and was not cut)."""
+        parser = self.parsers[o.index] if o.index < len(self.parsers) else None
+        if o.finish_reason == "stop" and parser is not None and parser.calls:
+            return "tool_calls"
+        return o.finish_reason
 
 
 async def start_chat(
@@ -272,16 +286,14 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         message: dict = {"role": "assistant", "content": content}
         if chat.format.reasoning and req.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = reply.thinking or None
-        finish_reason = o.finish_reason
         if reply.calls:
             message["tool_calls"] = [c.as_openai() for c in reply.calls]
-            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         choices.append(
             {
                 "index": o.index,
                 "message": message,
                 "logprobs": _logprobs(tokenizer, o, o.token_ids, 0, k),
-                "finish_reason": finish_reason,
+                "finish_reason": chat.finish_reason(o),
                 **({"token_ids": o.token_ids} if req.return_token_ids else {}),
             }
         )
@@ -371,12 +383,13 @@ async def _stream(
     def chunk(choices: list[dict]) -> str:
         return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
 
-    yield chunk(
-        [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            for i in range(req.n)
-        ]
-    )
+    roles = [
+        {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        for i in range(req.n)
+    ]
+    # return_token_ids: the prompt's ids at the top of the first chunk only, as vLLM's stream has them
+    prompt_ids = {"prompt_token_ids": generation.prompts[0]["prompt_token_ids"]} if req.return_token_ids else {}
+    yield f"data: {json.dumps({**head, 'choices': roles, **extra, **prompt_ids})}\n\n"
     final: RequestOutput | None = None
     try:
         async for _, out in generation.stream():
@@ -389,9 +402,7 @@ async def _stream(
             calls_before = {i: len(p.calls) for i, p in enumerate(replies.parsers)}
             for index, reply in replies.feed(out).items():
                 o = by_index[index]
-                finish_reason = o.finish_reason
-                if finish_reason == "stop" and replies.parsers[index].calls:
-                    finish_reason = "tool_calls"
+                finish_reason = replies.chat.finish_reason(o)
                 delta = delta_of(reply, calls_before[index], reasoning)
                 if not delta and finish_reason is None and not (req.return_token_ids or k is not None):
                     continue  # nothing to show yet (held back)
@@ -404,8 +415,6 @@ async def _stream(
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = list(o.delta_token_ids)
-                    if first == 0:
-                        choice["prompt_token_ids"] = out.prompt_token_ids
                 yield chunk([choice])
     except APIError as exc:
         yield exc.sse()

@@ -20,6 +20,8 @@ from tokenmill.server.state import ServerState
 
 
 class EmbeddingRequest(APIRequest):
+    refuses_unknown_fields = True
+
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

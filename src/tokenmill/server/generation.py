@@ -22,14 +22,15 @@ from starlette.types import Receive, Scope, Send
 from tokenmill.engine.async_engine import EngineDeadError
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.engine.output_collector import OutputCollector
-from tokenmill.outputs import RequestOutput
+from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.call_log import mark_logged
 from tokenmill.server.errors import APIError, ClientDisconnected
 from tokenmill.server.state import ServerState
 
 _call_ids = itertools.count()
-logger = logging.getLogger("tokenmill.requests")  # one line per API call (--disable-log-requests: none)
+logger = logging.getLogger("tokenmill.requests")  # one line per API call (call_log.py: those that fail early)
 
 
 __all__ = ["ClientDisconnected", "Generation", "GenerationStream"]
@@ -87,6 +88,8 @@ class Generation:
         self._entered = False  # whether start() added every request (else close() aborts every id it may have)
         self._claimed = False  # whether this call holds its api id (released when it closes)
         self._status = "200"  # for the access line
+        # the finish reason the API reported for an output, for the access line (chat: "tool_calls" for a call)
+        self.reported_finish: Callable[[CompletionOutput], str | None] = lambda o: o.finish_reason
 
     def _planned_ids(self) -> list[str]:
         return [f"{self.api_id}-{i}" for i in range(len(self.prompts))]
@@ -154,10 +157,11 @@ class Generation:
         made), the finish reasons ("abort" for a request that never finished)."""
         finals = list(self._latest.values())
         outputs = [o for f in finals for o in f.outputs]
-        reasons = {o.finish_reason or "abort" for f in finals for o in f.outputs}
+        reasons = {self.reported_finish(o) or "abort" for f in finals for o in f.outputs}
         if sum(f.finished for f in finals) < max(len(self.request_ids), 1):  # some never finished: aborted
             reasons.add("abort")
         first = [f.metrics.first_token_time - f.metrics.arrival_time for f in finals if f.metrics.first_token_time]
+        mark_logged()
         logger.info(
             "%s %s %s: %d prompt + %d output tokens, finish %s, TTFT %s, %.3f s",
             self.api_id,
@@ -219,6 +223,7 @@ class Generation:
                 watcher.cancel()
         if not task.done():
             task.cancel()
+            self.close()  # now, not when the cancelled task gets to it: its line belongs to this HTTP request's
             raise ClientDisconnected()
         task.result()
         return [finals[i] for i in range(len(self.prompts))]

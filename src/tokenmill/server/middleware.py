@@ -90,13 +90,25 @@ class APIKeyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = self.key()
         if key and scope["type"] == "http" and self.protects(scope["path"]):
-            if not carries_key(dict(scope["headers"]), key):
-                response = APIError(
-                    401, "Incorrect API key provided; send it as 'Authorization: Bearer <key>'", code="invalid_api_key"
-                ).response(scope["path"])
-                await response(scope, receive, send)
+            headers = dict(scope["headers"])
+            if not carries_key(headers, key):
+                await key_error(headers).response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def key_error(headers: dict[bytes, bytes]) -> APIError:
+    """The 401 for a request without the right key: a missing key is said to be missing (as OpenAI says it), a
+    wrong one to be wrong."""
+    bearer = headers.get(b"authorization", b"").removeprefix(b"Bearer").strip()
+    if not bearer and not headers.get(b"x-api-key"):
+        return APIError(
+            401,
+            "You didn't provide an API key; this server needs one: send it as 'Authorization: Bearer <key>' "
+            "(or 'x-api-key: <key>')",
+            code="missing_api_key",
+        )
+    return APIError(401, "Incorrect API key provided; send it as 'Authorization: Bearer <key>'", code="invalid_api_key")
 
 
 def carries_key(headers: dict[bytes, bytes], key: str) -> bool:

@@ -113,7 +113,7 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
 
 def check_model(state: ServerState, name: str) -> None:
     state.require_engine()
-    if name not in (state.model_name, state.model_name + TAG):
+    if name not in [n + tag for n in state.model_names for tag in ("", TAG)]:
         raise APIError(404, f"model '{name}' not found; this server serves '{state.model_name}'", param="model")
 
 

@@ -1,12 +1,13 @@
 """Request bodies of the OpenAI API (and the extras vLLM users send), validated by pydantic.
 
-Unknown fields are accepted and ignored, as OpenAI clients send fields we do not need (user, service_tier...).
+Unknown fields of OpenAI's completions, chat and embeddings are refused with a 400 naming them, but those clients
+send that ask for nothing here (ACCEPTED_UNUSED: metadata, service_tier...); the other APIs' bodies ignore theirs.
 The ranges here are SamplingParams' own (so the OpenAPI schema states what the server accepts); values are
 checked again when SamplingParams is built, with the parameter named in the error. Every text in a body must be
 valid Unicode: JSON can carry a lone surrogate ("\\ud800", or its bytes in CESU-8), which no tokenizer can take.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -73,14 +74,44 @@ STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # JSON's types as the sch
 # Fields vLLM's or llama.cpp's servers take that this one does not implement, with the values that ask for nothing
 # (sent by clients that always send them): any other value is refused with a 400 naming the field, never ignored.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "use_beam_search": (None, False),
-    "allowed_token_ids": (None,),
-    "logprob_token_ids": (None,),
-    "return_tokens_as_token_ids": (None, False),
-    "truncate_prompt_tokens": (None,),
-    "continue_final_message": (None, False),
-    "prompt_logprobs": (None,),
+    "use_beam_search": (False,),
+    "allowed_token_ids": (),
+    "logprob_token_ids": (),
+    "return_tokens_as_token_ids": (False,),
+    "truncate_prompt_tokens": (),
+    "continue_final_message": (False,),
+    "prompt_logprobs": (),
 }
+# Where a request refuses unknown fields (OpenAI's completions, chat and embeddings: the README promises nothing is
+# ignored), the fields clients send that ask it for nothing, with the values that do so (None: any value). Any other
+# field that is not declared is refused with a 400 naming it (vLLM's kv_transfer_params, OpenAI's audio, ...).
+ACCEPTED_UNUSED: dict[str, tuple[Any, ...] | None] = {
+    # OpenAI's: hints for OpenAI's own platform (abuse monitoring, routing, billing), no part of the answer
+    "metadata": None,
+    "safety_identifier": None,
+    "prompt_cache_key": None,
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "modalities": (["text"],),
+    # vLLM's and llama.cpp's, at the values that ask for what this server does anyway
+    "priority": (0,),
+    "spaces_between_special_tokens": (True,),
+    "cache_prompt": (True, False),  # llama.cpp's prompt cache: the prefix cache's hits change no output
+    "id_slot": None,  # llama.cpp's slot: every request here runs in one batch, its output the same in any
+    "timings_per_token": (False,),
+    "return_progress": (False,),
+    "verbose": (False,),
+    # SGLang's, which its model gateway (sglang-router) writes into every request it forwards
+    "no_stop_trim": (False,),
+    "return_hidden_states": (False,),
+    "separate_reasoning": (True,),
+    "stream_reasoning": (True,),
+}
+
+
+def _one_of(value: Any, values: tuple[Any, ...] | None) -> bool:
+    """Whether `value` is one of `values` (None: any), JSON's types apart (0 is no false)."""
+    return values is None or any(type(value) is type(v) and value == v for v in values)
 
 
 def unsupported_field_error(name: str, why: str = "is not supported by this server") -> PydanticCustomError:
@@ -93,10 +124,12 @@ def field_error(name: str, message: str) -> PydanticCustomError:
 
 
 class APIRequest(BaseModel):
-    """A request body: unknown fields are kept and ignored; values have the types the schema states (no "1" for
-    1, no 0 for false, but 3.0 for 3, as JSON has it); numbers are finite; texts are valid Unicode."""
+    """A request body: values have the types the schema states (no "1" for 1, no 0 for false, but 3.0 for 3, as
+    JSON has it); numbers are finite; texts are valid Unicode; UNSUPPORTED_FIELDS ask for nothing. Unknown fields
+    are kept and ignored, unless `refuses_unknown_fields` (then a 400 names the first that asks for something)."""
 
     model_config = ConfigDict(**STRICT, extra="allow")
+    refuses_unknown_fields: ClassVar[bool] = False
 
     @model_validator(mode="before")
     @classmethod
@@ -109,8 +142,16 @@ class APIRequest(BaseModel):
                 {"where": where, "param": where.split(".")[0]},
             )
         if isinstance(data, dict):
-            for name, neutral in UNSUPPORTED_FIELDS.items():
-                if name in data and not any(type(data[name]) is type(n) and data[name] == n for n in neutral):
+            declared = {f.alias or name for name, f in cls.model_fields.items()}
+            for name, value in data.items():
+                if name in declared or value is None:  # null asks for nothing, whatever the field
+                    continue
+                if name in UNSUPPORTED_FIELDS:
+                    if not _one_of(value, UNSUPPORTED_FIELDS[name]):
+                        raise unsupported_field_error(name)
+                elif cls.refuses_unknown_fields and not (
+                    name in ACCEPTED_UNUSED and _one_of(value, ACCEPTED_UNUSED[name])
+                ):
                     raise unsupported_field_error(name)
         return data
 
@@ -164,6 +205,8 @@ class StructuredOutputsBody(BaseModel):
 class SamplingFields(APIRequest):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
+    refuses_unknown_fields = True
+
     model: str | None = None
     temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -201,11 +244,20 @@ class SamplingFields(APIRequest):
     json_schema: dict[str, Any] | None = None
     # vLLM's: arguments for the server's custom logits processors (--logits-processors)
     vllm_xargs: dict[str, Any] | None = None
+    # llama.cpp's name for max_tokens (-1: no limit), which its server takes on these endpoints too
+    n_predict: Annotated[int, Field(ge=-1)] | None = None
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise unsupported_field_error("stream_options", "is only allowed with stream: true")
+        return self
+
+    @model_validator(mode="after")
+    def _n_predict_is_max_tokens(self) -> "SamplingFields":
+        """n_predict stands for max_tokens where the request does not name that."""
+        if self.n_predict is not None and "max_tokens" not in self.model_fields_set:
+            self.max_tokens = None if self.n_predict < 0 else self.n_predict  # type: ignore[attr-defined]
         return self
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:

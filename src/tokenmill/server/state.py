@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from tokenmill import __version__
 from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.loader.model_path import NAMED_MODELS
 from tokenmill.parsers.reply import ReplyFormat, reply_format
 from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 from tokenmill.server.errors import APIError
@@ -154,8 +155,19 @@ class ServerState:
             raise APIError(503, f"the engine failed: {self.engine.error!r}", "server_error", code="engine_dead")
         return self.engine
 
+    @property
+    def model_names(self) -> list[str]:
+        """Every name the served model answers to: its id, and the name the server was started with where that
+        named a model (`--model gemma3-270m` serves the id gemma-3-270m-q4_k_m; a client may send either), unless
+        --served-model-name chose the name."""
+        s = self.settings
+        started_with = s.model if s.model is not None and s.model.lower() in NAMED_MODELS else None
+        if s.served_model_name is not None or started_with in (None, self.model_name):
+            return [self.model_name]
+        return [self.model_name, started_with]
+
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name not in self.model_names:
             raise APIError(
                 404,
                 f"The model `{name}` does not exist; this server serves `{self.model_name}`.",

@@ -26,6 +26,7 @@ import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from tokenmill.errors import ConstraintError
+from tokenmill.structured.ecma_regex import ecma_schema, ecma_to_rust
 from tokenmill.structured.params import StructuredOutputsParams
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
@@ -83,12 +84,13 @@ def _lark_text(text: str, special_markers: bool) -> str:
 
 def _answer_source(params: StructuredOutputsParams) -> str:
     kind = params.kind
-    if kind == "json":
-        return llguidance.LLMatcher.grammar_from_json_schema(params.json, overrides=JSON_OPTIONS)
+    if kind == "json":  # its patterns in JSON Schema's regex dialect (ecma_regex.py)
+        schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+        return llguidance.LLMatcher.grammar_from_json_schema(ecma_schema(schema), overrides=JSON_OPTIONS)
     if kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=JSON_OPTIONS)
-    if kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(params.regex)
+    if kind == "regex":  # JSON Schema's dialect too: \d is [0-9], as users of a `pattern` expect
+        return llguidance.LLMatcher.grammar_from_regex(ecma_to_rust(params.regex or ""))
     if kind == "choice":
         return _choice_grammar(params.choice)
     return llguidance.LLMatcher.grammar_from_lark(any_to_lark(params.grammar or ""))  # GBNF too, as llama.cpp's

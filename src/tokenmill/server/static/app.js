@@ -124,7 +124,8 @@ async function listenToEngine() {
 function onEngineEvent(ev) {
   const now = performance.now();
   const eng = state.engine;
-  if (ev.type === "running") {  // a step's forward pass starts (it carries no stats)
+  if (ev.type === "running") {  // a step's forward pass starts, with the counts as it scheduled them
+    showCounts(ev);  // (a long prefill's own request is running now, not once its step is done)
     if (state.run) onStepStartForRun(ev, now);
     return;
   }
@@ -143,12 +144,9 @@ function onEngineEvent(ev) {
 function showEngine(stats, lastStep) {
   const now = performance.now(), times = state.engine.tokenTimes;
   while (times.length && now - times[0][0] > TPS_WINDOW_MS) times.shift();
-  $("eng-running").textContent = stats.num_running;
-  $("eng-waiting").textContent = stats.num_waiting;
+  showCounts(stats);
   $("eng-steps").textContent = stats.num_steps;
   $("eng-tps").textContent = (times.reduce((a, [, n]) => a + n, 0) * 1000 / TPS_WINDOW_MS).toFixed(0);
-  $("kv-total").textContent = `${stats.kv_blocks_in_use} / ${stats.kv_blocks_total}`;
-  $("kv-bar").style.width = `${(100 * stats.kv_blocks_in_use / stats.kv_blocks_total).toFixed(1)}%`;
   if (!lastStep) {
     for (const id of ["eng-batch", "eng-step", "eng-collective"]) $(id).textContent = "none yet";
     return;
@@ -156,6 +154,14 @@ function showEngine(stats, lastStep) {
   $("eng-batch").textContent = lastStep.batch_size;
   $("eng-step").textContent = `${lastStep.duration_ms.toFixed(1)} ms`;
   $("eng-collective").textContent = lastStep.ranks > 1 ? `${lastStep.collective_ms.toFixed(2)} ms` : "– (one rank)";
+}
+
+// how many sequences run and wait, and the KV blocks they hold
+function showCounts(stats) {
+  $("eng-running").textContent = stats.num_running;
+  $("eng-waiting").textContent = stats.num_waiting;
+  $("kv-total").textContent = `${stats.kv_blocks_in_use} / ${stats.kv_blocks_total}`;
+  $("kv-bar").style.width = `${(100 * stats.kv_blocks_in_use / stats.kv_blocks_total).toFixed(1)}%`;
 }
 
 // the sequences of the last step, this tab's own highlighted (.mine)
