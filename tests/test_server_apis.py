@@ -701,3 +701,12 @@ def test_llamacpp_props_and_metrics(server: ServerProcess) -> None:
     assert "# TYPE llamacpp:prompt_tokens_total counter" in r.text
     value = next(line for line in r.text.splitlines() if line.startswith("llamacpp:tokens_predicted_total "))
     assert float(value.split()[1]) > 0
+
+
+def test_llamacpp_completion_without_seed_takes_the_servers(server: ServerProcess) -> None:
+    """A /completion that names no seed samples with the server's --seed (shown in generation_settings), as
+    llama-server's: sent twice, it answers the same words."""
+    body = {"prompt": "Once upon a time", "n_predict": 12, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    first, second = (llama(server, "/completion", body).json() for _ in range(2))
+    assert first["content"] == second["content"] and first["generation_settings"]["seed"] == 0
+    assert llama(server, "/completion", {**body, "seed": 7}).json()["generation_settings"]["seed"] == 7

@@ -66,8 +66,9 @@ def tokenmill_args(args: list[str]) -> list[str]:
             out.append(arg)
     slots = int(values.get("--parallel", "1"))
     out += ["--max-num-seqs", str(slots)]
-    if "--ctx-size" in values:  # llama-server splits its context between its slots: each gets ctx / parallel
-        out += ["--max-model-len", str(int(values["--ctx-size"]) // slots)]
+    if "--ctx-size" in values:  # llama-server splits its context between its slots (ctx / parallel each), but
+        share = 1 if "--kv-unified" in args else slots  # with --kv-unified every slot may use all of it
+        out += ["--max-model-len", str(int(values["--ctx-size"]) // share)]
     if int(values.get("--n-predict", "-1")) > 0:  # its cap on every request's n_predict
         out += ["--max-tokens-limit", values["--n-predict"]]
     if values.get("-ctk") == values.get("-ctv") and values.get("-ctk") in KV_TYPES:

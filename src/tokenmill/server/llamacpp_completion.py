@@ -44,9 +44,11 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine:
         "frequency_penalty": req.frequency_penalty,
     }
     defaults = engine.generation_defaults.sampling_values()
+    # a request without a seed takes the server's (--seed), as llama-server's: the same request, the same answer
+    seed = req.seed if req.seed is not None else engine.config.seed
     params = SamplingParams(
         max_tokens=1 if asked == 0 else max_tokens,  # n_predict 0: the prompt only (one token made, not shown)
-        seed=req.seed,
+        seed=seed,
         stop=req.stop or None,
         ignore_eos=req.ignore_eos,
         logit_bias=logit_bias(engine.tokenizer, req.logit_bias),
@@ -55,7 +57,6 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine:
         **{**defaults, **{k: v for k, v in given.items() if v is not None}},
     )
     n_predict = 0 if asked == 0 else (max_tokens if max_tokens is not None else -1)
-    seed = req.seed if req.seed is not None else engine.config.seed
     return CompletionSettings(params, n_predict, req.stream, req.n_probs, seed)
 
 

@@ -17,7 +17,7 @@ class CompletionSettings:
     n_predict: int  # -1: up to the context's end
     stream: bool
     n_probs: int
-    seed: int | None  # the request's, else the server's --seed (None: a random one)
+    seed: int | None  # the request's, else the server's --seed
 
     def as_json(self) -> dict[str, Any]:
         p = self.params
