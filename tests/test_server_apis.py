@@ -710,3 +710,5 @@ def test_llamacpp_completion_without_seed_takes_the_servers(server: ServerProces
     first, second = (llama(server, "/completion", body).json() for _ in range(2))
     assert first["content"] == second["content"] and first["generation_settings"]["seed"] == 0
     assert llama(server, "/completion", {**body, "seed": 7}).json()["generation_settings"]["seed"] == 7
+    biased = llama(server, "/completion", {**body, "logit_bias": [[42, -5.0]]}).json()["generation_settings"]
+    assert biased["logit_bias"] == [{"bias": -5.0, "token": 42}]  # llama-server's shape

@@ -35,7 +35,7 @@ class CompletionSettings:
             "n_predict": self.n_predict,
             "ignore_eos": p.ignore_eos,
             "stream": self.stream,
-            "logit_bias": [[token, bias] for token, bias in (p.logit_bias or {}).items()],
+            "logit_bias": [{"bias": bias, "token": token} for token, bias in (p.logit_bias or {}).items()],
             "n_probs": self.n_probs,
             "post_sampling_probs": False,
         }
