@@ -69,8 +69,8 @@ def tokenmill_args(args: list[str]) -> list[str]:
     if "--ctx-size" in values:  # llama-server splits its context between its slots (ctx / parallel each), but
         share = 1 if "--kv-unified" in args else slots  # with --kv-unified every slot may use all of it
         out += ["--max-model-len", str(int(values["--ctx-size"]) // share)]
-    if int(values.get("--n-predict", "-1")) > 0:  # its cap on every request's n_predict
-        out += ["--max-tokens-limit", values["--n-predict"]]
+    if int(values.get("--n-predict", "-1")) > 0:  # the n_predict of a request that names none (or -1)
+        out += ["--max-tokens-default", values["--n-predict"]]
     if values.get("-ctk") == values.get("-ctv") and values.get("-ctk") in KV_TYPES:
         out += ["--kv-cache-dtype", KV_TYPES[values["-ctk"]]]
     elif "-ctk" in values or "-ctv" in values:

@@ -30,9 +30,7 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine:
     if req.post_sampling_probs:
         raise APIError(400, "post_sampling_probs is not supported: n_probs gives the model's own log-probabilities")
     asked = req.n_predict if req.n_predict is not None else req.max_tokens
-    limit = state.settings.max_tokens_limit
-    if asked is not None and asked >= 0 and limit is not None:
-        asked = min(asked, limit)  # llama-server caps a request's n_predict at its own --n-predict
+    # -1 or none: the server's default (--max-tokens-default, llama-server's --n-predict), else up to the context
     max_tokens = state.output_limit(asked if asked is not None and asked > 0 else None, None)
     given = {
         "temperature": req.temperature,
