@@ -8,10 +8,11 @@ TEST_STAMP := $(VENV)/.installed-test
 
 PEERS := .venv-peers
 VLLM_SUITE := .venv-vllm-suite
+LLAMACPP_SUITE := .venv-llamacpp-suite
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install test-deps serve generate test test-fast test-unit lint clean bench-peers bench reference moe-reference \
-	vllm-suite
+	vllm-suite llamacpp-suite
 
 # `make serve PORT=8123 HOST=0.0.0.0 ARGS="--model gemma3-270m"`: where it listens, and any other serve options
 PORT ?= 8000
@@ -87,6 +88,17 @@ $(VLLM_SUITE)/.installed: benchmarks/peers/vllm_suite/requirements.txt
 
 vllm-suite: test-deps $(VLLM_SUITE)/.installed
 	$(BIN)/python benchmarks/peers/vllm_suite/run.py --python $(VLLM_SUITE)/bin/python
+
+# llama.cpp's own server tests (llama-cpp-python 0.3.36's vendor/llama.cpp/tools/server/tests) run unchanged against
+# tokenmill serve (benchmarks/peers/llamacpp_suite/run.py); not part of `make test`: it downloads the source
+$(LLAMACPP_SUITE)/.installed: benchmarks/peers/llamacpp_suite/requirements.txt
+	test -x $(LLAMACPP_SUITE)/bin/python || $(PYTHON) -m venv $(LLAMACPP_SUITE)
+	$(LLAMACPP_SUITE)/bin/python -m pip install --quiet --upgrade pip
+	$(LLAMACPP_SUITE)/bin/python -m pip install --quiet -r benchmarks/peers/llamacpp_suite/requirements.txt
+	touch $@
+
+llamacpp-suite: install $(LLAMACPP_SUITE)/.installed
+	$(BIN)/python benchmarks/peers/llamacpp_suite/run.py --python $(LLAMACPP_SUITE)/bin/python
 
 # tokenmill beside llama.cpp, in one run (see benchmarks/README.md): the bundled models, then a SmolLM2-1.7B-shaped
 # Q4_K_M GGUF (written into ~/.cache/tokenmill/synth the first time)

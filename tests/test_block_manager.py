@@ -147,3 +147,26 @@ def test_disabled_prefix_caching() -> None:
     run_prefill(bm, seq(list(range(9))))
     assert run_prefill(bm, seq(list(range(9)))) == 0
     assert bm.usage().cached == 0
+
+
+def test_forget_prefix_drops_unused_cached_blocks_only() -> None:
+    """llama.cpp's slot erase: the prefix cache forgets a token list's unused full blocks (a later prompt computes
+    them again), while a block a running sequence holds keeps its entry."""
+    bm = BlockManager(8, 4)
+    first = seq(list(range(10)))
+    run_prefill(bm, first)
+    bm.free(first)
+    assert bm.usage().cached == 2
+    assert bm.forget_prefix(list(range(10))) == 2
+    accounting_holds(bm)
+    assert bm.usage().cached == 0 and run_prefill(bm, seq(list(range(10)))) == 0
+    holder = seq(list(range(10)))
+    assert run_prefill(bm, holder) == 8  # hits the blocks the previous prompt cached
+    assert bm.forget_prefix(list(range(10))) == 0  # in use: kept
+    accounting_holds(bm)
+
+
+def test_skip_reading_prefix_cache_computes_the_whole_prompt() -> None:
+    """llama.cpp's cache_prompt false: the sequence asks to compute every prompt token."""
+    s = Sequence(next(_ids), "r", list(range(10)), SamplingParams(skip_reading_prefix_cache=True))
+    assert s.computes_whole_prompt and not seq(list(range(10))).computes_whole_prompt

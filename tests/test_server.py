@@ -1116,13 +1116,15 @@ def test_answers_carry_a_system_fingerprint(client: openai.OpenAI, model: str) -
 
 
 def test_openai_paths_without_v1(server: ServerProcess, model: str) -> None:
-    """A client given the server's address without /v1 is served, as llama.cpp's server serves it."""
+    """A client given the server's address without /v1 is served, as llama.cpp's server serves it; /completions
+    there is llama.cpp's own completion API, as in llama-server (test_server_apis has its shape)."""
     bare = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
     assert [m.id for m in bare.models.list().data] == [model]
     assert bare.models.retrieve(model).id == model
     ask = [{"role": "user", "content": "Hi"}]
     assert bare.chat.completions.create(model=model, messages=ask, max_tokens=2).usage.completion_tokens == 2
-    assert bare.completions.create(model=model, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    llama = httpx.post(f"{server.url}/completions", json={"prompt": "Hi", "n_predict": 2}, timeout=120).json()
+    assert llama["tokens_predicted"] == 2 and isinstance(llama["content"], str)
     assert len(bare.embeddings.create(model=model, input="Hi").data[0].embedding) == 576
     with pytest.raises(openai.NotFoundError):
         bare.models.retrieve("nope")

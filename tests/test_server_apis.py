@@ -597,3 +597,157 @@ def test_infill_through_a_server(fim_model: Path, server: ServerProcess) -> None
     from tokenmill import __version__
 
     assert httpx.get(f"{server.url}/version").json() == {"version": __version__}
+
+
+# ---- llama.cpp's own API (httpx, as its web UI and tools call it) ----------------------------------------------
+
+
+def llama(server: ServerProcess, path: str, body: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+
+def test_llamacpp_completion_answers_in_its_shape(server: ServerProcess) -> None:
+    """/completion: content, the generated ids on request, stop_type, timings, generation_settings as sent; the same
+    greedy text as /v1/completions; /completions is the same endpoint (llama-server's, not OpenAI's)."""
+    body = {"prompt": "I believe the meaning of life is", "n_predict": 6, "temperature": 0, "return_tokens": True}
+    r = llama(server, "/completion", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["stop"] is True and out["stop_type"] == "limit" and out["tokens_predicted"] == 6
+    assert len(out["tokens"]) == 6 and out["tokens_evaluated"] == out["timings"]["prompt_n"] + out["timings"]["cache_n"]
+    assert out["timings"]["predicted_n"] == 6 and out["timings"]["prompt_ms"] > 0
+    assert out["generation_settings"]["n_predict"] == 6 and out["generation_settings"]["temperature"] == 0
+    oai = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 6}, timeout=120).json()
+    assert out["content"] == oai["choices"][0]["text"]
+    assert llama(server, "/completions", body).json()["content"] == out["content"]
+    assert "tokens" in llama(server, "/completion", {**body, "return_tokens": False}).json()
+    assert llama(server, "/completion", {**body, "return_tokens": False}).json()["tokens"] == []
+
+
+def test_llamacpp_completion_stream_stop_words_and_fields(server: ServerProcess) -> None:
+    """A stream of `data:` lines (no [DONE]) whose pieces make the whole answer; a stop word ends it as "word";
+    response_fields picks fields by path."""
+    body = {"prompt": "Count: 1, 2, 3,", "n_predict": 8, "temperature": 0}
+    whole = llama(server, "/completion", body).json()["content"]
+    with httpx.stream("POST", f"{server.url}/completion", json={**body, "stream": True}, timeout=120) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and "[DONE]" not in lines[-1]
+    events = [json.loads(line[6:]) for line in lines]
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert all(e["tokens"] for e in events[:-1])
+    assert "".join(e["content"] for e in events) == whole
+    word = whole.strip()[:2]
+    stopped = llama(server, "/completion", {**body, "stop": [word]}).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word and word not in stopped["content"]
+    picked = llama(server, "/completion", {**body, "response_fields": ["content", "generation_settings/n_predict"]})
+    assert picked.json() == {"content": whole, "generation_settings/n_predict": 8}
+
+
+def test_llamacpp_prompt_shapes(server: ServerProcess) -> None:
+    """A prompt as text, as its token ids, as {"prompt_string"}, mixed ids and text (one prompt), and a batch (a list
+    answer); bad shapes are 400s."""
+    text = "The capital of France is"
+    ids = httpx.post(f"{server.url}/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
+    greedy = {"n_predict": 4, "temperature": 0}
+    first = llama(server, "/completion", {"prompt": text, **greedy}).json()["content"]
+    assert llama(server, "/completion", {"prompt": ids, **greedy}).json()["content"] == first
+    assert llama(server, "/completion", {"prompt": {"prompt_string": text}, **greedy}).json()["content"] == first
+    mixed = llama(server, "/completion", {"prompt": [*ids[:-1], text.split()[-1]], **greedy})
+    assert mixed.status_code == 200 and isinstance(mixed.json()["content"], str)
+    batch = llama(server, "/completion", {"prompt": [ids, text], **greedy}).json()
+    assert [b["content"] for b in batch] == [first, first] and [b["index"] for b in batch] == [0, 1]
+    for bad in ([1.5], {"prompt_string": 3}, {"prompt_string": text, "multimodal_data": "aGk="}):
+        assert llama(server, "/completion", {"prompt": bad, **greedy}).status_code == 400
+    assert llama(server, "/completion", {"prompt": text, "n_predict": -2}).status_code == 400
+
+
+def test_llamacpp_n_probs(server: ServerProcess) -> None:
+    """n_probs: each token with its log-probability, bytes and the n most likely tokens, whole and streamed;
+    post_sampling_probs (probabilities after the sampler) is refused, not ignored."""
+    body = {"prompt": "I believe the meaning of life is", "n_predict": 3, "temperature": 0, "n_probs": 4}
+    probs = llama(server, "/completion", body).json()["completion_probabilities"]
+    assert len(probs) == 3
+    for tok in probs:
+        assert tok["logprob"] <= 0 and bytes(tok["bytes"]).decode() == tok["token"]
+        assert len(tok["top_logprobs"]) == 4 and tok["top_logprobs"][0]["id"] == tok["id"]  # greedy: the best
+        assert [t["logprob"] for t in tok["top_logprobs"]] == sorted(
+            (t["logprob"] for t in tok["top_logprobs"]), reverse=True
+        )
+    with httpx.stream("POST", f"{server.url}/completion", json={**body, "stream": True}, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line]
+    streamed = [p for e in events if not e["stop"] for p in e["completion_probabilities"]]
+    assert [p["id"] for p in streamed] == [p["id"] for p in probs]
+    assert llama(server, "/completion", {**body, "post_sampling_probs": True}).status_code == 400
+
+
+def test_llamacpp_cache_prompt_and_slots(server: ServerProcess) -> None:
+    """A repeated prompt is read from the prefix cache (timings' cache_n) unless cache_prompt is false; the slot
+    named by id_slot remembers it (GET /slots) until erased, and then its blocks are computed again."""
+    prompt = "A long and winding road leads to the old mill by the river, " * 4
+    body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "id_slot": 1}
+    llama(server, "/completion", body)
+    cached = llama(server, "/completion", body).json()["timings"]
+    assert cached["cache_n"] >= 32 and cached["cache_n"] + cached["prompt_n"] > cached["cache_n"]
+    fresh = llama(server, "/completion", {**body, "cache_prompt": False}).json()["timings"]
+    assert fresh["cache_n"] == 0
+    slots = httpx.get(f"{server.url}/slots").json()
+    assert slots[1]["id"] == 1 and slots[1]["is_processing"] is False and slots[1]["n_prompt_tokens"] > 32
+    erased = llama(server, "/slots/1?action=erase").json()
+    assert erased["id_slot"] == 1 and erased["n_erased"] > 32
+    assert llama(server, "/completion", body).json()["timings"]["cache_n"] == 0
+    assert llama(server, "/completion", {**body, "id_slot": 999}).status_code == 400
+    assert llama(server, "/slots/1?action=bogus").status_code == 400
+    assert llama(server, "/slots/x?action=erase").status_code == 400
+    assert llama(server, "/slots/0?action=save", {"filename": "a.bin"}).status_code == 501
+
+
+def test_llamacpp_tokenize_detokenize_and_template(server: ServerProcess) -> None:
+    """/tokenize's content shape (ids, or pieces; BOS only with add_special), /detokenize's content, and
+    /apply-template's prompt (the same text /tokenize renders from messages)."""
+    content = "emoji 🤗 and 媽"
+    ids = httpx.post(f"{server.url}/tokenize", json={"content": content}).json()["tokens"]
+    pieces = httpx.post(f"{server.url}/tokenize", json={"content": content, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == ids
+    joined = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
+    assert joined.decode() == content and any(isinstance(p["piece"], list) for p in pieces)
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": ids}).json()["content"] == content
+    both = httpx.post(f"{server.url}/tokenize", json={"content": "x", "prompt": "x"})
+    assert both.status_code == 400
+    messages = [{"role": "user", "content": "What is today?"}]
+    prompt = httpx.post(f"{server.url}/apply-template", json={"messages": messages}).json()["prompt"]
+    assert "What is today?" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    bare = httpx.post(f"{server.url}/apply-template", json={"messages": messages, "add_generation_prompt": False})
+    assert not bare.json()["prompt"].endswith("assistant\n")
+    assert httpx.post(f"{server.url}/apply-template", json={"messages": []}).status_code == 400
+
+
+def test_llamacpp_props_and_metrics(server: ServerProcess) -> None:
+    """GET /props as llama-server's; POST /props changes /completion's defaults (and only those it names);
+    /metrics carries llamacpp:* with llama-server's TYPE lines and its Process-Start-Time-Unix header."""
+    props = httpx.get(f"{server.url}/props").json()
+    assert props["model_path"].endswith(".gguf") and props["total_slots"] >= 1
+    assert props["default_generation_settings"]["n_ctx"] > 0 and "chat_template" in props
+    update = {"default_generation_settings": {"params": {"n_predict": 3}}}
+    assert llama(server, "/props", update).json() == {"success": True}
+    try:
+        assert httpx.get(f"{server.url}/props").json()["default_generation_settings"]["params"]["n_predict"] == 3
+        assert llama(server, "/completion", {"prompt": "Hello", "temperature": 0}).json()["tokens_predicted"] == 3
+    finally:
+        llama(server, "/props", {"default_generation_settings": {"params": {"n_predict": -1}}})
+    assert llama(server, "/props", {"default_generation_settings": {"params": {"mirostat": 2}}}).status_code == 400
+    r = httpx.get(f"{server.url}/metrics")
+    assert int(r.headers["Process-Start-Time-Unix"]) > 0
+    assert "# TYPE llamacpp:prompt_tokens_total counter" in r.text
+    value = next(line for line in r.text.splitlines() if line.startswith("llamacpp:tokens_predicted_total "))
+    assert float(value.split()[1]) > 0
+
+
+def test_llamacpp_completion_without_seed_takes_the_servers(server: ServerProcess) -> None:
+    """A /completion that names no seed samples with the server's --seed (shown in generation_settings), as
+    llama-server's: sent twice, it answers the same words."""
+    body = {"prompt": "Once upon a time", "n_predict": 12, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    first, second = (llama(server, "/completion", body).json() for _ in range(2))
+    assert first["content"] == second["content"] and first["generation_settings"]["seed"] == 0
+    assert llama(server, "/completion", {**body, "seed": 7}).json()["generation_settings"]["seed"] == 7
+    biased = llama(server, "/completion", {**body, "logit_bias": [[42, -5.0]]}).json()["generation_settings"]
+    assert biased["logit_bias"] == [{"bias": -5.0, "token": 42}]  # llama-server's shape

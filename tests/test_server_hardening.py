@@ -332,3 +332,23 @@ def test_paths_on_the_machine_are_shown_to_a_caller_with_the_key(server: ServerP
     card = httpx.get(f"{server.url}/v1/models", headers=AUTH).json()["data"][0]
     assert card["root"].startswith("/") and card["root"].endswith(".gguf")
     assert httpx.get(f"{server.url}/server_info", headers=AUTH).json()["model_path"] == card["root"]
+
+
+def test_llamacpp_endpoints_need_the_key_and_cors_echoes_the_origin(server: ServerProcess) -> None:
+    """llama.cpp's API is behind the key (POST /props above all: it changes the server's defaults); a local page's
+    preflight is answered with its origin and credentials allowed, as llama-server's tests expect."""
+    for path, body in (("/completion", {"prompt": "hi"}), ("/props", {}), ("/apply-template", {"messages": []})):
+        r = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+        assert_openai_error(r, 401)
+    update = {"default_generation_settings": {"params": {"temperature": 0.3}}}
+    assert post(server, "/props", update).json() == {"success": True}
+    assert httpx.get(f"{server.url}/props", headers=AUTH).json()["default_generation_settings"]["params"][
+        "temperature"
+    ] == pytest.approx(0.3)
+    origin = "http://localhost:5173"
+    preflight = {"Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "x"}
+    r = httpx.options(f"{server.url}/completion", headers=preflight)
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == origin
+    assert r.headers["access-control-allow-credentials"] == "true"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"

@@ -46,6 +46,8 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop tokens are banned until this many tokens were generated
     logprobs: int | None = None  # top-k log-probabilities per generated token (the sampled one always included)
     prompt_logprobs: int | None = None  # the same for every prompt token
+    # compute the whole prompt, reading nothing from the prefix cache (llama.cpp's cache_prompt: false)
+    skip_reading_prefix_cache: bool = False
     skip_special_tokens: bool = True
     # what the output must match (JSON schema, regex, choice, grammar): tokenmill.structured.StructuredOutputsParams
     # or a dict of its fields

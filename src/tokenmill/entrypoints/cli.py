@@ -263,6 +263,8 @@ def run_serve(args: argparse.Namespace) -> int:
         responses_store_bytes=args.responses_store_bytes,
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
+        slots_endpoint=args.slots,
+        slot_save_path=args.slot_save_path,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
 

@@ -162,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
         "harmony (gpt-oss), constrained (tokenmill's JSON, taught in a system message), or auto (default: from "
         "the chat template)",
     )
+    serve.add_argument(
+        "--slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama.cpp's GET /slots: what each of the --max-num-seqs slots holds and does (default on)",
+    )
+    serve.add_argument(
+        "--slot-save-path",
+        default=None,
+        help="the folder where llama.cpp's POST /slots/ID?action=save|restore keep a slot's tokens and K/V "
+        "(default: none, and those actions answer 501)",
+    )
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
     serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
     serve.add_argument(

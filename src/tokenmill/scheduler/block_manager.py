@@ -121,13 +121,16 @@ class BlockManager:
         """Cached blocks matching the start of `seq` (at most num_tokens - 1 tokens), without taking them."""
         if not self.enable_prefix_caching:
             return []
+        return self._cached_chain(seq.token_ids, (seq.num_tokens - 1) // self.block_size)
+
+    def _cached_chain(self, token_ids: list[int], max_blocks: int) -> list[int]:
+        """The cached blocks holding the start of `token_ids`, verified block by block (at most max_blocks)."""
         bs = self.block_size
-        max_blocks = (seq.num_tokens - 1) // bs
         matched: list[int] = []
         parent: Block | None = None
         parent_hash: int | None = None
         for i in range(max_blocks):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self._chain_hash(parent_hash, tokens)
             block = self._cached.get(h)
             if (
@@ -296,6 +299,20 @@ class BlockManager:
         else:
             self._reset(block)
             self._free.append(block.block_id)
+
+    def forget_prefix(self, token_ids: list[int]) -> int:
+        """Drop the prefix-cache entries of the full blocks `token_ids` starts with that no sequence uses (llama.cpp's
+        slot erase); blocks a running sequence holds keep theirs. Returns the number of blocks forgotten."""
+        forgotten = 0
+        for block_id in reversed(self._cached_chain(token_ids, len(token_ids) // self.block_size)):
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._evictable[block_id]
+                del self._cached[block.block_hash]  # type: ignore[arg-type]
+                self._reset(block)
+                self._free.append(block_id)
+                forgotten += 1
+        return forgotten
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence uses."""

@@ -137,6 +137,10 @@ class KVCacheManager:
     def block_hashes(self, seq: Sequence, num_tokens: int) -> list[int]:
         return self.pool.block_hashes(seq, num_tokens)
 
+    def forget_prefix(self, token_ids: list[int]) -> int:
+        """The prefix cache forgets these tokens' unused full blocks (a later prompt computes them anew)."""
+        return self.pool.forget_prefix(token_ids)
+
     @property
     def prefix_query_tokens(self) -> int:
         return self.pool.prefix_query_tokens

@@ -74,8 +74,8 @@ class Sequence:
     @property
     def computes_whole_prompt(self) -> bool:
         """Whether every prompt token must be computed here, none taken from the prefix cache (its prompt's
-        log-probabilities, or an embedding's pooled hidden states)."""
-        return self.wants_prompt_logprobs or self.pools
+        log-probabilities, an embedding's pooled hidden states, or a request that asks so)."""
+        return self.wants_prompt_logprobs or self.pools or self.params.skip_reading_prefix_cache
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -25,6 +25,8 @@ from tokenmill.server.call_log import CallLog
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
 from tokenmill.server.infill import add_infill_routes
+from tokenmill.server.llamacpp import add_llamacpp_routes, llama_tokenize
+from tokenmill.server.llamacpp_metrics import llamacpp_metrics_text
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit, HostOriginGuard, JSONBodies
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.openai_routes import ROOT_PATHS, add_openai_routes
@@ -37,7 +39,8 @@ from tokenmill.server.state import ServerState
 # with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
 PROTECTED_PREFIXES = (
     "/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill", "/server_info", "/model_info",
-    "/get_load", "/get_server_info", "/get_model_info", *ROOT_PATHS,
+    "/get_load", "/get_server_info", "/get_model_info", "/completion", "/apply-template", "/props", "/slots",
+    *ROOT_PATHS,
 )  # fmt: skip
 STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
@@ -71,8 +74,9 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         CORSMiddleware,
         allow_origins=["*"] if policy.any_origin else list(policy.allowed_origins),
         allow_origin_regex=None if policy.any_origin else policy.cors_origin_regex(),
-        allow_methods=["*"],
+        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
         allow_headers=["*"],
+        allow_credentials=True,  # a page's cookies and auth go with its calls: the origin is echoed (never "*")
         expose_headers=["x-request-id"],
     )
     app.add_middleware(HostOriginGuard, policy=policy)
@@ -107,12 +111,21 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(401)},
     )
     async def metrics() -> Response:
-        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """tokenmill's metrics (vLLM's names under tokenmill:), then llama-server's (llamacpp:*)."""
+        m = state.metrics
+        text = generate_latest(m.registry) + llamacpp_metrics_text(m.llama, m.engine_stats()).encode()
+        headers = {"Process-Start-Time-Unix": str(m.llama.started_unix)}  # as llama-server's
+        return Response(text, media_type=CONTENT_TYPE_LATEST, headers=headers)
 
     @app.post("/tokenize", response_class=Response, responses={200: {"model": schemas.TokenizeResponse}, **with_model})
     async def tokenize(req: TokenizeRequest) -> Response:
         state.check_model(req.model)
         engine = state.require_engine().engine
+        if req.content is not None:  # llama.cpp's shape
+            if req.prompt is not None or req.messages is not None:
+                raise APIError(400, "give one of content, prompt or messages", param="content")
+            args = (engine, req.content, req.add_special, req.with_pieces)
+            return Response(json.dumps(await asyncio.to_thread(llama_tokenize, *args)), media_type="application/json")
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         # a long text takes a while to tokenize, and its answer to write: neither on the event loop
@@ -127,7 +140,8 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", param="tokens")
-        return {"prompt": await asyncio.to_thread(engine.tokenizer.decode, req.tokens)}
+        text = await asyncio.to_thread(engine.tokenizer.decode, req.tokens)
+        return {"prompt": text, "content": text}  # vLLM's name, llama.cpp's
 
     @app.get("/tokenizer_info", response_model=schemas.TokenizerInfo, responses=error_responses(401, 503))
     async def tokenizer_info() -> dict:
@@ -153,6 +167,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     add_responses_routes(app, state)
     add_infill_routes(app, state)
     add_router_routes(app, state)
+    add_llamacpp_routes(app, state)
 
     @app.get("/version", response_model=schemas.Version)
     async def version() -> dict:

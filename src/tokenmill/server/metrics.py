@@ -8,6 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tokenmill.outputs import RequestOutput
+from tokenmill.server.llamacpp_metrics import LlamaCounters
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480)
@@ -102,6 +103,8 @@ class ServerMetrics:
         )
         r.register(_EngineCollector(stats))
         ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open files
+        self.llama = LlamaCounters()
+        self.engine_stats = stats
 
     def observe(self, out: RequestOutput, count_generated: bool = True) -> None:
         """A finished request; `count_generated` False: its tokens were not output (echo with max_tokens 0)."""
@@ -115,6 +118,7 @@ class ServerMetrics:
         if m.queue_time is not None:
             self.queue.observe(m.queue_time)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.llama.observe(out, count_generated)
         for o in out.outputs:
             if count_generated:
                 self.generation_tokens.inc(len(o.token_ids))

@@ -1,6 +1,8 @@
 """OpenAI's routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings, registered once in a router
-that the app serves both under /v1 and at the root (/chat/completions, /models, ...), as llama.cpp's server
-answers both: a client configured with the server's address alone, without /v1, still works."""
+that the app serves both under /v1 and at the root (/chat/completions, /models, /embeddings), as llama.cpp's
+server answers both: a client configured with the server's address alone, without /v1, still works. Not
+/completions: there llama.cpp's server answers with its own completion API (server/llamacpp.py), and so does
+tokenmill's."""
 
 from fastapi import APIRouter, FastAPI, Request
 
@@ -14,11 +16,12 @@ from tokenmill.server.schemas import error_responses, streaming_ok
 from tokenmill.server.state import ServerState
 
 # the paths served without /v1 too (the API key guards them as it guards /v1/*)
-ROOT_PATHS = ("/models", "/completions", "/chat/completions", "/embeddings")
+ROOT_PATHS = ("/models", "/chat/completions", "/embeddings")
 
 
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
-    router = APIRouter()
+    router = APIRouter()  # under /v1 and at the root
+    v1_only = APIRouter()
     with_model = error_responses(400, 401, 404, 413, 503)
 
     def model_card(name: str, request: Request) -> dict:
@@ -52,7 +55,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             )
         return model_card(model_id, request)
 
-    @router.post("/completions", responses={**streaming_ok(schemas.CompletionResponse), **with_model})
+    @v1_only.post("/completions", responses={**streaming_ok(schemas.CompletionResponse), **with_model})
     async def completions(req: CompletionRequest, request: Request):
         return await create_completion(req, request, state)
 
@@ -64,5 +67,6 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def embeddings(req: EmbeddingRequest, request: Request):
         return await create_embeddings(req, request, state)
 
+    app.include_router(v1_only, prefix="/v1")
     app.include_router(router, prefix="/v1")
     app.include_router(router, include_in_schema=False)  # the same routes at the root, documented once

@@ -473,13 +473,14 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(APIRequest):
-    """Exactly one of prompt (text) and messages (rendered with the chat template first)."""
+    """Exactly one of prompt (text), messages (rendered with the chat template first) and content (llama.cpp's)."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "oneOf": [
                 {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
                 {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+                {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}},
             ]
         }
     )
@@ -491,6 +492,10 @@ class TokenizeRequest(APIRequest):
     add_generation_prompt: bool = True
     return_token_strs: bool = False  # the vocabulary pieces (vLLM's field)
     return_token_texts: bool = False  # each token decoded on its own (what the request explorer shows)
+    # llama.cpp's shape: content (text, or ids and texts mixed) -> {"tokens": ids, or [{"id", "piece"}]}
+    content: str | list[int | str] | None = None
+    add_special: bool = False  # llama.cpp's: BOS as the model wants (its default: none)
+    with_pieces: bool = False
 
 
 class DetokenizeRequest(APIRequest):

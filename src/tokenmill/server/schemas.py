@@ -151,6 +151,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+    content: str  # the same text, under llama.cpp's name
 
 
 class TokenizerInfo(BaseModel):
@@ -222,6 +223,7 @@ def error_responses(*statuses: int, model: type[BaseModel] | None = None) -> dic
         401: "the API key is missing or wrong (when the server has one)",
         404: "a model this server does not serve",
         413: "a body over --max-request-bytes",
+        501: "an endpoint or action this server was started without (llama.cpp's API: --no-slots)",
         503: "loading, shutting down, a failed engine, or more than --max-queue requests waiting",
     }
     return {status: {"model": model or ErrorResponse, "description": what[status]} for status in statuses}

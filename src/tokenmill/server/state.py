@@ -51,6 +51,10 @@ class ServerSettings:
     # how replies are read back (tokenmill/parsers/reply.py): None or "auto" chooses from the chat template
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
+    # llama.cpp's API: GET /slots answers (llama-server's --slots; --no-slots: 501), and where its slots' save
+    # and restore actions keep their files (None: those actions answer 501, as llama-server's)
+    slots_endpoint: bool = True
+    slot_save_path: str | None = None
 
 
 class ServerState:

@@ -1,0 +1,202 @@
+"""llama-server's POST /completion (and /completions): its prompt shapes, its sampling fields, the call run in
+slots (llamacpp_slots.py), the answer whole or streamed as server-sent `data:` lines (no [DONE], as llama-server's
+own stream), with n_probs' probabilities and response_fields. The engine call is the one every API makes
+(generation.Generation)."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from tokenmill.engine.llm_engine import LLMEngine
+from tokenmill.outputs import RequestOutput
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.completions import aborted_error
+from tokenmill.server.errors import APIError, guarded_stream
+from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.llamacpp_format import CompletionSettings, final_json, only_fields, partial_json, probabilities
+from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_prompts
+from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
+from tokenmill.server.llamacpp_slots import Slot, SlotTable
+from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.state import ServerState
+
+
+def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine: LLMEngine) -> CompletionSettings:
+    """The request's sampling over the server's defaults (the model's recommended settings, or POST /props')."""
+    if req.post_sampling_probs:
+        raise APIError(400, "post_sampling_probs is not supported: n_probs gives the model's own log-probabilities")
+    asked = req.n_predict if req.n_predict is not None else req.max_tokens
+    # -1 or none: the server's default (--max-tokens-default, llama-server's --n-predict), else up to the context
+    max_tokens = state.output_limit(asked if asked is not None and asked > 0 else None, None)
+    given = {
+        "temperature": req.temperature,
+        "top_k": req.top_k,
+        "top_p": req.top_p,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repeat_penalty,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+    }
+    defaults = engine.generation_defaults.sampling_values()
+    # a request without a seed takes the server's (--seed), as llama-server's: the same request, the same answer
+    seed = req.seed if req.seed is not None else engine.config.seed
+    params = SamplingParams(
+        max_tokens=1 if asked == 0 else max_tokens,  # n_predict 0: the prompt only (one token made, not shown)
+        seed=seed,
+        stop=req.stop or None,
+        ignore_eos=req.ignore_eos,
+        logit_bias=logit_bias(engine.tokenizer, req.logit_bias),
+        logprobs=req.n_probs or None,
+        skip_reading_prefix_cache=not req.cache_prompt,
+        **{**defaults, **{k: v for k, v in given.items() if v is not None}},
+    )
+    n_predict = 0 if asked == 0 else (max_tokens if max_tokens is not None else -1)
+    return CompletionSettings(params, n_predict, req.stream, req.n_probs, seed)
+
+
+async def create_llama_completion(
+    req: LlamaCompletionRequest, http_request: Request, state: ServerState, slots: SlotTable, endpoint: str
+):
+    client_id, request_id = call_id(http_request, "cmpl")
+    state.check_model(req.model)
+    engine = state.require_engine().engine
+    settings = completion_settings(req, state, engine)
+    prompts = split_prompts(req.prompt)
+    ids = await asyncio.to_thread(lambda: [prompt_tokens(engine.tokenizer, p) for p in prompts])
+    taken = await slots.acquire(req.id_slot, ids)
+    run = SlotRun(taken, ids, settings.as_json())
+    prompt_only = settings.n_predict == 0
+    try:
+        generation = Generation(
+            state, [{"prompt_token_ids": i} for i in ids], settings.params, request_id, endpoint, prompt_only
+        )
+        await generation.start(http_request)
+    except BaseException:
+        run.end(slots)
+        raise
+    answer = Answer(engine, state, settings, req, taken, prompt_only)
+    if req.stream:
+        events = guarded_stream(_events(generation, answer, run), state.metrics.internal_errors.inc, _error_event)
+        return GenerationStream(events, generation, headers=echo(client_id), on_close=lambda: run.end(slots))
+    try:
+        finals = await generation.collect(http_request, on_output=run.observe)
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    finally:
+        run.end(slots)
+    if any(out.outputs[0].finish_reason == "abort" for out in finals):
+        raise aborted_error(state)
+    bodies = [answer.final(i, out, out.outputs[0].text, stream=False) for i, out in enumerate(finals)]
+    return JSONResponse(bodies[0] if len(bodies) == 1 else bodies, headers=echo(client_id))
+
+
+class SlotRun:
+    """A call's slots while it runs: their counters as outputs come, their tokens when it ends."""
+
+    def __init__(self, slots: list[Slot], prompts: list[list[int]], params: dict[str, Any]):
+        self.slots = slots
+        self.prompts = prompts
+        self.latest: dict[int, RequestOutput] = {}
+        self.ended = False
+        for slot, prompt in zip(slots, prompts, strict=True):
+            slot.n_prompt_tokens = len(prompt)
+            slot.n_prompt_processed = slot.n_prompt_cache = 0
+            slot.params = params
+
+    def observe(self, index: int, out: RequestOutput) -> None:
+        slot = self.slots[index]
+        slot.n_prompt_cache = out.num_cached_tokens
+        slot.n_prompt_processed = len(out.prompt_token_ids) - out.num_cached_tokens
+        slot.n_decoded = len(out.outputs[0].token_ids)
+        self.latest[index] = out
+
+    def end(self, slots: SlotTable) -> None:
+        """Free the slots (idempotent); each keeps the tokens its KV now holds: the prompt and the output but its
+        last token (sampled, never computed)."""
+        if self.ended:
+            return
+        self.ended = True
+        for i, slot in enumerate(self.slots):
+            out = self.latest.get(i)
+            tokens = None if out is None else out.prompt_token_ids + out.outputs[0].token_ids[:-1]
+            slots.release(slot, tokens)
+
+
+class Answer:
+    """Writes a call's answers in llama-server's shape."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        state: ServerState,
+        settings: CompletionSettings,
+        req: LlamaCompletionRequest,
+        slots: list[Slot],
+        prompt_only: bool,
+    ):
+        self.tokenizer = engine.tokenizer
+        self.model = state.model_name
+        self.settings = settings
+        self.req = req
+        self.slots = slots
+        self.prompt_only = prompt_only
+
+    def final(self, index: int, out: RequestOutput, content: str, stream: bool, tokens: list[int] | None = None):
+        o = out.outputs[0]
+        if self.prompt_only:
+            content, tokens = "", []
+        elif tokens is None:
+            tokens = list(o.token_ids) if self.req.return_tokens else []
+        prompt = self.tokenizer.decode(out.prompt_token_ids)
+        body = final_json(out, content, tokens, self.settings, self.model, self.slots[index].id, prompt)
+        body["index"] = index
+        if self.prompt_only:
+            body["tokens_predicted"] = body["timings"]["predicted_n"] = 0
+        if self.req.n_probs and not stream and not self.prompt_only:
+            body["completion_probabilities"] = self.probabilities(o.token_ids, o.logprobs or [])
+        return only_fields(body, self.req.response_fields) if self.req.response_fields else body
+
+    def partial(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        o = out.outputs[0]
+        body = partial_json(out, o.delta_text, list(o.delta_token_ids), self.slots[index].id)
+        body["index"] = index
+        if self.req.n_probs and o.delta_token_ids:
+            first = len(o.token_ids) - len(o.delta_token_ids)
+            body["completion_probabilities"] = self.probabilities(o.delta_token_ids, (o.logprobs or [])[first:])
+        return body
+
+    def probabilities(self, token_ids: list[int], positions: list) -> list:
+        return probabilities(self.tokenizer, list(token_ids), positions[: len(token_ids)], self.req.n_probs)
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _error_event(error: APIError) -> str:
+    return _event(error.body())
+
+
+async def _events(generation: Generation, answer: Answer, run: SlotRun) -> AsyncIterator[str]:
+    """One `data:` line per new piece of text, then each prompt's final object (stop: true)."""
+    try:
+        async for i, out in generation.stream():
+            run.observe(i, out)
+            o = out.outputs[0]
+            if o.finish_reason == "abort":
+                yield _error_event(aborted_error(generation.state, "aborted"))
+                return
+            if answer.prompt_only:
+                if o.finish_reason is not None:
+                    yield _event(answer.final(i, out, "", stream=True))
+                continue
+            if o.delta_token_ids or o.delta_text:
+                yield _event(answer.partial(i, out))
+            if o.finish_reason is not None:
+                yield _event(answer.final(i, out, "", stream=True))
+    except APIError as exc:
+        yield _error_event(exc)
