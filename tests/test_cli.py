@@ -241,6 +241,8 @@ def test_chat_holds_keys_typed_while_an_answer_streams() -> None:
     args = ["chat", "--temperature", "0", "--repetition-penalty", "1", "--max-tokens", "300"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: tokenmill chat on the terminal's other end
+        # SIGINT as a terminal's process has it (a shell's background job, as `make test &`, starts it ignored)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, [*TOKENMILL, *args])
     seen = bytearray()
     try:
@@ -288,6 +290,8 @@ def test_ctrl_c_stops_the_answer_not_the_chat() -> None:
     args = ["chat", "--temperature", "0", "--repetition-penalty", "1", "--max-tokens", "300"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: tokenmill chat on the terminal's other end
+        # SIGINT as a terminal's process has it (a shell's background job, as `make test &`, starts it ignored)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, [*TOKENMILL, *args])
     seen = bytearray()
     try:
@@ -304,8 +308,15 @@ def test_ctrl_c_stops_the_answer_not_the_chat() -> None:
         (prompt_1, generated_1), (prompt_2, _) = re.findall(rb"\[(\d+) prompt tokens, (\d+) generated", bytes(seen))
         # the second turn's prompt holds the first question and the first answer as far as it was shown
         assert int(prompt_2) >= int(prompt_1) + int(generated_1), bytes(seen[-800:])
-        os.write(fd, b"\x03")  # at the prompt: the chat ends
-        _, status = os.waitpid(pid, 0)
+        # at the prompt: the chat ends. Sent once input() waits in read(): a SIGINT that lands between the prompt's
+        # write and the read (microseconds, inside CPython's input()) is only acted on at the next key
+        time.sleep(0.5)
+        os.write(fd, b"\x03")
+        deadline = time.monotonic() + 60
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
+            assert time.monotonic() < deadline, f"Ctrl-C at the prompt did not end the chat: {bytes(seen[-300:])!r}"
+            time.sleep(0.1)
+        status = ended[1]
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 130
         assert b"Traceback" not in seen and b"KeyboardInterrupt" not in seen
     finally:

@@ -617,7 +617,8 @@ def test_llamacpp_completion_answers_in_its_shape(server: ServerProcess) -> None
     assert len(out["tokens"]) == 6 and out["tokens_evaluated"] == out["timings"]["prompt_n"] + out["timings"]["cache_n"]
     assert out["timings"]["predicted_n"] == 6 and out["timings"]["prompt_ms"] > 0
     assert out["generation_settings"]["n_predict"] == 6 and out["generation_settings"]["temperature"] == 0
-    oai = httpx.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 6}, timeout=120).json()
+    openai_body = {"prompt": body["prompt"], "max_tokens": 6, "temperature": 0}
+    oai = httpx.post(f"{server.url}/v1/completions", json=openai_body, timeout=120).json()
     assert out["content"] == oai["choices"][0]["text"]
     assert llama(server, "/completions", body).json()["content"] == out["content"]
     assert "tokens" in llama(server, "/completion", {**body, "return_tokens": False}).json()

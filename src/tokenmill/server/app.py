@@ -117,7 +117,11 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         headers = {"Process-Start-Time-Unix": str(m.llama.started_unix)}  # as llama-server's
         return Response(text, media_type=CONTENT_TYPE_LATEST, headers=headers)
 
-    @app.post("/tokenize", response_class=Response, responses={200: {"model": schemas.TokenizeResponse}, **with_model})
+    @app.post(
+        "/tokenize",
+        response_class=Response,
+        responses={200: {"model": schemas.TokenizeResponse | schemas.LlamaTokenizeResponse}, **with_model},
+    )
     async def tokenize(req: TokenizeRequest) -> Response:
         state.check_model(req.model)
         engine = state.require_engine().engine

@@ -14,7 +14,8 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.server.completions import SHUTDOWN_ERROR, split_prompts
 from tokenmill.server.generation import ClientDisconnected, Generation
-from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest, prompt_problem
+from tokenmill.server.prompt_shapes import prompt_problem
+from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.state import ServerState
 

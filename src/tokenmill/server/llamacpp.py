@@ -17,7 +17,7 @@ from tokenmill.server.llamacpp_completion import completion_settings, create_lla
 from tokenmill.server.llamacpp_prompts import prompt_tokens
 from tokenmill.server.llamacpp_protocol import ApplyTemplateRequest, LlamaCompletionRequest, PropsUpdate
 from tokenmill.server.llamacpp_slots import SlotTable
-from tokenmill.server.schemas import answers, error_responses
+from tokenmill.server.schemas import ANY_LIST, ANY_OBJECT_OR_LIST, answers, error_responses
 from tokenmill.server.state import ServerState
 
 NOT_SUPPORTED = 501  # llama-server's status for an endpoint this server was started without
@@ -49,7 +49,15 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
         return await create_llama_completion(req, request, state, llama.slots(), request.url.path)
 
     for path in ("/completion", "/completions"):
-        app.post(path, responses={**answers("llama.cpp's completion", "text/event-stream"), **errors})(completion)
+        app.post(
+            path,
+            responses={
+                **answers(
+                    "llama.cpp's completion (a list for a batch of prompts)", "text/event-stream", ANY_OBJECT_OR_LIST
+                ),
+                **errors,
+            },
+        )(completion)
 
     @app.post("/apply-template", responses={**answers("the prompt the chat template makes"), **errors})
     async def apply_template(req: ApplyTemplateRequest) -> dict:
@@ -75,8 +83,11 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
         llama.defaults |= values
         return {"success": True}
 
-    @app.get("/slots", responses={**answers("each slot, as llama-server's"), **error_responses(401, 501, 503)})
-    async def slots(fail_on_no_slot: str | None = None) -> list:
+    @app.get(
+        "/slots",
+        responses={**answers("each slot, as llama-server's", schema=ANY_LIST), **error_responses(401, 501, 503)},
+    )
+    async def slots(fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
         if not state.settings.slots_endpoint:
             raise APIError(NOT_SUPPORTED, "this server does not list its slots: start it with --slots", "not_supported")
         table = llama.slots()

@@ -149,6 +149,12 @@ class TokenizeResponse(BaseModel):
     token_texts: list[str] | None = None
 
 
+class LlamaTokenizeResponse(BaseModel):
+    """llama.cpp's /tokenize answer (a request with `content`): ids, or {id, piece} objects under with_pieces."""
+
+    tokens: list[int | dict[str, Any]]
+
+
 class DetokenizeResponse(BaseModel):
     prompt: str
     content: str  # the same text, under llama.cpp's name
@@ -240,10 +246,17 @@ SSE_EVENT = {
 ANY_OBJECT = {"type": "object"}
 
 
-def answers(description: str, stream: str | None = None) -> dict[int | str, dict[str, Any]]:
+ANY_LIST = {"type": "array", "items": ANY_OBJECT}
+ANY_OBJECT_OR_LIST = {"anyOf": [ANY_OBJECT, ANY_LIST]}
+
+
+def answers(
+    description: str, stream: str | None = None, schema: dict[str, Any] = ANY_OBJECT
+) -> dict[int | str, dict[str, Any]]:
     """200 of an endpoint whose JSON answer is another API's shape (Ollama's, Anthropic's, OpenAI's Responses):
-    an object; `stream`: the media type it streams as when asked to ("text/event-stream", "application/x-ndjson")."""
-    content: dict[str, Any] = {"application/json": {"schema": ANY_OBJECT}}
+    an object (or `schema`: ANY_LIST, or either); `stream`: the media type it streams as when asked to
+    ("text/event-stream", "application/x-ndjson")."""
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
     if stream is not None:  # an event stream's schema is one event's
         content[stream] = {"schema": SSE_EVENT if stream == "text/event-stream" else {"type": "string"}}
     return {200: {"content": content, "description": description}}
