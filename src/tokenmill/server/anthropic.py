@@ -38,22 +38,22 @@ def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/messages/count_tokens", responses={**answers("the prompt's token count"), **ERRORS})
     async def count_tokens(req: CountTokensRequest) -> dict:
         state.check_model(req.model)
-        engine = state.require_engine().engine
+        model = state.require_model()
         functions = tools.check_tools(req.openai_tools()) if req.tools else []
         _, callable_functions = tools.chosen_functions(functions, req.openai_tool_choice())
-        ids = await asyncio.to_thread(chat_prompt, engine, req.chat_messages(), callable_functions)
+        ids = await asyncio.to_thread(chat_prompt, model, req.chat_messages(), callable_functions)
         # as /v1/messages would: a prompt too long for the context is refused (however many messages make it up)
-        engine.inputs.check_prompt_length(len(ids))
+        model.check_prompt_length(len(ids))
         return {"input_tokens": len(ids)}
 
 
 async def _messages(req: MessagesRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "msg")
     state.check_model(req.model)
-    engine = state.require_engine().engine
+    model = state.require_model()
     require_thinking(state, req.thinking is not None and req.thinking.type in ("enabled", "between_tools"), "thinking")
     require_thinking(state, req.output_config is not None and req.output_config.effort is not None, "effort")
-    params = req.sampling_params(engine.generation_defaults.sampling_values(), state.output_limit(req.max_tokens, None))
+    params = req.sampling_params(model.sampling_defaults(), state.output_limit(req.max_tokens, None))
     chat = await start_chat(
         state,
         request_id,

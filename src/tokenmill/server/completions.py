@@ -8,13 +8,13 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.llm_engine import PromptInput
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.errors import APIError, guarded_stream
 from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
 from tokenmill.server.logprobs_format import CompletionLogprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.served_model import PromptInput
 from tokenmill.server.state import ServerState
 from tokenmill.tokenizer import Tokenizer
 
@@ -96,7 +96,7 @@ class CompletionFormatter:
 async def create_completion(req: CompletionRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "cmpl")
     state.check_model(req.model)
-    engine = state.require_engine()
+    model = state.require_model()
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -108,12 +108,12 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     named = "max_tokens" in req.model_fields_set  # not named: OpenAI's default, 16; null: up to the context
     asked = req.max_tokens if named else None
     max_tokens = 1 if drop_generated else state.output_limit(asked, None if named else 16)
-    defaults = engine.engine.generation_defaults.sampling_values()
+    defaults = model.sampling_defaults()
     params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
     generation = Generation(state, prompts, params, request_id, "/v1/completions", drop_generated)
     await generation.start(http_request)
-    tokenizer = engine.engine.tokenizer
+    tokenizer = model.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)
     created = int(time.time())
     if req.stream:

@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.completions import aborted_error
@@ -22,10 +21,11 @@ from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_p
 from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
 from tokenmill.server.llamacpp_slots import Slot, SlotTable
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
 
 
-def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine: LLMEngine) -> CompletionSettings:
+def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: ServedModel) -> CompletionSettings:
     """The request's sampling over the server's defaults (the model's recommended settings, or POST /props')."""
     if req.post_sampling_probs:
         raise APIError(400, "post_sampling_probs is not supported: n_probs gives the model's own log-probabilities")
@@ -41,15 +41,15 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine:
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
     }
-    defaults = engine.generation_defaults.sampling_values()
+    defaults = model.sampling_defaults()
     # a request without a seed takes the server's (--seed), as llama-server's: the same request, the same answer
-    seed = req.seed if req.seed is not None else engine.config.seed
+    seed = req.seed if req.seed is not None else model.config.seed
     params = SamplingParams(
         max_tokens=1 if asked == 0 else max_tokens,  # n_predict 0: the prompt only (one token made, not shown)
         seed=seed,
         stop=req.stop or None,
         ignore_eos=req.ignore_eos,
-        logit_bias=logit_bias(engine.tokenizer, req.logit_bias),
+        logit_bias=logit_bias(model.tokenizer, req.logit_bias),
         logprobs=req.n_probs or None,
         skip_reading_prefix_cache=not req.cache_prompt,
         **{**defaults, **{k: v for k, v in given.items() if v is not None}},
@@ -63,10 +63,10 @@ async def create_llama_completion(
 ):
     client_id, request_id = call_id(http_request, "cmpl")
     state.check_model(req.model)
-    engine = state.require_engine().engine
-    settings = completion_settings(req, state, engine)
+    model = state.require_model()
+    settings = completion_settings(req, state, model)
     prompts = split_prompts(req.prompt)
-    ids = await asyncio.to_thread(lambda: [prompt_tokens(engine.tokenizer, p) for p in prompts])
+    ids = await asyncio.to_thread(lambda: [prompt_tokens(model.tokenizer, p) for p in prompts])
     taken = await slots.acquire(req.id_slot, ids)
     run = SlotRun(taken, ids, settings.as_json())
     prompt_only = settings.n_predict == 0
@@ -78,7 +78,7 @@ async def create_llama_completion(
     except BaseException:
         run.end(slots)
         raise
-    answer = Answer(engine, state, settings, req, taken, prompt_only)
+    answer = Answer(model, state, settings, req, taken, prompt_only)
     if req.stream:
         events = guarded_stream(_events(generation, answer, run), state.metrics.internal_errors.inc, _error_event)
         return GenerationStream(events, generation, headers=echo(client_id), on_close=lambda: run.end(slots))
@@ -131,14 +131,14 @@ class Answer:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        model: ServedModel,
         state: ServerState,
         settings: CompletionSettings,
         req: LlamaCompletionRequest,
         slots: list[Slot],
         prompt_only: bool,
     ):
-        self.tokenizer = engine.tokenizer
+        self.tokenizer = model.tokenizer
         self.model = state.model_name
         self.settings = settings
         self.req = req

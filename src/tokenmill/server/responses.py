@@ -210,14 +210,14 @@ class _Turn:
 async def _create(req: ResponsesRequest, http_request: Request, state: ServerState, store: ResponseStore):
     client_id, request_id = call_id(http_request, "resp")
     state.check_model(req.model)
-    engine = state.require_engine().engine
+    model = state.require_model()
     history = list(store.conversation(req.previous_response_id)) if req.previous_response_id else []
     history += req.input_messages()
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     effort = req.reasoning.effort if req.reasoning is not None else None
     require_thinking(state, effort not in (None, "none") or bool(req.reasoning and req.reasoning.summary), "reasoning")
     max_tokens = state.output_limit(req.max_output_tokens, None)
-    params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+    params = req.sampling_params(model.sampling_defaults(), max_tokens)
     chat = await start_chat(
         state,
         request_id,
