@@ -18,12 +18,11 @@ from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import ReplyParser
 from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from tokenmill.server.chat import chat_prompt, require_thinking, start_chat
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, GenerationStream
+from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.schemas import AnthropicError, answers, error_responses
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 from tokenmill.structured import tools
 from tokenmill.structured.tools import ToolCall
 
@@ -71,16 +70,10 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
     show_thinking = req.shows_thinking and bool(chat.format.reasoning)
     if req.stream:
         events = _events(chat.generation, chat.reply_parser(), head, state, show_thinking)
-        guarded = guarded_stream(events, state.metrics.internal_errors.inc, _error_event)
-        return GenerationStream(guarded, chat.generation, headers=echo(client_id))
+        return streamed(state, chat.generation, events, echo(client_id), _error_event)
     reply = chat.reply_parser()
-    try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: reply.feed_output(out.outputs[0]))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+    (final,) = await collected(state, chat.generation, http_request, lambda _, out: reply.feed_output(out.outputs[0]))
     o = final.outputs[0]
-    if o.finish_reason == "abort":
-        raise aborted_error(state)
     content = [_thinking_block(reply.thinking)] if reply.thinking and show_thinking else []
     content += [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
     content += [_tool_use(c) for c in reply.calls]

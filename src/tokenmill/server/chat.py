@@ -19,14 +19,14 @@ from tokenmill.parsers.think import ANSWER, BEFORE, start_state
 from tokenmill.parsers.think import END as THINK_END
 from tokenmill.parsers.think import START as THINK_START
 from tokenmill.sampling_params import SamplingParams, ThinkingBudget
-from tokenmill.server.completions import _usage, aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed
 from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
@@ -267,15 +267,8 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     replies = Replies(chat, req.n)
     if req.stream:
         events = _stream(chat.generation, req, tokenizer, state, request_id, created, k, replies)
-        return GenerationStream(
-            guarded_stream(events, state.metrics.internal_errors.inc), chat.generation, headers=echo(client_id)
-        )
-    try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: replies.feed(out))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    if any(o.finish_reason == "abort" for o in final.outputs):
-        raise aborted_error(state)
+        return streamed(state, chat.generation, events, echo(client_id))
+    (final,) = await collected(state, chat.generation, http_request, lambda _, out: replies.feed(out))
     choices = []
     for o in final.outputs:
         reply = replies.parsers[o.index]
@@ -331,7 +324,7 @@ class Replies:
 
     def usage(self, final: RequestOutput) -> dict:
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-        usage = _usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
+        usage = openai_usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
         if self.chat.format.reasoning:
             reasoning = sum(p.thinking_tokens for p in self.parsers)
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}

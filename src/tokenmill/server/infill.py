@@ -15,14 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.protocol import STRICT, APIRequest, Seed
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 
 
 class ExtraFile(BaseModel):
@@ -111,14 +111,8 @@ def add_infill_routes(app: FastAPI, state: ServerState) -> None:
         generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/infill")
         await generation.start(request)
         if req.stream:
-            guarded = guarded_stream(_events(generation, state), state.metrics.internal_errors.inc, _error_event)
-            return GenerationStream(guarded, generation, headers=echo(client_id))
-        try:
-            (final,) = await generation.collect(request)
-        except ClientDisconnected:
-            return JSONResponse({}, status_code=499)
-        if final.outputs[0].finish_reason == "abort":
-            raise aborted_error(state)
+            return streamed(state, generation, _events(generation, state), echo(client_id), _error_event)
+        (final,) = await collected(state, generation, request)
         return JSONResponse(_final(final, state, final.outputs[0].text), headers=echo(client_id))
 
 

@@ -10,7 +10,6 @@ from fastapi import FastAPI, Request
 
 from tokenmill import __version__
 from tokenmill.server.chat import render_chat
-from tokenmill.server.completions import SHUTDOWN_ERROR
 from tokenmill.server.errors import APIError
 from tokenmill.server.llamacpp_completion import completion_settings, create_llama_completion
 from tokenmill.server.llamacpp_prompts import prompt_tokens
@@ -19,6 +18,7 @@ from tokenmill.server.llamacpp_slots import SlotTable
 from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import SHUTDOWN_ERROR
 
 NOT_SUPPORTED = 501  # llama-server's status for an endpoint this server was started without
 

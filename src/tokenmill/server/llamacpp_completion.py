@@ -13,9 +13,8 @@ from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.llamacpp_format import CompletionSettings, final_json, only_fields, partial_json, probabilities
 from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_prompts
 from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
@@ -23,6 +22,7 @@ from tokenmill.server.llamacpp_slots import Slot, SlotTable
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 
 
 def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: ServedModel) -> CompletionSettings:
@@ -80,16 +80,12 @@ async def create_llama_completion(
         raise
     answer = Answer(model, state, settings, req, taken, prompt_only)
     if req.stream:
-        events = guarded_stream(_events(generation, answer, run), state.metrics.internal_errors.inc, _error_event)
-        return GenerationStream(events, generation, headers=echo(client_id), on_close=lambda: run.end(slots))
+        events = _events(generation, answer, run)
+        return streamed(state, generation, events, echo(client_id), _error_event, on_close=lambda: run.end(slots))
     try:
-        finals = await generation.collect(http_request, on_output=run.observe)
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+        finals = await collected(state, generation, http_request, run.observe)
     finally:
         run.end(slots)
-    if any(out.outputs[0].finish_reason == "abort" for out in finals):
-        raise aborted_error(state)
     bodies = [answer.final(i, out, out.outputs[0].text, stream=False) for i, out in enumerate(finals)]
     return JSONResponse(bodies[0] if len(bodies) == 1 else bodies, headers=echo(client_id))
 

@@ -21,9 +21,8 @@ from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.server.chat import render_chat, require_thinking, start_chat, within_context
-from tokenmill.server.completions import SHUTDOWN_ERROR, aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.ollama_protocol import (
     ChatRequest,
     EmbedRequest,
@@ -35,9 +34,9 @@ from tokenmill.server.ollama_protocol import (
 from tokenmill.server.request_ids import call_id
 from tokenmill.server.schemas import OllamaError, answers, error_responses
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import NDJSON, SHUTDOWN_ERROR, aborted_error, collected, streamed
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama release whose API shapes these endpoints follow
-NDJSON = "application/x-ndjson"
 TAG = ":latest"
 
 
@@ -266,15 +265,8 @@ def _arguments(text: str) -> Any:
 async def _respond(req: GenerationRequest, http_request: Request, state: ServerState, generation: Generation, reply):
     if req.stream:
         events = _lines(generation, reply, state)
-        guarded = guarded_stream(events, state.metrics.internal_errors.inc, lambda e: _line(e.body("/api/")))
-        return GenerationStream(guarded, generation, media_type=NDJSON)
-    try:
-        (final,) = await generation.collect(http_request, lambda _, out: reply.delta_of(out.outputs[0]))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    o = final.outputs[0]
-    if o.finish_reason == "abort":
-        raise aborted_error(state)
+        return streamed(state, generation, events, None, lambda e: _line(e.body("/api/")), NDJSON)
+    (final,) = await collected(state, generation, http_request, lambda _, out: reply.delta_of(out.outputs[0]))
     p = reply.parser
     return JSONResponse(reply.final(final, ReplyDelta(p.thinking, p.text, p.calls)))
 
@@ -318,10 +310,7 @@ async def _embeddings(
     prompts = await asyncio.to_thread(tokenized)
     generation = Generation(state, prompts, params, request_id, endpoint)
     await generation.start(http_request)
-    try:
-        finals = await generation.collect(http_request)
-    except ClientDisconnected:
-        raise APIError(499, "the client went away", "server_error") from None
+    finals = await generation.collect(http_request)  # a client that leaves: ClientDisconnected, answered 499
     if any(f.embedding is None for f in finals):
         raise SHUTDOWN_ERROR
     return finals, time.monotonic() - start
