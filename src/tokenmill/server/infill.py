@@ -19,6 +19,7 @@ from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
 from tokenmill.server.protocol import STRICT, APIRequest, Seed
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
@@ -67,7 +68,7 @@ class InfillRequest(APIRequest):
             max_tokens=max_tokens,
             seed=self.seed,
             stop=self.stop or None,
-            **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
+            **over_defaults(defaults, optional),
         )
 
 

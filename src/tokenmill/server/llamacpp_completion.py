@@ -20,6 +20,7 @@ from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_p
 from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
 from tokenmill.server.llamacpp_slots import Slot, SlotTable
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
 from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
@@ -52,7 +53,7 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: 
         logit_bias=logit_bias(model.tokenizer, req.logit_bias),
         logprobs=req.n_probs or None,
         skip_reading_prefix_cache=not req.cache_prompt,
-        **{**defaults, **{k: v for k, v in given.items() if v is not None}},
+        **over_defaults(defaults, given),
     )
     n_predict = 0 if asked == 0 else (max_tokens if max_tokens is not None else -1)
     return CompletionSettings(params, n_predict, req.stream, req.n_probs, seed)
