@@ -111,8 +111,7 @@ def test_the_servers_output_length_order() -> None:
 
     def limit(asked, api_default, **settings) -> int | None:
         state = ServerState(ServerSettings(**settings))
-        model = GenerationDefaults({"max_tokens": 7}, "a test")
-        state.engine = SimpleNamespace(engine=SimpleNamespace(generation_defaults=model))
+        state.model = SimpleNamespace(default_max_tokens=GenerationDefaults({"max_tokens": 7}, "a test").max_tokens)
         return state.output_limit(asked, api_default)
 
     assert limit(None, 16) == 7 and limit(3, 16) == 3

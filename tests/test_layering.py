@@ -159,3 +159,61 @@ def test_the_checks_see_an_arrow_up_and_a_circle() -> None:
     assert cycles(graph) == [["tokenmill.engine.llm_engine", "tokenmill.loader.prefetch"]]
     # and the real graph is read: the engine core imports the scheduler
     assert "tokenmill.scheduler.scheduler" in import_graph()["tokenmill.engine.core"]
+
+
+# ---- the server asks the served model's front, never the engine's insides ---------------------------------------
+
+SERVER = SRC / "tokenmill" / "server"
+FRONT = SERVER / "served_model.py"  # the one server module that reads LLMEngine
+# names that hold the engine's async front in the server's code: reading `.engine` off one reaches into LLMEngine
+ENGINE_HOLDERS = {"engine", "_engine", "async_engine", "require_engine"}
+
+
+def _holder_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def reaches_past_the_front(source: str) -> list[str]:
+    """What a server module's source does that only the front may: import LLMEngine's module, read `.engine` off the
+    engine's async front (`state.engine.engine`, `require_engine().engine`), or hand it a function to run on
+    the engine (`run_on_engine`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "tokenmill.engine.llm_engine":
+            found.append(f"line {node.lineno}: imports tokenmill.engine.llm_engine")
+        elif isinstance(node, ast.Import) and any(a.name == "tokenmill.engine.llm_engine" for a in node.names):
+            found.append(f"line {node.lineno}: imports tokenmill.engine.llm_engine")
+        elif isinstance(node, ast.Attribute) and node.attr == "engine" and _holder_name(node.value) in ENGINE_HOLDERS:
+            found.append(f"line {node.lineno}: reads .engine off {ast.unparse(node.value)}")
+        elif isinstance(node, ast.Attribute) and node.attr == "run_on_engine":
+            found.append(f"line {node.lineno}: runs a function on the engine")
+    return found
+
+
+def test_no_server_module_reaches_past_the_served_model() -> None:
+    found = {
+        str(path.relative_to(SRC)): reaches
+        for path in sorted(SERVER.rglob("*.py"))
+        if path != FRONT and (reaches := reaches_past_the_front(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_the_front_check_sees_a_reach() -> None:
+    source = """
+from tokenmill.engine.llm_engine import LLMEngine
+a = state.require_engine().engine.tokenizer
+b = state.engine.engine.max_model_len
+c = state.engine.stats()  # the async front itself is fine
+await state.require_engine().run_on_engine(lambda e: e.kv)
+"""
+    assert reaches_past_the_front(source) == [
+        "line 2: imports tokenmill.engine.llm_engine",
+        "line 3: reads .engine off state.require_engine()",
+        "line 4: reads .engine off state.engine",
+        "line 6: runs a function on the engine",
+    ]

@@ -569,12 +569,13 @@ def fim_model(tmp_path_factory) -> Path:
 
 def test_an_infill_prompt_is_prefix_suffix_middle(fim_model: Path) -> None:
     from tokenmill.server.infill import InfillRequest, infill_prompt
+    from tokenmill.server.served_model import ServedModel
 
-    engine = LLM(str(fim_model)).engine
-    encode = engine.tokenizer.encode
+    model = ServedModel(LLM(str(fim_model)).engine)
+    encode = model.tokenizer.encode
     req = InfillRequest(input_prefix="ab", input_suffix="b", prompt="a", input_extra=[{"filename": "x", "text": "b"}])
-    ids = infill_prompt(engine, req)
-    bos = [engine.tokenizer.bos_token_id] if engine.tokenizer.add_bos else []
+    ids = infill_prompt(model, req)
+    bos = [model.tokenizer.bos_token_id] if model.tokenizer.add_bos else []
     assert ids == [*bos, 93, *encode("x\nb"), 90, *encode("ab"), 91, *encode("b"), 92, *encode("a")]
 
 

@@ -263,6 +263,10 @@ class AsyncEngine:
         """Run fn(engine) on the engine thread between steps (for consistent reads such as integrity checks)."""
         return await asyncio.wrap_future(self._call(lambda: fn(self.engine)))
 
+    async def forget_prefix(self, token_ids: list[int]) -> int:
+        """The prefix cache forgets these tokens' unused full blocks, between steps (llama.cpp's slot erase)."""
+        return await self.run_on_engine(lambda engine: engine.kv.forget_prefix(token_ids))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()

@@ -18,12 +18,11 @@ from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import ReplyParser
 from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from tokenmill.server.chat import chat_prompt, require_thinking, start_chat
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, GenerationStream
+from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.schemas import AnthropicError, answers, error_responses
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 from tokenmill.structured import tools
 from tokenmill.structured.tools import ToolCall
 
@@ -38,22 +37,22 @@ def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/messages/count_tokens", responses={**answers("the prompt's token count"), **ERRORS})
     async def count_tokens(req: CountTokensRequest) -> dict:
         state.check_model(req.model)
-        engine = state.require_engine().engine
+        model = state.require_model()
         functions = tools.check_tools(req.openai_tools()) if req.tools else []
         _, callable_functions = tools.chosen_functions(functions, req.openai_tool_choice())
-        ids = await asyncio.to_thread(chat_prompt, engine, req.chat_messages(), callable_functions)
+        ids = await asyncio.to_thread(chat_prompt, model, req.chat_messages(), callable_functions)
         # as /v1/messages would: a prompt too long for the context is refused (however many messages make it up)
-        engine.inputs.check_prompt_length(len(ids))
+        model.check_prompt_length(len(ids))
         return {"input_tokens": len(ids)}
 
 
 async def _messages(req: MessagesRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "msg")
     state.check_model(req.model)
-    engine = state.require_engine().engine
+    model = state.require_model()
     require_thinking(state, req.thinking is not None and req.thinking.type in ("enabled", "between_tools"), "thinking")
     require_thinking(state, req.output_config is not None and req.output_config.effort is not None, "effort")
-    params = req.sampling_params(engine.generation_defaults.sampling_values(), state.output_limit(req.max_tokens, None))
+    params = req.sampling_params(model.sampling_defaults(), state.output_limit(req.max_tokens, None))
     chat = await start_chat(
         state,
         request_id,
@@ -71,16 +70,10 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
     show_thinking = req.shows_thinking and bool(chat.format.reasoning)
     if req.stream:
         events = _events(chat.generation, chat.reply_parser(), head, state, show_thinking)
-        guarded = guarded_stream(events, state.metrics.internal_errors.inc, _error_event)
-        return GenerationStream(guarded, chat.generation, headers=echo(client_id))
+        return streamed(state, chat.generation, events, echo(client_id), _error_event)
     reply = chat.reply_parser()
-    try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: reply.feed_output(out.outputs[0]))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+    (final,) = await collected(state, chat.generation, http_request, lambda _, out: reply.feed_output(out.outputs[0]))
     o = final.outputs[0]
-    if o.finish_reason == "abort":
-        raise aborted_error(state)
     content = [_thinking_block(reply.thinking)] if reply.thinking and show_thinking else []
     content += [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
     content += [_tool_use(c) for c in reply.calls]

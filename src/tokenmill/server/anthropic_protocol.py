@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.protocol import STRICT, APIRequest, NonEmptyText
+from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
 
 
@@ -224,5 +225,5 @@ class MessagesRequest(CountTokensRequest):
             stop=self.stop_sequences,
             structured_outputs=structured,
             extra_args=self.vllm_xargs,
-            **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
+            **over_defaults(defaults, optional),
         )

@@ -18,7 +18,6 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenmill import __version__
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server import schemas
 from tokenmill.server.anthropic import add_anthropic_routes
 from tokenmill.server.call_log import CallLog
@@ -34,6 +33,7 @@ from tokenmill.server.protocol import DetokenizeRequest, TokenizeRequest
 from tokenmill.server.responses import add_responses_routes
 from tokenmill.server.router_info import add_router_routes
 from tokenmill.server.schemas import error_responses
+from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
 
 # with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
@@ -124,33 +124,33 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     )
     async def tokenize(req: TokenizeRequest) -> Response:
         state.check_model(req.model)
-        engine = state.require_engine().engine
+        model = state.require_model()
         if req.content is not None:  # llama.cpp's shape
             if req.prompt is not None or req.messages is not None:
                 raise APIError(400, "give one of content, prompt or messages", param="content")
-            args = (engine, req.content, req.add_special, req.with_pieces)
+            args = (model, req.content, req.add_special, req.with_pieces)
             return Response(json.dumps(await asyncio.to_thread(llama_tokenize, *args)), media_type="application/json")
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", param="prompt")
         # a long text takes a while to tokenize, and its answer to write: neither on the event loop
-        body = await asyncio.to_thread(_tokenize, engine, req)
+        body = await asyncio.to_thread(_tokenize, model, req)
         return Response(body, media_type="application/json")
 
     @app.post("/detokenize", response_model=schemas.DetokenizeResponse, responses=with_model)
     async def detokenize(req: DetokenizeRequest) -> dict:
         state.check_model(req.model)
-        engine = state.require_engine().engine
-        vocab = engine.model_config.vocab_size
+        model = state.require_model()
+        vocab = model.shape.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", param="tokens")
-        text = await asyncio.to_thread(engine.tokenizer.decode, req.tokens)
+        text = await asyncio.to_thread(model.detokenize, req.tokens)
         return {"prompt": text, "content": text}  # vLLM's name, llama.cpp's
 
     @app.get("/tokenizer_info", response_model=schemas.TokenizerInfo, responses=error_responses(401, 503))
     async def tokenizer_info() -> dict:
-        engine = state.require_engine().engine
-        tok = engine.tokenizer
+        model = state.require_model()
+        tok = model.tokenizer
         return {
             "tokenizer_class": "tokenmill.Tokenizer",
             "model": state.model_name,
@@ -161,8 +161,8 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
             "eos_token_id": tok.eos_token_id,
             "add_bos_token": tok.add_bos,
             "vocab_size": tok.vocab_size,
-            "model_max_length": engine.max_model_len,
-            "chat_template": None if engine.chat_template.is_fallback else engine.chat_template.source,
+            "model_max_length": model.max_model_len,
+            "chat_template": model.own_chat_template,
         }
 
     add_openai_routes(app, state)
@@ -203,32 +203,31 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
     @app.get("/explorer/info", response_model=schemas.ExplorerInfo, responses=error_responses(401, 503))
     async def explorer_info() -> dict:
         """What the page needs to turn block counts into bytes, the cache's size, and the engine's state now."""
-        async_engine = state.require_engine()
-        engine = async_engine.engine
-        c = engine.model_config
-        runner = engine.runner
+        engine = state.require_engine()
+        model = state.require_model()
+        c, config, kv = model.shape, model.config, model.kv_layout()
         return {
             "model": state.model_name,
-            "quantization": engine.quantization or "none",
-            "device": str(engine.device),
+            "quantization": model.quantization or "none",
+            "device": model.device,
             "num_layers": c.num_layers,
             "num_kv_heads": c.num_kv_heads,
             "head_dim": c.head_dim,
-            "kv_dtype": str(runner.kv_dtype).removeprefix("torch."),
-            "kv_element_bytes": runner.kv_dtype.itemsize,
-            "kv_scale_bytes": runner.kv_scale_bytes,
-            "block_size": engine.config.block_size,
-            "kv_blocks_total": engine.kv.num_blocks,
-            "kv_bytes_per_block": runner.kv_bytes_per_block(),
-            "max_model_len": engine.max_model_len,
-            "prefix_caching": engine.config.enable_prefix_caching,
-            "max_num_batched_tokens": engine.config.max_num_batched_tokens,
-            "tensor_parallel_size": engine.config.tensor_parallel_size,
-            "chat_template": not engine.chat_template.is_fallback,
-            "base_model_note": engine.base_model_note,
-            "sampling_defaults": engine.generation_defaults.sampling_values(),
-            "sampling_defaults_source": engine.generation_defaults.source,
-            "engine": engine_snapshot(async_engine),
+            "kv_dtype": kv["kv_dtype"],
+            "kv_element_bytes": kv["kv_element_bytes"],
+            "kv_scale_bytes": kv["kv_scale_bytes"],
+            "block_size": config.block_size,
+            "kv_blocks_total": model.kv_blocks_total,
+            "kv_bytes_per_block": kv["kv_bytes_per_block"],
+            "max_model_len": model.max_model_len,
+            "prefix_caching": config.enable_prefix_caching,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "tensor_parallel_size": config.tensor_parallel_size,
+            "chat_template": model.own_chat_template is not None,
+            "base_model_note": model.base_model_note,
+            "sampling_defaults": model.sampling_defaults(),
+            "sampling_defaults_source": model.sampling_defaults_source,
+            "engine": engine_snapshot(engine, model),
         }
 
     @app.get(
@@ -253,16 +252,16 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
 
-def _tokenize(engine: LLMEngine, req: TokenizeRequest) -> bytes:
+def _tokenize(model: ServedModel, req: TokenizeRequest) -> bytes:
     """The /tokenize answer as JSON bytes (runs in a worker thread)."""
-    tok = engine.tokenizer
+    tok = model.tokenizer
     if req.messages is not None:
         messages = [m.model_dump(exclude_unset=True) for m in req.messages]
-        tokens = engine.encode_chat(messages, req.add_generation_prompt)
+        tokens = model.encode_chat(messages, req.add_generation_prompt)
     else:
         tokens = tok.encode(req.prompt or "", req.add_special_tokens)
     strs = [tok.id_to_token(t) for t in tokens] if req.return_token_strs else None
-    out = {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens, "token_strs": strs}
+    out = {"count": len(tokens), "max_model_len": model.max_model_len, "tokens": tokens, "token_strs": strs}
     if req.return_token_texts:
         out["token_texts"] = [tok.decode([t]) for t in tokens]
     return json.dumps(out).encode()

@@ -12,7 +12,6 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
@@ -20,13 +19,14 @@ from tokenmill.parsers.think import ANSWER, BEFORE, start_state
 from tokenmill.parsers.think import END as THINK_END
 from tokenmill.parsers.think import START as THINK_START
 from tokenmill.sampling_params import SamplingParams, ThinkingBudget
-from tokenmill.server.completions import _usage, aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed
 from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
@@ -84,13 +84,13 @@ async def start_chat(
     its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
     other variables (enable_thinking, reasoning_effort); `thinking_budget`: at most this many tokens of thinking
     (Anthropic's budget_tokens, vLLM's thinking_token_budget; <think> models), then the sampler closes the block."""
-    llm_engine = state.require_engine().engine
+    model = state.require_model()
     fmt = state.reply_format()
     functions = tools.check_tools(tool_list) if tool_list is not None else []
     mode, callable_functions = tools.chosen_functions(functions, tool_choice)
     if functions:  # every function's parameters must compile, whatever tool_choice says
         call = StructuredOutputsParams(json=tools.call_schema(functions), source="tools")
-        await asyncio.to_thread(llm_engine.grammars.compile, call)
+        await asyncio.to_thread(model.compile_constraint, call)
     if mode == "required" and params.structured_outputs is not None:
         raise APIError(
             400,
@@ -99,13 +99,13 @@ async def start_chat(
         )
     # rendering and tokenizing a long conversation takes a while: not on the event loop
     text = await asyncio.to_thread(
-        render_chat, llm_engine, messages, callable_functions, add_generation_prompt, template_kwargs
+        render_chat, model, messages, callable_functions, add_generation_prompt, template_kwargs
     )
-    prompt_ids = await asyncio.to_thread(llm_engine.inputs.encode_rendered_chat, text)
+    prompt_ids = await asyncio.to_thread(model.encode_rendered_chat, text)
     tail = text[-PROMPT_TAIL_CHARS:]
     thinking = start_state(tail) if fmt.reasoning == "think" else ANSWER
     if mode == "required":  # the reply is a call in the model's own syntax, enforced by a grammar
-        special = fmt.tools == "harmony" and _special_markers(llm_engine.tokenizer)
+        special = fmt.tools == "harmony" and _special_markers(model.tokenizer)
         fmt, call = call_constraint(fmt, callable_functions, thinking, special)
         params = dataclasses.replace(params, structured_outputs=call)
     elif params.structured_outputs is not None and thinking != ANSWER:  # the constraint is on the answer only
@@ -113,7 +113,7 @@ async def start_chat(
             params, structured_outputs=dataclasses.replace(params.structured_outputs, thinking=thinking)
         )
     if thinking_budget is not None and fmt.reasoning == "think" and thinking != ANSWER:
-        encode = llm_engine.tokenizer.encode
+        encode = model.tokenizer.encode
         opening = encode(THINK_START) if thinking == BEFORE else None
         params = dataclasses.replace(
             params, thinking_budget=ThinkingBudget(thinking_budget, encode(THINK_END), opening)
@@ -178,7 +178,7 @@ def _special_markers(tokenizer: Tokenizer) -> bool:
 
 
 def render_chat(
-    llm_engine: LLMEngine,
+    model: ServedModel,
     messages: list[dict],
     functions: list[dict],
     add_generation_prompt: bool = True,
@@ -187,18 +187,17 @@ def render_chat(
     """The conversation's prompt text: the chat template over it, with the functions the model may call shown (by
     a template that takes tools, else in a system message), and earlier turns' thinking under the names the
     templates read (Qwen3's reasoning_content, gpt-oss's thinking)."""
-    takes_tools = llm_engine.chat_template.takes_tools
+    takes_tools = model.template_takes_tools
     messages = [template_message(m) for m in tools.template_messages(messages, functions, takes_tools)]
     template_tools = [{"type": "function", "function": f} for f in functions] if takes_tools else None
-    return llm_engine.inputs.render_chat(messages, add_generation_prompt, template_tools, template_kwargs)
+    return model.render_chat(messages, add_generation_prompt, template_tools, template_kwargs)
 
 
 def chat_prompt(
-    llm_engine: LLMEngine, messages: list[dict], functions: list[dict], add_generation_prompt: bool = True
+    model: ServedModel, messages: list[dict], functions: list[dict], add_generation_prompt: bool = True
 ) -> list[int]:
     """The conversation's prompt tokens (render_chat, tokenized)."""
-    text = render_chat(llm_engine, messages, functions, add_generation_prompt)
-    return llm_engine.inputs.encode_rendered_chat(text)
+    return model.encode_rendered_chat(render_chat(model, messages, functions, add_generation_prompt))
 
 
 THINKING_KEYS = ("reasoning_content", "reasoning", "thinking")
@@ -244,13 +243,12 @@ def within_context(params: SamplingParams, prompt_len: int, context_limit: int) 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "chatcmpl")
     state.check_model(req.model)
-    engine = state.require_engine()
+    model = state.require_model()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
-    llm_engine = engine.engine
     max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
-    params = req.sampling_params(max_tokens, k, defaults=llm_engine.generation_defaults.sampling_values())
+    params = req.sampling_params(max_tokens, k, defaults=model.sampling_defaults())
     chat = await start_chat(
         state,
         request_id,
@@ -265,19 +263,12 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         thinking_budget=req.thinking_budget(),
     )
     created = int(time.time())
-    tokenizer = llm_engine.tokenizer
+    tokenizer = model.tokenizer
     replies = Replies(chat, req.n)
     if req.stream:
         events = _stream(chat.generation, req, tokenizer, state, request_id, created, k, replies)
-        return GenerationStream(
-            guarded_stream(events, state.metrics.internal_errors.inc), chat.generation, headers=echo(client_id)
-        )
-    try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: replies.feed(out))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    if any(o.finish_reason == "abort" for o in final.outputs):
-        raise aborted_error(state)
+        return streamed(state, chat.generation, events, echo(client_id))
+    (final,) = await collected(state, chat.generation, http_request, lambda _, out: replies.feed(out))
     choices = []
     for o in final.outputs:
         reply = replies.parsers[o.index]
@@ -333,7 +324,7 @@ class Replies:
 
     def usage(self, final: RequestOutput) -> dict:
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-        usage = _usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
+        usage = openai_usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
         if self.chat.format.reasoning:
             reasoning = sum(p.thinking_tokens for p in self.parsers)
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}

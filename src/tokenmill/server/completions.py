@@ -8,24 +8,16 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.llm_engine import PromptInput
 from tokenmill.outputs import CompletionOutput, RequestOutput
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import CompletionLogprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.served_model import PromptInput
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed
 from tokenmill.tokenizer import Tokenizer
-
-SHUTDOWN_ERROR = APIError(
-    503, "the server is shutting down; the request was stopped", "server_error", code="server_shutdown"
-)
-
-
-def aborted_error(state: ServerState, message: str = "the request was aborted") -> APIError:
-    """The error for a request the engine aborted: 503 while the server shuts down, else a 500."""
-    return SHUTDOWN_ERROR if state.shutting_down else APIError(500, message, "server_error")
 
 
 def split_prompts(prompt: str | list) -> list[PromptInput]:
@@ -96,7 +88,7 @@ class CompletionFormatter:
 async def create_completion(req: CompletionRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "cmpl")
     state.check_model(req.model)
-    engine = state.require_engine()
+    model = state.require_model()
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -108,25 +100,17 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     named = "max_tokens" in req.model_fields_set  # not named: OpenAI's default, 16; null: up to the context
     asked = req.max_tokens if named else None
     max_tokens = 1 if drop_generated else state.output_limit(asked, None if named else 16)
-    defaults = engine.engine.generation_defaults.sampling_values()
+    defaults = model.sampling_defaults()
     params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
     generation = Generation(state, prompts, params, request_id, "/v1/completions", drop_generated)
     await generation.start(http_request)
-    tokenizer = engine.engine.tokenizer
+    tokenizer = model.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)
     created = int(time.time())
     if req.stream:
-        events = _stream(generation, fmt, state, request_id, created)
-        return GenerationStream(
-            guarded_stream(events, state.metrics.internal_errors.inc), generation, headers=echo(client_id)
-        )
-    try:
-        finals = await generation.collect(http_request)
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    if any(o.finish_reason == "abort" for out in finals for o in out.outputs):
-        raise aborted_error(state)
+        return streamed(state, generation, _stream(generation, fmt, state, request_id, created), echo(client_id))
+    finals = await collected(state, generation, http_request)
     choices = [fmt.choice(i, out, o, delta=False) for i, out in enumerate(finals) for o in out.outputs]
     if drop_generated:
         for c in choices:
@@ -140,20 +124,9 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
         "model": state.model_name,
         "system_fingerprint": state.system_fingerprint,
         "choices": sorted(choices, key=lambda c: c["index"]),
-        "usage": _usage(prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in finals)),
+        "usage": openai_usage(prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in finals)),
     }
     return JSONResponse(jsonable_encoder(body), headers=echo(client_id))  # as FastAPI encodes a dict
-
-
-def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; prompt_tokens_details.cached_tokens counts prompt tokens served from the prefix
-    cache."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
 
 
 async def _stream(
@@ -205,6 +178,6 @@ async def _stream(
         yield "data: [DONE]\n\n"
         return
     if include_usage:
-        usage = _usage(prompt_tokens, completion_tokens, cached_tokens)
+        usage = openai_usage(prompt_tokens, completion_tokens, cached_tokens)
         yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
     yield "data: [DONE]\n\n"

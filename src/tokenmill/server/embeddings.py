@@ -12,12 +12,13 @@ from pydantic_core import PydanticCustomError
 
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.server.completions import SHUTDOWN_ERROR, split_prompts
-from tokenmill.server.generation import ClientDisconnected, Generation
+from tokenmill.server.completions import split_prompts
+from tokenmill.server.generation import Generation
 from tokenmill.server.prompt_shapes import prompt_problem
 from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import SHUTDOWN_ERROR
 
 
 class EmbeddingRequest(APIRequest):
@@ -47,10 +48,7 @@ async def create_embeddings(req: EmbeddingRequest, http_request: Request, state:
     params = PoolingParams(req.pooling, req.normalize, req.dimensions)
     generation = Generation(state, split_prompts(req.input), params, request_id, "/v1/embeddings")
     await generation.start(http_request)
-    try:
-        finals = await generation.collect(http_request)
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+    finals = await generation.collect(http_request)  # a client that leaves: ClientDisconnected, answered 499
     tokens = sum(len(f.prompt_token_ids) for f in finals)
     body = {
         "object": "list",

@@ -7,14 +7,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.server.served_model import ServedModel
 
 QUEUE_LIMIT = 256
 
 
-def engine_snapshot(engine: AsyncEngine) -> dict[str, Any]:
+def engine_snapshot(engine: AsyncEngine, model: ServedModel) -> dict[str, Any]:
     """The engine's stats now and its last step's summary (None before its first step): what the explorer's
     engine panel shows before (and between) step events."""
-    return {**engine.stats(), "last_step": engine.engine.last_step_summary}
+    return {**engine.stats(), "last_step": model.last_step_summary}
 
 
 class EventHub:
@@ -22,15 +23,16 @@ class EventHub:
         self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()
         self._lock = threading.Lock()
         self._engine: AsyncEngine | None = None
+        self._model: ServedModel | None = None
 
-    def attach(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def attach(self, engine: AsyncEngine, model: ServedModel) -> None:
+        self._engine, self._model = engine, model
         engine.step_listeners.append(self.publish)
         self._update_recording()
 
     def _update_recording(self) -> None:
-        if self._engine is not None:
-            self._engine.engine.record_steps = bool(self._subscribers)
+        if self._model is not None:
+            self._model.record_steps(bool(self._subscribers))
 
     def publish(self, event: dict[str, Any]) -> None:
         """Called on the engine thread when a step starts ("running") and when it is done ("step")."""
@@ -53,8 +55,8 @@ class EventHub:
                     event = await asyncio.wait_for(queue.get(), timeout=heartbeat_s)
                     yield event
                 except TimeoutError:
-                    if self._engine is not None:
-                        yield {"type": "stats", **engine_snapshot(self._engine)}
+                    if self._engine is not None and self._model is not None:
+                        yield {"type": "stats", **engine_snapshot(self._engine, self._model)}
         finally:
             with self._lock:
                 self._subscribers.discard(entry)

@@ -20,13 +20,13 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tokenmill.engine.async_engine import EngineDeadError
-from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.engine.output_collector import OutputCollector
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.call_log import mark_logged
 from tokenmill.server.errors import APIError, ClientDisconnected
+from tokenmill.server.served_model import PromptInput, ServedModel
 from tokenmill.server.state import ServerState
 
 _call_ids = itertools.count()
@@ -97,10 +97,10 @@ class Generation:
     async def start(self, http_request: Request | None = None) -> None:
         """Admit the call, tokenize its prompts and add them to the engine. Raises the 400s and 503s; raises
         ClientDisconnected (and leaves nothing running) when `http_request`'s client leaves meanwhile."""
-        engine = self.state.require_engine()
+        model = self.state.require_model()
         # a request that can never run is a 400, not a 503; in a worker thread, as its constraint may take a while
         # to compile (bounded by max_constraint_compile_seconds), which must stall no other client
-        await asyncio.to_thread(engine.engine.check_params, self.params)
+        await asyncio.to_thread(model.check_params, self.params)
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
@@ -122,7 +122,7 @@ class Generation:
 
     async def _enter(self) -> None:
         engine = self.state.require_engine()
-        prompts = await asyncio.to_thread(self._tokenized, engine.engine, self.prompts)
+        prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts)
         rids = await engine.add_requests(prompts, self.params, self._planned_ids(), self._outputs, group=self.api_id)
         self.request_ids = rids
         self._index = {rid: i for i, rid in enumerate(rids)}
@@ -130,11 +130,9 @@ class Generation:
         self._entered = True
 
     @staticmethod
-    def _tokenized(engine: LLMEngine, prompts: list[PromptInput]) -> list[PromptInput]:
+    def _tokenized(model: ServedModel, prompts: list[PromptInput]) -> list[PromptInput]:
         """Text prompts as token ids (runs in a worker thread)."""
-        return [
-            {"prompt": p, "prompt_token_ids": engine.encode_prompt(p)} if isinstance(p, str) else p for p in prompts
-        ]
+        return [{"prompt": p, "prompt_token_ids": model.encode_prompt(p)} if isinstance(p, str) else p for p in prompts]
 
     def close(self) -> None:
         """Abort what is still running and stop counting this call (idempotent); log its access line."""

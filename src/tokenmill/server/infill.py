@@ -12,17 +12,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.protocol import STRICT, APIRequest, Seed
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.server.schemas import answers, error_responses
+from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 
 
 class ExtraFile(BaseModel):
@@ -67,20 +68,19 @@ class InfillRequest(APIRequest):
             max_tokens=max_tokens,
             seed=self.seed,
             stop=self.stop or None,
-            **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
+            **over_defaults(defaults, optional),
         )
 
 
-def infill_prompt(engine: LLMEngine, req: InfillRequest) -> list[int]:
+def infill_prompt(model: ServedModel, req: InfillRequest) -> list[int]:
     """The FIM prompt's token ids (prefix, suffix, middle order, as llama.cpp's)."""
-    fim = engine.fim_tokens
+    fim = model.fim_tokens
     if fim is None:
         raise InvalidParameterError(
-            f"{engine.model_name}'s vocabulary has no fill-in-the-middle tokens: /infill needs a code model "
-            "trained for it",
+            f"{model.name}'s vocabulary has no fill-in-the-middle tokens: /infill needs a code model trained for it",
             "input_prefix",
         )
-    tokenizer = engine.tokenizer
+    tokenizer = model.tokenizer
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
@@ -90,7 +90,7 @@ def infill_prompt(engine: LLMEngine, req: InfillRequest) -> list[int]:
         ids += ([fim.separator] if fim.separator is not None else []) + encode(f"{extra.filename}\n{extra.text}")
     ids += [fim.prefix, *encode(req.input_prefix), fim.suffix, *encode(req.input_suffix), fim.middle]
     ids += encode(req.prompt)
-    engine.inputs.check_prompt_length(len(ids))
+    model.check_prompt_length(len(ids))
     return ids
 
 
@@ -105,21 +105,15 @@ def add_infill_routes(app: FastAPI, state: ServerState) -> None:
     async def infill(req: InfillRequest, request: Request):
         client_id, request_id = call_id(request, "infill")
         state.check_model(req.model)
-        engine = state.require_engine().engine
-        ids = await asyncio.to_thread(infill_prompt, engine, req)
+        model = state.require_model()
+        ids = await asyncio.to_thread(infill_prompt, model, req)
         max_tokens = state.output_limit(req.n_predict if req.n_predict > 0 else None, None)
-        params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+        params = req.sampling_params(model.sampling_defaults(), max_tokens)
         generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/infill")
         await generation.start(request)
         if req.stream:
-            guarded = guarded_stream(_events(generation, state), state.metrics.internal_errors.inc, _error_event)
-            return GenerationStream(guarded, generation, headers=echo(client_id))
-        try:
-            (final,) = await generation.collect(request)
-        except ClientDisconnected:
-            return JSONResponse({}, status_code=499)
-        if final.outputs[0].finish_reason == "abort":
-            raise aborted_error(state)
+            return streamed(state, generation, _events(generation, state), echo(client_id), _error_event)
+        (final,) = await collected(state, generation, request)
         return JSONResponse(_final(final, state, final.outputs[0].text), headers=echo(client_id))
 
 

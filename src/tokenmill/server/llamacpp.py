@@ -9,16 +9,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from tokenmill import __version__
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.server.chat import render_chat
-from tokenmill.server.completions import SHUTDOWN_ERROR
 from tokenmill.server.errors import APIError
 from tokenmill.server.llamacpp_completion import completion_settings, create_llama_completion
 from tokenmill.server.llamacpp_prompts import prompt_tokens
 from tokenmill.server.llamacpp_protocol import ApplyTemplateRequest, LlamaCompletionRequest, PropsUpdate
 from tokenmill.server.llamacpp_slots import SlotTable
 from tokenmill.server.schemas import ANY_LIST, ANY_OBJECT_OR_LIST, answers, error_responses
+from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import SHUTDOWN_ERROR
 
 NOT_SUPPORTED = 501  # llama-server's status for an endpoint this server was started without
 
@@ -33,9 +33,9 @@ class LlamaServer:
         self.defaults: dict[str, Any] = {}  # POST /props' sampling defaults, over the model's
 
     def slots(self) -> SlotTable:
-        engine = self.state.require_engine().engine
+        model = self.state.require_model()
         if self._slots is None:
-            self._slots = SlotTable(engine.config.max_num_seqs, engine.max_model_len)
+            self._slots = SlotTable(model.config.max_num_seqs, model.max_model_len)
         return self._slots
 
 
@@ -61,11 +61,11 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/apply-template", responses={**answers("the prompt the chat template makes"), **errors})
     async def apply_template(req: ApplyTemplateRequest) -> dict:
-        engine = state.require_engine().engine
+        model = state.require_model()
         messages = [m.model_dump(exclude_unset=True) for m in req.messages]
         functions = [t["function"] for t in req.tools or [] if isinstance(t.get("function"), dict)]
         prompt = await asyncio.to_thread(
-            render_chat, engine, messages, functions, req.add_generation_prompt, req.chat_template_kwargs
+            render_chat, model, messages, functions, req.add_generation_prompt, req.chat_template_kwargs
         )
         return {"prompt": prompt}
 
@@ -78,8 +78,8 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
         """Change /completion's defaults (default_generation_settings.params: temperature, top_k, top_p, min_p,
         repeat_penalty, presence_penalty, frequency_penalty, seed, n_predict); checked as a request's are."""
         values = update.params()
-        engine = state.require_engine().engine
-        completion_settings(LlamaCompletionRequest(**{**llama.defaults, **values}), state, engine)  # 400 if bad
+        model = state.require_model()
+        completion_settings(LlamaCompletionRequest(**{**llama.defaults, **values}), state, model)  # 400 if bad
         llama.defaults |= values
         return {"success": True}
 
@@ -109,14 +109,14 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
         if slot.is_processing:
             raise APIError(400, f"slot {slot.id} is processing a task", param="id_slot")
         erased, slot.tokens = slot.tokens, []
-        await state.require_engine().run_on_engine(lambda engine: engine.kv.forget_prefix(erased))
+        await state.require_engine().forget_prefix(erased)
         return {"id_slot": slot.id, "n_erased": len(erased)}
 
 
-def llama_tokenize(engine: LLMEngine, content: Any, add_special: bool, with_pieces: bool) -> dict:
+def llama_tokenize(model: ServedModel, content: Any, add_special: bool, with_pieces: bool) -> dict:
     """llama-server's /tokenize answer: {"tokens": ids}, or with_pieces [{"id", "piece"}] (a piece that is no
     whole UTF-8 text is its list of bytes). Runs in a worker thread."""
-    tokenizer = engine.tokenizer
+    tokenizer = model.tokenizer
     ids = prompt_tokens(tokenizer, content, add_special)
     if not with_pieces:
         return {"tokens": ids}
@@ -134,12 +134,12 @@ def llama_tokenize(engine: LLMEngine, content: Any, add_special: bool, with_piec
 def _props(state: ServerState, llama: LlamaServer, request: Request) -> dict:
     if state.shutting_down:
         raise SHUTDOWN_ERROR
-    engine = state.require_engine().engine
-    settings = completion_settings(LlamaCompletionRequest(**llama.defaults), state, engine)
-    tokenizer = engine.tokenizer
+    model = state.require_model()
+    settings = completion_settings(LlamaCompletionRequest(**llama.defaults), state, model)
+    tokenizer = model.tokenizer
     return {
-        "default_generation_settings": {"params": settings.as_json(), "n_ctx": engine.max_model_len},
-        "total_slots": engine.config.max_num_seqs,
+        "default_generation_settings": {"params": settings.as_json(), "n_ctx": model.max_model_len},
+        "total_slots": model.config.max_num_seqs,
         "model_alias": state.model_name,
         "model_path": state.shown_path(request),
         "modalities": {"vision": False, "audio": False, "video": False},
@@ -147,7 +147,7 @@ def _props(state: ServerState, llama: LlamaServer, request: Request) -> dict:
         "endpoint_props": True,
         "endpoint_metrics": True,
         "ui": state.settings.explorer,
-        "chat_template": "" if engine.chat_template.is_fallback else engine.chat_template.source,
+        "chat_template": model.own_chat_template or "",
         "bos_token": tokenizer.bos_token,
         "eos_token": tokenizer.eos_token,
         "build_info": f"tokenmill {__version__}",

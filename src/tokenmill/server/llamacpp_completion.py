@@ -11,21 +11,22 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.llm_engine import LLMEngine
 from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.llamacpp_format import CompletionSettings, final_json, only_fields, partial_json, probabilities
 from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_prompts
 from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
 from tokenmill.server.llamacpp_slots import Slot, SlotTable
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.sampling_defaults import over_defaults
+from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 
 
-def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine: LLMEngine) -> CompletionSettings:
+def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: ServedModel) -> CompletionSettings:
     """The request's sampling over the server's defaults (the model's recommended settings, or POST /props')."""
     if req.post_sampling_probs:
         raise APIError(400, "post_sampling_probs is not supported: n_probs gives the model's own log-probabilities")
@@ -41,18 +42,18 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, engine:
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
     }
-    defaults = engine.generation_defaults.sampling_values()
+    defaults = model.sampling_defaults()
     # a request without a seed takes the server's (--seed), as llama-server's: the same request, the same answer
-    seed = req.seed if req.seed is not None else engine.config.seed
+    seed = req.seed if req.seed is not None else model.config.seed
     params = SamplingParams(
         max_tokens=1 if asked == 0 else max_tokens,  # n_predict 0: the prompt only (one token made, not shown)
         seed=seed,
         stop=req.stop or None,
         ignore_eos=req.ignore_eos,
-        logit_bias=logit_bias(engine.tokenizer, req.logit_bias),
+        logit_bias=logit_bias(model.tokenizer, req.logit_bias),
         logprobs=req.n_probs or None,
         skip_reading_prefix_cache=not req.cache_prompt,
-        **{**defaults, **{k: v for k, v in given.items() if v is not None}},
+        **over_defaults(defaults, given),
     )
     n_predict = 0 if asked == 0 else (max_tokens if max_tokens is not None else -1)
     return CompletionSettings(params, n_predict, req.stream, req.n_probs, seed)
@@ -63,10 +64,10 @@ async def create_llama_completion(
 ):
     client_id, request_id = call_id(http_request, "cmpl")
     state.check_model(req.model)
-    engine = state.require_engine().engine
-    settings = completion_settings(req, state, engine)
+    model = state.require_model()
+    settings = completion_settings(req, state, model)
     prompts = split_prompts(req.prompt)
-    ids = await asyncio.to_thread(lambda: [prompt_tokens(engine.tokenizer, p) for p in prompts])
+    ids = await asyncio.to_thread(lambda: [prompt_tokens(model.tokenizer, p) for p in prompts])
     taken = await slots.acquire(req.id_slot, ids)
     run = SlotRun(taken, ids, settings.as_json())
     prompt_only = settings.n_predict == 0
@@ -78,18 +79,14 @@ async def create_llama_completion(
     except BaseException:
         run.end(slots)
         raise
-    answer = Answer(engine, state, settings, req, taken, prompt_only)
+    answer = Answer(model, state, settings, req, taken, prompt_only)
     if req.stream:
-        events = guarded_stream(_events(generation, answer, run), state.metrics.internal_errors.inc, _error_event)
-        return GenerationStream(events, generation, headers=echo(client_id), on_close=lambda: run.end(slots))
+        events = _events(generation, answer, run)
+        return streamed(state, generation, events, echo(client_id), _error_event, on_close=lambda: run.end(slots))
     try:
-        finals = await generation.collect(http_request, on_output=run.observe)
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+        finals = await collected(state, generation, http_request, run.observe)
     finally:
         run.end(slots)
-    if any(out.outputs[0].finish_reason == "abort" for out in finals):
-        raise aborted_error(state)
     bodies = [answer.final(i, out, out.outputs[0].text, stream=False) for i, out in enumerate(finals)]
     return JSONResponse(bodies[0] if len(bodies) == 1 else bodies, headers=echo(client_id))
 
@@ -131,14 +128,14 @@ class Answer:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        model: ServedModel,
         state: ServerState,
         settings: CompletionSettings,
         req: LlamaCompletionRequest,
         slots: list[Slot],
         prompt_only: bool,
     ):
-        self.tokenizer = engine.tokenizer
+        self.tokenizer = model.tokenizer
         self.model = state.model_name
         self.settings = settings
         self.req = req

@@ -21,9 +21,8 @@ from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.server.chat import render_chat, require_thinking, start_chat, within_context
-from tokenmill.server.completions import SHUTDOWN_ERROR, aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.ollama_protocol import (
     ChatRequest,
     EmbedRequest,
@@ -35,9 +34,9 @@ from tokenmill.server.ollama_protocol import (
 from tokenmill.server.request_ids import call_id
 from tokenmill.server.schemas import OllamaError, answers, error_responses
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import NDJSON, SHUTDOWN_ERROR, aborted_error, collected, streamed
 
 OLLAMA_API_VERSION = "0.12.0"  # the Ollama release whose API shapes these endpoints follow
-NDJSON = "application/x-ndjson"
 TAG = ":latest"
 
 
@@ -57,15 +56,15 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/api/ps", responses={**answers("the loaded model"), **errors(401, 503)})
     async def ps() -> dict:
         entry = _model_entry(state)
-        engine = state.require_engine().engine
-        on_gpu = engine.device.type != "cpu"
+        model = state.require_model()
+        on_gpu = model.on_gpu
         return {
             "models": [
                 {
                     **entry,
                     "expires_at": "2318-01-01T00:00:00Z",  # loaded for the server's life (Ollama's "forever")
                     "size_vram": entry["size"] if on_gpu else 0,
-                    "context_length": engine.max_model_len,
+                    "context_length": model.max_model_len,
                 }
             ]
         }
@@ -151,15 +150,15 @@ async def _generate(req: GenerateRequest, http_request: Request, state: ServerSt
         return _loaded(req, {"response": ""})
     _, request_id = call_id(http_request, "ollama-gen")
     require_thinking(state, req.think not in (None, False) and not req.raw, "think")
-    engine = state.require_engine().engine
+    model = state.require_model()
     tail = ""
     if req.raw:
-        ids = await asyncio.to_thread(engine.encode_prompt, req.prompt)
+        ids = await asyncio.to_thread(model.encode_prompt, req.prompt)
     else:  # the model's chat template, as Ollama renders its own template over System and Prompt
         system = [{"role": "system", "content": req.system}] if req.system else []
         messages = [*system, {"role": "user", "content": req.prompt}]
-        text = await asyncio.to_thread(render_chat, engine, messages, [], True, req.template_kwargs())
-        ids = await asyncio.to_thread(engine.inputs.encode_rendered_chat, text)
+        text = await asyncio.to_thread(render_chat, model, messages, [], True, req.template_kwargs())
+        ids = await asyncio.to_thread(model.encode_rendered_chat, text)
         tail = text[-PROMPT_TAIL_CHARS:]
     ids = list(req.context or []) + ids  # the previous exchange, continued
     params = _params(req, state)
@@ -184,16 +183,16 @@ def _loaded(req: GenerationRequest, body: dict) -> JSONResponse:
 
 
 def _params(req: GenerationRequest, state: ServerState):
-    engine = state.require_engine().engine
+    model = state.require_model()
     num_predict = req.num_predict()
     max_tokens = state.output_limit(num_predict if num_predict > 0 else None, None)
-    return req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+    return req.sampling_params(model.sampling_defaults(), max_tokens)
 
 
 def _context_limit(req: GenerationRequest, state: ServerState) -> int | None:
     """num_ctx, when the request sets one: at most the engine's max_model_len."""
     num_ctx = req.num_ctx()
-    max_model_len = state.require_engine().engine.max_model_len
+    max_model_len = state.require_model().max_model_len
     if num_ctx is not None and num_ctx > max_model_len:
         raise APIError(
             400, f"num_ctx {num_ctx} is more than this server's context ({max_model_len} tokens)", param="num_ctx"
@@ -266,15 +265,8 @@ def _arguments(text: str) -> Any:
 async def _respond(req: GenerationRequest, http_request: Request, state: ServerState, generation: Generation, reply):
     if req.stream:
         events = _lines(generation, reply, state)
-        guarded = guarded_stream(events, state.metrics.internal_errors.inc, lambda e: _line(e.body("/api/")))
-        return GenerationStream(guarded, generation, media_type=NDJSON)
-    try:
-        (final,) = await generation.collect(http_request, lambda _, out: reply.delta_of(out.outputs[0]))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    o = final.outputs[0]
-    if o.finish_reason == "abort":
-        raise aborted_error(state)
+        return streamed(state, generation, events, None, lambda e: _line(e.body("/api/")), NDJSON)
+    (final,) = await collected(state, generation, http_request, lambda _, out: reply.delta_of(out.outputs[0]))
     p = reply.parser
     return JSONResponse(reply.final(final, ReplyDelta(p.thinking, p.text, p.calls)))
 
@@ -303,11 +295,11 @@ async def _embeddings(
     state: ServerState, http_request: Request, inputs: list[str], params: PoolingParams, truncate: bool, endpoint: str
 ) -> tuple[list[RequestOutput], float]:
     _, request_id = call_id(http_request, "ollama-embed")
-    engine = state.require_engine().engine
-    limit = engine.max_model_len - 1
+    model = state.require_model()
+    limit = model.max_model_len - 1
 
     def tokenized() -> list[dict]:
-        tokenizer = engine.tokenizer
+        tokenizer = model.tokenizer
         ids = [tokenizer.encode(text, add_special_tokens=True) for text in inputs]
         if not truncate and any(len(i) > limit for i in ids):
             too_long = next(len(i) for i in ids if len(i) > limit)
@@ -318,10 +310,7 @@ async def _embeddings(
     prompts = await asyncio.to_thread(tokenized)
     generation = Generation(state, prompts, params, request_id, endpoint)
     await generation.start(http_request)
-    try:
-        finals = await generation.collect(http_request)
-    except ClientDisconnected:
-        raise APIError(499, "the client went away", "server_error") from None
+    finals = await generation.collect(http_request)  # a client that leaves: ClientDisconnected, answered 499
     if any(f.embedding is None for f in finals):
         raise SHUTDOWN_ERROR
     return finals, time.monotonic() - start
@@ -331,8 +320,7 @@ async def _embeddings(
 
 
 def _model_entry(state: ServerState) -> dict:
-    engine = state.require_engine().engine
-    facts = engine.model_facts
+    facts = state.require_model().facts
     name = state.model_name + TAG
     return {
         "name": name,
@@ -345,7 +333,7 @@ def _model_entry(state: ServerState) -> dict:
 
 
 def _details(state: ServerState) -> dict:
-    facts = state.require_engine().engine.model_facts
+    facts = state.require_model().facts
     return {
         "parent_model": "",
         "format": facts.format,
@@ -357,11 +345,11 @@ def _details(state: ServerState) -> dict:
 
 
 def _show(state: ServerState, shown_path: str) -> dict:
-    engine = state.require_engine().engine
-    facts, c = engine.model_facts, engine.model_config
-    defaults = engine.generation_defaults.sampling_values()
+    model = state.require_model()
+    facts, c = model.facts, model.shape
+    defaults = model.sampling_defaults()
     parameters = "\n".join(f"{name} {value}" for name, value in defaults.items())
-    template = "" if engine.chat_template.is_fallback else engine.chat_template.source
+    template = model.own_chat_template or ""
     arch = facts.architecture
     capabilities = ["completion", "tools", "embedding"]
     return {
@@ -373,7 +361,7 @@ def _show(state: ServerState, shown_path: str) -> dict:
         "model_info": {
             "general.architecture": arch,
             "general.parameter_count": facts.parameter_count,
-            f"{arch}.context_length": engine.max_model_len,
+            f"{arch}.context_length": model.max_model_len,
             f"{arch}.embedding_length": c.hidden_size,
             f"{arch}.block_count": c.num_layers,
             f"{arch}.attention.head_count": c.num_heads,

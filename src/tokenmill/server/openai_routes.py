@@ -25,14 +25,14 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     with_model = error_responses(400, 401, 404, 413, 503)
 
     def model_card(name: str, request: Request) -> dict:
-        engine = state.require_engine()
+        model = state.require_model()
         return {
             "id": name,
             "object": "model",
             "created": state.created,
             "owned_by": "tokenmill",
             "root": state.shown_path(request),
-            "max_model_len": engine.engine.max_model_len,
+            "max_model_len": model.max_model_len,
         }
 
     # every name the model answers to (its id first; the name the server was started with, as vLLM lists the

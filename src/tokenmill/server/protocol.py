@@ -24,6 +24,7 @@ from tokenmill.sampling_params import (
     SamplingParams,
 )
 from tokenmill.server.prompt_shapes import MAX_PROMPTS_PER_REQUEST, prompt_problem
+from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
 from tokenmill.tokenizer.chat_template import ROLES
 
@@ -323,7 +324,7 @@ class SamplingFields(APIRequest):
             prompt_logprobs=prompt_logprobs,
             structured_outputs=self.structured_outputs_params(),
             extra_args=self.vllm_xargs,
-            **{**(defaults or {}), **{k: v for k, v in optional.items() if v is not None}},
+            **over_defaults(defaults, optional),
         )
 
     @property

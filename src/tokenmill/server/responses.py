@@ -20,13 +20,13 @@ from fastapi.responses import JSONResponse
 from tokenmill.outputs import RequestOutput
 from tokenmill.parsers.reply import ReplyParser
 from tokenmill.server.chat import require_thinking, start_chat
-from tokenmill.server.completions import aborted_error
-from tokenmill.server.errors import APIError, guarded_stream
-from tokenmill.server.generation import ClientDisconnected, Generation, GenerationStream
+from tokenmill.server.errors import APIError
+from tokenmill.server.generation import Generation
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.responses_protocol import ResponsesRequest
 from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.state import ServerState
+from tokenmill.server.stream_or_collect import aborted_error, collected, streamed
 from tokenmill.structured.tools import ToolCall
 
 MAX_STORED = 1000
@@ -210,14 +210,14 @@ class _Turn:
 async def _create(req: ResponsesRequest, http_request: Request, state: ServerState, store: ResponseStore):
     client_id, request_id = call_id(http_request, "resp")
     state.check_model(req.model)
-    engine = state.require_engine().engine
+    model = state.require_model()
     history = list(store.conversation(req.previous_response_id)) if req.previous_response_id else []
     history += req.input_messages()
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     effort = req.reasoning.effort if req.reasoning is not None else None
     require_thinking(state, effort not in (None, "none") or bool(req.reasoning and req.reasoning.summary), "reasoning")
     max_tokens = state.output_limit(req.max_output_tokens, None)
-    params = req.sampling_params(engine.generation_defaults.sampling_values(), max_tokens)
+    params = req.sampling_params(model.sampling_defaults(), max_tokens)
     chat = await start_chat(
         state,
         request_id,
@@ -235,17 +235,13 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     if req.stream:
         seq = _Sequence()
         events = _events(chat.generation, reply, turn, seq)
-        guarded = guarded_stream(events, state.metrics.internal_errors.inc, seq.error)
-        return GenerationStream(guarded, chat.generation, headers=echo(client_id), on_close=turn.settle)
+        return streamed(state, chat.generation, events, echo(client_id), seq.error, on_close=turn.settle)
     try:
-        (final,) = await chat.generation.collect(http_request, lambda _, out: reply.feed_output(out.outputs[0]))
-        o = final.outputs[0]
-        if o.finish_reason == "abort":
-            raise aborted_error(state)
+        (final,) = await collected(
+            state, chat.generation, http_request, lambda _, out: reply.feed_output(out.outputs[0])
+        )
         return JSONResponse(turn.finish(final, reply), headers=echo(client_id))
-    except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
-    except APIError as exc:
+    except APIError as exc:  # failed (an engine abort too); a client that leaves: cancelled (finally)
         turn.settle(exc)
         raise
     finally:

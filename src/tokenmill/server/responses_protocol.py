@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
 from tokenmill.server.protocol import STRICT, APIRequest, field_error, unsupported_field_error
+from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -176,7 +177,7 @@ class ResponsesRequest(APIRequest):
             max_tokens=max_tokens,
             structured_outputs=self.structured_outputs(),
             extra_args=self.vllm_xargs,
-            **{**defaults, **{k: v for k, v in optional.items() if v is not None}},
+            **over_defaults(defaults, optional),
         )
 
     def structured_outputs(self) -> StructuredOutputsParams | None:

@@ -11,8 +11,8 @@ from tokenmill.server.state import ServerState
 
 def add_router_routes(app: FastAPI, state: ServerState) -> None:
     def server_info(request: Request) -> dict:
-        engine = state.require_engine().engine
-        config = engine.config
+        model = state.require_model()
+        config = model.config
         return {
             "model_path": state.shown_path(request),
             "served_model_name": state.model_name,
@@ -21,18 +21,18 @@ def add_router_routes(app: FastAPI, state: ServerState) -> None:
             "dp_size": 1,
             "max_running_requests": config.max_num_seqs,
             "max_prefill_tokens": config.max_num_batched_tokens,
-            "max_total_tokens": engine.kv.num_blocks * config.block_size,  # the KV cache's room, in tokens
-            "max_model_len": engine.max_model_len,
+            "max_total_tokens": model.kv_blocks_total * config.block_size,  # the KV cache's room, in tokens
+            "max_model_len": model.max_model_len,
         }
 
     def model_info(request: Request) -> dict:
-        engine = state.require_engine().engine
+        facts = state.require_model().facts
         return {
             "model_path": state.shown_path(request),
             "tokenizer_path": state.shown_path(request),
             "is_generation": True,
-            "model_type": engine.model_facts.architecture,
-            "architectures": [engine.model_facts.architecture],
+            "model_type": facts.architecture,
+            "architectures": [facts.architecture],
         }
 
     def load() -> list[dict]:

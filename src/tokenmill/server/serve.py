@@ -54,13 +54,13 @@ class TokenmillServer(uvicorn.Server):
                 self.should_exit = True
                 return
             await asyncio.sleep(0.05)
-        engine = self.state.engine
-        load = f" (the model loaded in {engine.engine.load_seconds:.2f} s of them, while the server started)"
+        model = self.state.model
+        load = f" (the model loaded in {model.load_seconds:.2f} s of them, while the server started)" if model else ""
         logger.info(
             "ready to serve %r %.1f s after start%s",
             self.state.model_name,
             time.monotonic() - self.process_started,
-            load if engine is not None else "",
+            load,
         )
 
     def handle_exit(self, sig, frame) -> None:

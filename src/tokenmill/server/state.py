@@ -21,6 +21,7 @@ from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
 from tokenmill.server.middleware import carries_key
 from tokenmill.server.origins import OriginPolicy
+from tokenmill.server.served_model import ServedModel, build_engine
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class ServerSettings:
 class ServerState:
     def __init__(self, settings: ServerSettings):
         self.settings = settings
-        self.engine: AsyncEngine | None = None
+        self.engine: AsyncEngine | None = None  # runs the requests
+        self.model: ServedModel | None = None  # answers for the model (set with the engine)
         self.load_error: BaseException | None = None
         self.model_name = settings.served_model_name or "loading"
         self.model_path = ""
@@ -95,7 +97,7 @@ class ServerState:
         generation config's max_new_tokens), else the API's; 400 above --max-tokens-limit (which also caps a
         request that names none)."""
         s = self.settings
-        model_default = self.engine.engine.generation_defaults.max_tokens if self.engine is not None else None
+        model_default = self.model.default_max_tokens if self.model is not None else None
         chosen = next((v for v in (asked, s.max_tokens_default, model_default) if v is not None), api_default)
         limit = s.max_tokens_limit
         if limit is not None and asked is not None and asked > limit:
@@ -106,32 +108,26 @@ class ServerState:
 
     def load(self, prefetched=None) -> None:
         """Build the engine (runs in a thread while the server already answers /health with 503)."""
-        from tokenmill.config import EngineConfig
-        from tokenmill.engine.llm_engine import LLMEngine
-
         s = self.settings
         try:
-            if prefetched is not None and prefetched.builds_engine:  # started by `tokenmill serve` with these settings
-                engine = prefetched.engine()
-            else:
-                engine = LLMEngine(
-                    s.model, s.dtype, s.quantization, EngineConfig.from_options(s.engine_options), prefetched
-                )
+            engine = build_engine(s.model, s.dtype, s.quantization, s.engine_options, prefetched)
         except BaseException as exc:
             self.load_error = exc
             logger.error("loading the model failed: %s", exc)
             raise
-        self.model_name = s.served_model_name or engine.model_name
-        self.model_path = str(engine.model_path)
+        model = ServedModel(engine)
+        self.model_name = s.served_model_name or model.name
+        self.model_path = str(model.path)
         # OpenAI's system_fingerprint: the backend's configuration (what can change a seeded answer), hashed
-        what = (__version__, self.model_path, s.dtype, str(engine.quantization), sorted(s.engine_options.items()))
+        what = (__version__, self.model_path, s.dtype, str(model.quantization), sorted(s.engine_options.items()))
         self.system_fingerprint = "fp_" + hashlib.sha256(repr(what).encode()).hexdigest()[:10]
+        self.model = model
         self.engine = AsyncEngine(engine, self.settings.log_stats_interval_s)
-        self.events.attach(self.engine)
+        self.events.attach(self.engine, model)
         self.ready.set()
         logger.info("ready: serving %r", self.model_name)
-        if engine.base_model_note is not None:
-            logger.warning("%s", engine.base_model_note)
+        if model.base_model_note is not None:
+            logger.warning("%s", model.base_model_note)
 
     @property
     def healthy(self) -> bool:
@@ -140,10 +136,10 @@ class ServerState:
     def reply_format(self) -> ReplyFormat:
         """The served model's reply format: its thinking and tool-call syntax (from the chat template, unless the
         server's flags name them)."""
-        engine = self.require_engine().engine
+        model = self.require_model()
         if self._reply_format is None:
             s = self.settings
-            self._reply_format = reply_format(engine.chat_template.source, s.reasoning_parser, s.tool_call_parser)
+            self._reply_format = reply_format(model.chat_template_source, s.reasoning_parser, s.tool_call_parser)
         return self._reply_format
 
     def require_engine(self) -> AsyncEngine:
@@ -158,6 +154,13 @@ class ServerState:
         if not self.engine.is_alive:
             raise APIError(503, f"the engine failed: {self.engine.error!r}", "server_error", code="engine_dead")
         return self.engine
+
+    def require_model(self) -> ServedModel:
+        """The served model's front, once it is loaded and the engine runs (the 503s of require_engine)."""
+        self.require_engine()  # shutting down, loading, failed: its 503s
+        if self.model is None:  # not reached: the model is set before the engine
+            raise APIError(503, "the model is still loading", "server_error", code="loading")
+        return self.model
 
     @property
     def model_names(self) -> list[str]:
@@ -186,10 +189,9 @@ class ServerState:
         of KV blocks). Called on the event loop with no await before the count is taken, so a burst is counted
         one request at a time."""
         limit = self.settings.max_queue
-        if limit is not None and self.engine is not None:
-            engine = self.engine.engine
+        if limit is not None and self.engine is not None and self.model is not None:
             demand = sum(self.admitted.values()) + num_seqs
-            waiting = max(demand - engine.config.max_num_seqs, self.engine.stats()["num_waiting"])
+            waiting = max(demand - self.model.config.max_num_seqs, self.engine.stats()["num_waiting"])
             if waiting > limit:
                 raise APIError(
                     503,
