@@ -1,4 +1,7 @@
 import json
+import os
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -73,3 +76,17 @@ def seeded_randomness() -> None:
     random.seed(0)
     if "torch" in sys.modules:
         sys.modules["torch"].manual_seed(0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Threads that are not daemons and still run when the tests end hold the interpreter after the summary (a CI
+    run once passed every test and was then killed at its time limit for one): wait a little, then end the process
+    with an error that names them, rather than hang."""
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(timeout=30)
+    left = [t.name for t in others if t.is_alive()]
+    if left:
+        sys.stderr.write(f"\nthreads left running after the tests, so the process could not exit: {', '.join(left)}\n")
+        sys.stderr.flush()
+        os._exit(3)

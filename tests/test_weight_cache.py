@@ -6,6 +6,8 @@ import ctypes
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,7 +116,22 @@ def test_buffers_come_back_byte_for_byte(tmp_path: Path) -> None:
     for i, values in enumerate(made):
         assert torch.equal(reader.buffer(8, 16 * (i + 1), 32, values.numel(), never), values)
     # another rank's (or another build's) cache is another file
-    assert isinstance(open_weight_cache(model, {"rank": 1}, "kernels-x.so", tmp_path / "w"), WritingWeights)
+    other = open_weight_cache(model, {"rank": 1}, "kernels-x.so", tmp_path / "w")
+    assert isinstance(other, WritingWeights)
+    other.abandon()
+
+
+def test_a_writer_never_finished_does_not_hold_the_process_at_exit(tmp_path: Path) -> None:
+    """A build that neither finishes nor abandons its writer (a bug, or an exception nobody caught) must not keep the
+    interpreter from exiting: the whole CI run once hung after pytest's summary on such a writer."""
+    code = (
+        "import sys; from pathlib import Path; from tokenmill.loader.weight_cache import open_weight_cache\n"
+        "folder = Path(sys.argv[1]); model = folder / 'm.gguf'; model.write_bytes(b'GGUF')\n"
+        "writer = open_weight_cache(model, {}, 'kernels-x.so', folder / 'w')\n"
+        "writer.buffer(8, 16, 32, 100, lambda address: None)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60)
+    assert list((tmp_path / "w").iterdir()) == []  # and the half-written file is gone
 
 
 def test_a_load_that_fails_leaves_no_cache(tmp_path: Path) -> None:

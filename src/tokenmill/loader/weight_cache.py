@@ -215,10 +215,20 @@ class WritingWeights(InMemoryWeights):
         self._queue.put((buffer, offset))
         return buffer
 
+    def _next(self) -> tuple[torch.Tensor, int] | None:
+        """The next buffer to write; None at the end, or once the program has ended without finishing the build
+        (the thread is not a daemon, so without this a writer never finished would hold the process at exit)."""
+        while True:
+            try:
+                return self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if not self._complete and not threading.main_thread().is_alive():
+                    return None
+
     def _write(self) -> None:
         bounce = mmap.mmap(-1, self.CHUNK)  # page-aligned, as direct I/O wants its memory
         error: OSError | None = None
-        while (item := self._queue.get()) is not None:
+        while (item := self._next()) is not None:
             if error is None:
                 try:
                     self._write_one(bounce, *item)
