@@ -289,14 +289,14 @@ def run_torchrun_worker(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     import json
 
-    from tokenmill.bench.workload import parse_range
+    from tokenmill.entrypoints.bench.workload import parse_range
 
     if args.bench == "soak":
-        from tokenmill.bench.soak import run_soak
+        from tokenmill.entrypoints.bench.soak import run_soak
 
         result = run_soak(args.url, args.duration, args.concurrency, args.sample, args.seed, args.api_key)
     elif args.bench == "serve":
-        from tokenmill.bench.serve import run_serve_bench
+        from tokenmill.entrypoints.bench.serve import run_serve_bench
 
         result = run_serve_bench(
             args.url,
@@ -311,18 +311,18 @@ def run_bench(args: argparse.Namespace) -> int:
         m = model_to_load(args)
         llm_kwargs = {"model": m.model, "dtype": m.dtype, "quantization": m.quantization, **options}
         if args.bench == "structured":
-            from tokenmill.bench.structured import run_structured
+            from tokenmill.entrypoints.bench.structured import run_structured
 
             concurrencies = [int(c) for c in args.concurrency.split(",")]
             result = run_structured(llm_kwargs, concurrencies, args.output_len, args.reps, args.seed)
         elif args.bench == "offline":
-            from tokenmill.bench.offline import run_offline
+            from tokenmill.entrypoints.bench.offline import run_offline
 
             result = run_offline(
                 llm_kwargs, args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.seed
             )
         else:
-            from tokenmill.bench.latency import run_latency
+            from tokenmill.entrypoints.bench.latency import run_latency
 
             result = run_latency(llm_kwargs, args.input_len, args.output_len, args.runs, args.seed, args.warmup_len)
     if args.json:

@@ -264,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     structured = bench_sub.add_parser(
         "structured",
         help="decode tokens/s with and without a JSON-schema constraint, at 1 and 32 concurrent requests",
-        description="Alternating constrained and free requests in one process (tokenmill/bench/structured.py); also "
-        "a typical schema's compile time and the time spent computing masks.",
+        description="Alternating constrained and free requests in one process "
+        "(tokenmill/entrypoints/bench/structured.py); also a typical schema's compile time and the time spent "
+        "computing masks.",
     )
     structured.add_argument(
         "--concurrency", default="1,32", help="comma-separated request counts run together (default 1,32)"
