@@ -78,9 +78,10 @@ def measure(url: str, body: dict) -> dict:
 
 def compile_times() -> None:
     from tokenmill.loader.model_path import bundled_model_path
-    from tokenmill.loader.model_source import load_tokenizer, open_model_source
+    from tokenmill.loader.model_source import open_model_source
     from tokenmill.structured import StructuredOutputsParams as S
     from tokenmill.structured.grammars import GrammarCompiler
+    from tokenmill.tokenizer.from_source import load_tokenizer
 
     tokenizer = load_tokenizer(open_model_source(bundled_model_path()))
     compiler = GrammarCompiler(tokenizer, 49152)

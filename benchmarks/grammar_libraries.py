@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # plain data only, also in the peers' venv
-from tokenmill.bench.schemas import TYPICAL_SCHEMA as SCHEMA  # noqa: E402
+from tokenmill.entrypoints.bench.schemas import TYPICAL_SCHEMA as SCHEMA  # noqa: E402
 
 OUTPUT = json.dumps(
     {"name": "Ada", "age": 36, "role": "admin", "tags": ["math", "code"], "address": {"city": "London", "zip": "12345"}}

@@ -14,7 +14,7 @@ import time
 import torch
 
 from tokenmill import LLM, SamplingParams
-from tokenmill.bench.workload import make_workload
+from tokenmill.entrypoints.bench.workload import make_workload
 
 
 def timed(totals: dict[str, float], name: str, fn, rows_of=None):

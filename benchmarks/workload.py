@@ -1,11 +1,11 @@
 """The workload definition for the peers' scripts (which run outside tokenmill's environment).
 
-Re-exports tokenmill.bench.workload when tokenmill is importable; otherwise the same function, kept identical
-(tests/test_bench.py checks both against the canonical definition, tests/data/workload.py).
+Re-exports tokenmill.entrypoints.bench.workload when tokenmill is importable; otherwise the same function, kept
+identical (tests/test_bench.py checks both against the canonical definition, tests/data/workload.py).
 """
 
 try:
-    from tokenmill.bench.workload import make_workload, parse_range
+    from tokenmill.entrypoints.bench.workload import make_workload, parse_range
 except ImportError:  # the peers' virtual environment has no tokenmill
     import numpy as np
 

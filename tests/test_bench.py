@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import DATA, REPO_ROOT
-from tokenmill.bench.workload import make_workload, parse_range
+from tokenmill.entrypoints.bench.workload import make_workload, parse_range
 
 
 def load_module(path, name):

@@ -1,5 +1,6 @@
-"""The command line is generated from EngineConfig's fields: every option field has its flag, its type, and an
-option left out leaves the field's default (no second list of options or defaults to keep in step)."""
+"""The command line is generated from EngineConfig's fields (and `tokenmill serve`'s own from ServerSettings'):
+every option field has its flag, its type, and an option left out leaves the field's default (no second list of
+options or defaults to keep in step)."""
 
 from dataclasses import fields
 
@@ -48,3 +49,52 @@ def test_model_options_are_validated_once_and_the_command_line_defaults_to_auto(
     with pytest.raises(InvalidParameterError) as bad:
         ModelOptions(quantization="int3")
     assert bad.value.param == "quantization"
+
+
+def serve_parser():
+    return build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+
+
+def test_every_server_settings_field_is_a_flag_of_serve_or_filled_from_other_options() -> None:
+    """ServerSettings declares the server's options once (config/server.py): each field is a flag of `tokenmill
+    serve` generated from it, or says which other options fill it (the model's and the engine's). And serve has no
+    flag besides those, the model's, the engine's and --help: an option written by hand, in the parser or in a
+    second list of fields, fails here."""
+    from tokenmill.config import ModelOptions
+    from tokenmill.config.server import ServerSettings
+    from tokenmill.entrypoints.cli_parser import SERVER_OPTIONS
+
+    flags = {f.name for f in fields(ServerSettings) if "help" in f.metadata}
+    filled = {f.name for f in fields(ServerSettings) if "filled_by" in f.metadata}
+    assert not flags & filled
+    assert flags | filled == {f.name for f in fields(ServerSettings)}  # every field is one or the other
+    assert filled == {f.name for f in fields(ModelOptions)} | {"engine_options"}
+    assert set(SERVER_OPTIONS) == flags and {"host", "port", "api_key", "slots_endpoint", "log_level"} <= flags
+    dests = {action.dest for action in serve_parser()._actions}
+    model = {f.name for f in fields(ModelOptions)} | {"device", "verbose"}
+    assert dests == flags | model | set(ENGINE_OPTIONS) | {"help"}
+
+
+def test_server_flags_parse_to_the_settings_and_unset_ones_keep_its_defaults() -> None:
+    from tokenmill.config.server import DEFAULT_MAX_REQUEST_BYTES, ServerSettings
+    from tokenmill.entrypoints.cli_parser import server_settings
+
+    assert server_settings(build_parser().parse_args(["serve"])) == ServerSettings()
+    assert ServerSettings().max_request_bytes == DEFAULT_MAX_REQUEST_BYTES and ServerSettings().explorer
+    args = build_parser().parse_args(
+        ["serve", "--host", "0.0.0.0", "--port", "9001", "--shutdown-grace", "2.5", "--max-request-bytes", "0"]
+        + ["--no-explorer", "--allowed-origins", "http://a, http://b,", "--allowed-hosts", "*", "--no-slots"]
+        + ["--access-log", "--disable-log-requests", "--log-stats-interval", "0", "--log-level", "debug"]
+        + ["--block-size", "8", "--model", "m.gguf"]
+    )
+    s = server_settings(args)
+    assert (s.host, s.port, s.shutdown_grace_s, s.max_request_bytes) == ("0.0.0.0", 9001, 2.5, None)  # 0: no limit
+    assert (s.explorer, s.slots_endpoint, s.log_requests, s.access_log) == (False, False, False, True)
+    assert (s.allowed_origins, s.allowed_hosts) == (["http://a", "http://b"], ["*"])
+    assert (s.log_stats_interval_s, s.log_level) == (None, "debug")  # 0: no throughput lines
+    # the model's and the engine's options are theirs: the caller fills those fields
+    assert (s.model, s.engine_options) == (None, {})
+    # switches one way only keep their help's spelling; the others are --x / --no-x
+    options = {o for action in serve_parser()._actions for o in action.option_strings}
+    assert {"--no-explorer", "--disable-log-requests", "--slots", "--no-slots", "--shutdown-grace"} <= options
+    assert not {"--explorer", "--log-requests", "--no-access-log", "--slots-endpoint"} & options

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tokenmill import LLM, SamplingParams
-from tokenmill.bench.workload import make_workload
+from tokenmill.entrypoints.bench.workload import make_workload
 from tokenmill.errors import EngineClosedError, InvalidParameterError, PromptTooLongError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

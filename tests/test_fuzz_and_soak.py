@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.server_utils import ServerProcess, start_server
-from tokenmill.bench.soak import run_soak
+from tokenmill.entrypoints.bench.soak import run_soak
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 SCHEMATHESIS_CHECKS = [

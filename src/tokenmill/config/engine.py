@@ -33,10 +33,13 @@ def parse_memory(value: str | int | float) -> int:
 
 def option(default: Any, help: str, type: type | None = None, group: str = "engine", **cli: Any) -> Any:
     """A dataclass field that is also a command-line option: `tokenmill serve --<name-with-dashes>` (or cli's
-    flags) of `type` (None: a switch, --x / --no-x), in the help's `group`; cli may add choices, flags and dest.
-    The option's own default is None (unset: the field's default applies), so a config file or LLM(...) and the
-    command line mean the same."""
-    return field(default=default, metadata={"help": help, "type": type, "group": group, **cli})
+    flags) of `type` (None: a switch, --x / --no-x), in the help's `group`; cli may add choices, flags, metavar
+    and action (store_true or store_false: a switch one way only, under its flags). The option's own default is
+    None (unset: the field's default applies), so a config file or LLM(...) and the command line mean the same."""
+    metadata = {"help": help, "type": type, "group": group, **cli}
+    if isinstance(default, list):  # a list of its own for every instance
+        return field(default_factory=default.copy, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass

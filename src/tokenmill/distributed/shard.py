@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.experts import ExpertStack, expert_tensor
 from tokenmill.loader.gguf_file import GGUFFile, GGUFTensor, quant_block_shape
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
-from tokenmill.model.config import ModelConfig
 
 # biases inside a sum over ranks (the experts' downs, weighted by the router): rank 0 holds them, the others zeros
 ROW_PARALLEL_BIASES = ("ffn_down_exps.bias",)

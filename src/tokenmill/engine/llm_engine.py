@@ -14,13 +14,13 @@ from tokenmill.config import EngineConfig, ModelOptions
 from tokenmill.config.quantization import quantization_on
 from tokenmill.engine.core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptInput
+from tokenmill.engine.model_prefetch import ModelPrefetch
 from tokenmill.errors import EngineClosedError, InvalidParameterError
 from tokenmill.executor.launcher import RankSpec
 from tokenmill.executor.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.loader.model_facts import describe_model
 from tokenmill.loader.model_path import BUNDLED_NAME, NAMED_MODELS, bundled_model_path, resolve_model_path
-from tokenmill.loader.model_source import load_tokenizer, open_model_source
-from tokenmill.loader.prefetch import ModelPrefetch
+from tokenmill.loader.model_source import open_model_source
 from tokenmill.model.generation_defaults import read_generation_defaults
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.runner.device import parse_dtype, select_device
@@ -35,6 +35,7 @@ from tokenmill.spec_decode.speculator import Speculator
 from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.chat_template import BUILTIN_TEMPLATES, base_model_note
 from tokenmill.tokenizer.fim import find_fim_tokens
+from tokenmill.tokenizer.from_source import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,14 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 
-from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options, model_to_load
+from tokenmill.entrypoints.cli_parser import (
+    ENGINE_OPTIONS,
+    build_parser,
+    engine_options,
+    model_options,
+    model_to_load,
+    server_settings,
+)
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
 
@@ -214,64 +221,37 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if torchrun_rank() not in (None, 0):  # torchrun started this rank: it computes, rank 0 serves HTTP
         return run_torchrun_worker(args)
+    from dataclasses import replace
+
     from tokenmill.errors import InvalidParameterError
     from tokenmill.parsers.reply import reply_format
     from tokenmill.server.listen import listen_problem
 
+    s = server_settings(args)  # the server's flags (config/server.py); the model's and the engine's below
     try:  # a parser name that does not exist fails before anything loads
-        reply_format("", args.reasoning_parser, args.tool_call_parser)
+        reply_format("", s.reasoning_parser, s.tool_call_parser)
     except InvalidParameterError as exc:
         print(f"tokenmill: error: {exc}", file=sys.stderr)
         return 2
 
-    problem = listen_problem(args.host, args.port)
+    problem = listen_problem(s.host, s.port)
     if problem is not None:  # before any rank starts or anything loads
         rank = "" if torchrun_rank() is None else "rank 0: "
-        print(f"tokenmill: error: {rank}cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
+        print(f"tokenmill: error: {rank}cannot listen on {s.host}:{s.port}: {problem}", file=sys.stderr)
         return 1
     from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
 
-    if args.log_level is not None:
-        setup_logging(args.log_level.upper())
+    if s.log_level is not None:
+        setup_logging(s.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
     m = model_to_load(args)
     prefetched = EnginePrefetch(m.model)
     prefetched.start_engine(m.dtype, m.quantization, engine_options(args))
     from tokenmill.server.serve import serve
-    from tokenmill.server.state import ServerSettings
 
-    settings = ServerSettings(
-        model=m.model,
-        dtype=m.dtype,
-        quantization=m.quantization,
-        engine_options=engine_options(args),
-        served_model_name=args.served_model_name,
-        api_key=args.api_key,
-        max_queue=args.max_queue,
-        shutdown_grace_s=args.shutdown_grace,
-        max_request_bytes=args.max_request_bytes or None,
-        explorer=args.explorer,
-        metrics_require_key=args.metrics_require_key,
-        log_requests=args.log_requests,
-        max_tokens_default=args.max_tokens_default,
-        max_tokens_limit=args.max_tokens_limit,
-        log_stats_interval_s=args.log_stats_interval or None,
-        host=args.host,
-        allowed_hosts=_names(args.allowed_hosts),
-        allowed_origins=_names(args.allowed_origins),
-        responses_store_bytes=args.responses_store_bytes,
-        reasoning_parser=args.reasoning_parser,
-        tool_call_parser=args.tool_call_parser,
-        slots_endpoint=args.slots,
-        slot_save_path=args.slot_save_path,
-    )
-    return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
-
-
-def _names(flag: str) -> list[str]:
-    """A comma-separated flag's names."""
-    return [name.strip() for name in flag.split(",") if name.strip()]
+    s = replace(s, model=m.model, dtype=m.dtype, quantization=m.quantization, engine_options=engine_options(args))
+    return serve(s, s.host, s.port, s.access_log, prefetched, s.log_level, STARTED)
 
 
 def run_torchrun_worker(args: argparse.Namespace) -> int:
@@ -289,14 +269,14 @@ def run_torchrun_worker(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     import json
 
-    from tokenmill.bench.workload import parse_range
+    from tokenmill.entrypoints.bench.workload import parse_range
 
     if args.bench == "soak":
-        from tokenmill.bench.soak import run_soak
+        from tokenmill.entrypoints.bench.soak import run_soak
 
         result = run_soak(args.url, args.duration, args.concurrency, args.sample, args.seed, args.api_key)
     elif args.bench == "serve":
-        from tokenmill.bench.serve import run_serve_bench
+        from tokenmill.entrypoints.bench.serve import run_serve_bench
 
         result = run_serve_bench(
             args.url,
@@ -311,18 +291,18 @@ def run_bench(args: argparse.Namespace) -> int:
         m = model_to_load(args)
         llm_kwargs = {"model": m.model, "dtype": m.dtype, "quantization": m.quantization, **options}
         if args.bench == "structured":
-            from tokenmill.bench.structured import run_structured
+            from tokenmill.entrypoints.bench.structured import run_structured
 
             concurrencies = [int(c) for c in args.concurrency.split(",")]
             result = run_structured(llm_kwargs, concurrencies, args.output_len, args.reps, args.seed)
         elif args.bench == "offline":
-            from tokenmill.bench.offline import run_offline
+            from tokenmill.entrypoints.bench.offline import run_offline
 
             result = run_offline(
                 llm_kwargs, args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.seed
             )
         else:
-            from tokenmill.bench.latency import run_latency
+            from tokenmill.entrypoints.bench.latency import run_latency
 
             result = run_latency(llm_kwargs, args.input_len, args.output_len, args.runs, args.seed, args.warmup_len)
     if args.json:

@@ -5,8 +5,8 @@ from dataclasses import fields
 
 from tokenmill import __version__
 from tokenmill.config import EngineConfig, ModelOptions
+from tokenmill.config.server import ServerSettings
 from tokenmill.entrypoints.model_names import check_model_name
-from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
@@ -33,7 +33,7 @@ def model_to_load(args: argparse.Namespace) -> ModelOptions:
 
 
 def add_config_options(
-    group: argparse._ArgumentGroup, name: str, config: type = EngineConfig, skip: tuple[str, ...] = ()
+    group: argparse._ActionsContainer, name: str, config: type = EngineConfig, skip: tuple[str, ...] = ()
 ) -> None:
     """The command-line options of a config's fields in help group `name` (config/engine.py's `option`): flags,
     types, choices and help come from the fields, and an option left out leaves the field's default (or the
@@ -44,12 +44,15 @@ def add_config_options(
             continue
         flags = meta.get("flags", ("--" + f.name.replace("_", "-"),))
         kwargs: dict = {"dest": f.name, "default": meta.get("cli_default"), "help": meta["help"]}
-        if meta["type"] is None:  # a switch: --x / --no-x
+        if "action" in meta:  # a switch one way only: store_true (--access-log) or store_false (--no-explorer)
+            kwargs["action"] = meta["action"]
+        elif meta["type"] is None:  # a switch: --x / --no-x
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = meta["type"]
-        if "choices" in meta:
-            kwargs["choices"] = meta["choices"]
+        for key in ("choices", "metavar"):
+            if key in meta:
+                kwargs[key] = meta[key]
         group.add_argument(*flags, **kwargs)
 
 
@@ -65,6 +68,17 @@ ENGINE_OPTIONS = tuple(f.name for f in fields(EngineConfig) if "help" in f.metad
 
 def engine_options(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in ENGINE_OPTIONS if getattr(args, k, None) is not None}
+
+
+# every ServerSettings field that is a flag of `tokenmill serve` (the others are filled from the model's and the
+# engine's options)
+SERVER_OPTIONS = tuple(f.name for f in fields(ServerSettings) if "help" in f.metadata)
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from parsed `serve` arguments: a flag left out leaves its field's default. The fields
+    that are no flags (the model's, the engine's options) keep their defaults here: the caller fills them."""
+    return ServerSettings(**{k: getattr(args, k) for k in SERVER_OPTIONS if getattr(args, k) is not None})
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -100,113 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
         "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--served-model-name", default=None, help="model name clients use (default: from the file)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or TOKENMILL_API_KEY)")
-    serve.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        help="answer 503 with Retry-After when more requests than this are waiting",
-    )
-    serve.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=30.0,
-        help="seconds requests in flight may finish after SIGTERM (default 30)",
-    )
-    serve.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=DEFAULT_MAX_REQUEST_BYTES,
-        help="answer 413 to request bodies larger than this, before parsing them "
-        f"(default {DEFAULT_MAX_REQUEST_BYTES:,}; 0: no limit)",
-    )
-    serve.add_argument(
-        "--no-explorer",
-        dest="explorer",
-        action="store_false",
-        help="do not serve the request explorer (/ and /explorer/*)",
-    )
-    serve.add_argument(
-        "--allowed-origins",
-        default="",
-        help="comma-separated origins whose web pages may call the API, beyond the local ones "
-        "(http(s)://localhost, 127.0.0.1, [::1], any port) and the server's own; '*' for any. Others get 403",
-    )
-    serve.add_argument(
-        "--allowed-hosts",
-        default="",
-        help="comma-separated Host names to answer beyond localhost, IP addresses and --host (a guard against "
-        "DNS rebinding: other names get 403); '*' for any, e.g. behind a proxy that keeps the client's Host",
-    )
-    serve.add_argument(
-        "--responses-store-bytes",
-        type=int,
-        default=DEFAULT_RESPONSES_STORE_BYTES,
-        help="the Responses API keeps its stored responses (at most 1,000) within this many bytes, the oldest "
-        f"dropped first (default {DEFAULT_RESPONSES_STORE_BYTES:,})",
-    )
-    serve.add_argument(
-        "--reasoning-parser",
-        default=None,
-        help="how replies' thinking is read: think (<think>...</think>: Qwen3, DeepSeek-R1 and its distills; "
-        "vLLM's deepseek_r1 and qwen3 too), harmony (gpt-oss; vLLM's openai), none (the thinking stays in the "
-        "answer), or auto (default: from the chat template)",
-    )
-    serve.add_argument(
-        "--tool-call-parser",
-        default=None,
-        help="the syntax replies call tools in: hermes (<tool_call>: Qwen, Hermes), llama3_json, mistral, "
-        "harmony (gpt-oss), constrained (tokenmill's JSON, taught in a system message), or auto (default: from "
-        "the chat template)",
-    )
-    serve.add_argument(
-        "--slots",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="llama.cpp's GET /slots: what each of the --max-num-seqs slots holds and does (default on)",
-    )
-    serve.add_argument(
-        "--slot-save-path",
-        default=None,
-        help="the folder where llama.cpp's POST /slots/ID?action=save|restore keep a slot's tokens and K/V "
-        "(default: none, and those actions answer 501)",
-    )
-    serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
-    serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
-    serve.add_argument(
-        "--max-tokens-default",
-        type=int,
-        default=None,
-        help="output tokens of a request that names no max_tokens (default: the whole context for chat, 16 for "
-        "completions, as OpenAI's API)",
-    )
-    serve.add_argument(
-        "--max-tokens-limit",
-        type=int,
-        default=None,
-        help="the most output tokens a request may ask for (400 above it); it also caps the default",
-    )
-    serve.add_argument(
-        "--disable-log-requests",
-        dest="log_requests",
-        action="store_false",
-        help="no line per API call (id, endpoint, status, tokens, finish reason, TTFT, duration)",
-    )
-    serve.add_argument(
-        "--log-stats-interval",
-        type=float,
-        default=10.0,
-        help="seconds between throughput lines while busy (default 10; 0: none)",
-    )
-    serve.add_argument(
-        "--log-level",
-        default=None,
-        choices=["debug", "info", "warning", "error"],
-        help="tokenmill's and uvicorn's log level (default: info, or TOKENMILL_LOG_LEVEL)",
-    )
+    add_config_options(serve, "server", ServerSettings)  # listed first, under "options"
     add_model_args(serve)
     add_engine_args(serve)
 
@@ -264,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     structured = bench_sub.add_parser(
         "structured",
         help="decode tokens/s with and without a JSON-schema constraint, at 1 and 32 concurrent requests",
-        description="Alternating constrained and free requests in one process (tokenmill/bench/structured.py); also "
-        "a typical schema's compile time and the time spent computing masks.",
+        description="Alternating constrained and free requests in one process "
+        "(tokenmill/entrypoints/bench/structured.py); also a typical schema's compile time and the time spent "
+        "computing masks.",
     )
     structured.add_argument(
         "--concurrency", default="1,32", help="comma-separated request counts run together (default 1,32)"

@@ -1,12 +1,12 @@
 """`tokenmill serve`'s start-up: the engine is built in a thread while the web stack is imported, from the
-model the prefetch (loader/prefetch.py) is already reading. Importing this module does not import torch; the
+model the prefetch (engine/model_prefetch.py) is already reading. Importing this module does not import torch; the
 engine thread does.
 """
 
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tokenmill.loader.prefetch import ModelPrefetch
+from tokenmill.engine.model_prefetch import ModelPrefetch
 
 if TYPE_CHECKING:
     from tokenmill.engine.llm_engine import LLMEngine

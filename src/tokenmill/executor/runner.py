@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.distributed.group import ParallelGroup, join_group, local_store_client, torchrun_rank, torchrun_store
 from tokenmill.distributed.shard import ShardPlan
 from tokenmill.errors import CollectiveError
@@ -26,7 +27,6 @@ from tokenmill.executor.startup import load_and_collect, split_cpu_threads
 from tokenmill.executor.step_message import Kind, Message
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import open_model_source
-from tokenmill.model.config import ModelConfig
 from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.runner.device import select_device
 from tokenmill.runner.model_runner import ModelRunner, StepChunk, StepOutput

@@ -1,12 +1,11 @@
 """Open a model wherever it comes from: a GGUF file or a Hugging Face checkpoint directory. Both give the same
-interface (GGUFFile's: `path`, `architecture`, `get`, `tensors`, `tensor`), read by the model, the tokenizer and
-tensor parallelism alike."""
+interface (GGUFFile's: `path`, `architecture`, `get`, `tensors`, `tensor`), read by the model, the tokenizer
+(tokenizer/from_source.py builds a source's) and tensor parallelism alike."""
 
 from pathlib import Path
 
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint, is_hf_checkpoint
-from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
 ModelSource = GGUFFile | HFCheckpoint
 
@@ -15,11 +14,3 @@ def open_model_source(path: Path) -> ModelSource:
     """A resolved model path (loader/model_path.py) -> its source; raises ModelFileError or UnsupportedModelError
     for what cannot be read, before any weight is."""
     return HFCheckpoint(path) if is_hf_checkpoint(path) else GGUFFile(path)
-
-
-def load_tokenizer(source: ModelSource) -> Tokenizer:
-    if isinstance(source, HFCheckpoint):
-        from tokenmill.tokenizer.hf_tokenizer import tokenizer_from_checkpoint
-
-        return tokenizer_from_checkpoint(source)
-    return Tokenizer.from_gguf(source)

@@ -1,9 +1,10 @@
 """A model's config from either kind of source: a GGUF file's metadata (model/config.py) or a Hugging Face
 checkpoint's config.json (model/hf_config.py), each of which knows only its own."""
 
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
-from tokenmill.model.config import ModelConfig, model_config_from_gguf
+from tokenmill.model.config import model_config_from_gguf
 from tokenmill.model.hf_config import model_config_from_hf
 
 

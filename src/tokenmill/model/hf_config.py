@@ -10,11 +10,11 @@ name, before any weight is read.
 
 from typing import Any
 
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.layers.activation import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from tokenmill.layers.rotary import llama3_frequency_factors
 from tokenmill.loader.hf_checkpoint import HFCheckpoint
-from tokenmill.model.config import ModelConfig
 from tokenmill.model.rope_scaling import yarn_attention_factor, yarn_frequency_factors
 
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.layers.activation import ACTIVATIONS
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, windowed
 from tokenmill.layers.linear import Linear
@@ -23,7 +24,6 @@ from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.weight_cache import IN_MEMORY, InMemoryWeights
-from tokenmill.model.config import ModelConfig
 from tokenmill.model.weights import WeightLoader
 
 if TYPE_CHECKING:

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 from tokenmill import native
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.distributed.shard import ShardedGGUF, ShardPlan
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.model_source import ModelSource
 from tokenmill.loader.weight_cache import IN_MEMORY, InMemoryWeights, open_weight_cache
-from tokenmill.model.config import ModelConfig
 from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.model.llama import LlamaForCausalLM
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenmill import native
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.layers import kv_quant
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
 from tokenmill.loader.model_source import ModelSource
-from tokenmill.model.config import ModelConfig
 from tokenmill.model.registry import build_model
 from tokenmill.native.threads import follow_contention
 from tokenmill.runner.decode_backend import choose_decode_backend

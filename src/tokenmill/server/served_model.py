@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.config import EngineConfig
+from tokenmill.config.model_shape import ModelConfig
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.loader.model_facts import ModelFacts
-from tokenmill.model.config import ModelConfig
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.structured import StructuredOutputsParams

@@ -5,17 +5,15 @@ import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from starlette.requests import Request
 
 from tokenmill import __version__
+from tokenmill.config.server import ServerSettings
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.loader.model_path import NAMED_MODELS
 from tokenmill.parsers.reply import ReplyFormat, reply_format
-from tokenmill.server import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_RESPONSES_STORE_BYTES
 from tokenmill.server.errors import APIError
 from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
@@ -24,38 +22,6 @@ from tokenmill.server.origins import OriginPolicy
 from tokenmill.server.served_model import ServedModel, build_engine
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ServerSettings:
-    model: str | None = None
-    dtype: str = "float32"
-    quantization: str | None = None
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    served_model_name: str | None = None
-    api_key: str | None = None
-    max_queue: int | None = None  # waiting sequences above which new requests get 503
-    shutdown_grace_s: float = 30.0
-    max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413 before they are parsed
-    explorer: bool = True  # serve the request explorer (/, /explorer/*)
-    metrics_require_key: bool = False  # /metrics needs the API key too
-    log_requests: bool = True  # one access line per API call (tokenmill.requests)
-    max_tokens_default: int | None = None  # a request that names no max_tokens gets this (None: the API's default)
-    max_tokens_limit: int | None = None  # no request may ask for more output tokens (400)
-    log_stats_interval_s: float | None = 10.0  # a throughput line this often while busy (None: never)
-    host: str = "127.0.0.1"  # where it listens: a Host header may name it (origins.py)
-    # Host names answered beyond localhost, IP addresses and --host (["*"]: any; a guard against DNS rebinding)
-    allowed_hosts: list[str] = field(default_factory=list)
-    # origins whose web pages may call the API beyond the local ones (http(s)://localhost etc.; ["*"]: any)
-    allowed_origins: list[str] = field(default_factory=list)
-    responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES  # the Responses API's stored responses, at most
-    # how replies are read back (tokenmill/parsers/reply.py): None or "auto" chooses from the chat template
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
-    # llama.cpp's API: GET /slots answers (llama-server's --slots; --no-slots: 501), and where its slots' save
-    # and restore actions keep their files (None: those actions answer 501, as llama-server's)
-    slots_endpoint: bool = True
-    slot_save_path: str | None = None
 
 
 class ServerState:

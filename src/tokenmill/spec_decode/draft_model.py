@@ -17,11 +17,12 @@ from tokenmill.config import SpeculativeConfig
 from tokenmill.config.quantization import parse_quantization, quantization_on
 from tokenmill.errors import InvalidParameterError
 from tokenmill.loader.model_path import resolve_model_path
-from tokenmill.loader.model_source import ModelSource, load_tokenizer, open_model_source
+from tokenmill.loader.model_source import ModelSource, open_model_source
 from tokenmill.model.config_from_source import model_config_from_source
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import argmax_rows
 from tokenmill.scheduler.sequence import Sequence
+from tokenmill.tokenizer.from_source import load_tokenizer
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tokenmill.bench.workload import make_workload
+from tokenmill.entrypoints.bench.workload import make_workload
 
 
 def _percentiles(values: list[float], scale: float = 1.0) -> dict[str, float | None]:

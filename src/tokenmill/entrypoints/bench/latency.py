@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.bench.offline import collective_figures, machine, spec_decode_figures
+from tokenmill.entrypoints.bench.offline import collective_figures, machine, spec_decode_figures
 from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 

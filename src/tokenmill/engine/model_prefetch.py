@@ -1,13 +1,14 @@
 """Read a model's GGUF metadata and build its tokenizer in a thread, while the rest of a program starts (the
-engine takes them with `take`; entrypoints/engine_prefetch.py also builds the engine itself in a thread). Importing
-this module does not import torch.
+engine takes them with `take`; entrypoints/engine_prefetch.py also builds the engine itself in a thread). It joins
+the loader and the tokenizer, so it sits above both. Importing this module does not import torch.
 """
 
 import threading
 from pathlib import Path
 
 from tokenmill.loader.model_path import resolve_model_path
-from tokenmill.loader.model_source import ModelSource, load_tokenizer, open_model_source
+from tokenmill.loader.model_source import ModelSource, open_model_source
+from tokenmill.tokenizer.from_source import load_tokenizer
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 
 

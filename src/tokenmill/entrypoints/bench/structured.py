@@ -9,8 +9,8 @@ import statistics
 import time
 from typing import Any
 
-from tokenmill.bench.offline import machine
-from tokenmill.bench.schemas import TYPICAL_SCHEMA
+from tokenmill.entrypoints.bench.offline import machine
+from tokenmill.entrypoints.bench.schemas import TYPICAL_SCHEMA
 from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.structured import StructuredOutputsParams

@@ -4,7 +4,7 @@ import platform
 import time
 from typing import Any
 
-from tokenmill.bench.workload import make_workload
+from tokenmill.entrypoints.bench.workload import make_workload
 from tokenmill.entrypoints.llm import LLM
 from tokenmill.sampling_params import SamplingParams
 
