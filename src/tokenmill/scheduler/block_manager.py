@@ -314,6 +314,86 @@ class BlockManager:
                 forgotten += 1
         return forgotten
 
+    # ---- a prefix's blocks saved and restored (llama.cpp's slot save and restore) ------------------------------
+
+    def cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """The cached blocks holding the full blocks `token_ids` starts with, as a prompt would find them."""
+        if not self.enable_prefix_caching:
+            return []
+        return self._cached_chain(token_ids, len(token_ids) // self.block_size)
+
+    def restore_chain(self, token_ids: list[int], num_blocks: int) -> list[tuple[int, bool]]:
+        """Enter the first num_blocks full blocks of `token_ids` in the prefix cache, as if a sequence had computed
+        them: each is the cached block already holding it, else a block taken from the free ones (evicting the
+        least recently used cached blocks). Returns [(block id, whether its K/V must be written)] for the chain,
+        shorter when the pool runs out of blocks or a block's hash is held by another block in use. Every block
+        returned stays held (no eviction) until `release_blocks`; the caller writes the new blocks' K/V first."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        chain: list[tuple[int, bool]] = []
+        parent: Block | None = None
+        parent_hash: int | None = None
+        for i in range(num_blocks):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = self._chain_hash(parent_hash, tokens)
+            block = self._cached.get(h)
+            fresh = False
+            verified = (
+                block is not None
+                and block.token_ids == tokens
+                and block.parent is parent
+                and (parent is None or block.parent_generation == parent.generation)
+            )
+            if block is not None and not verified:
+                if block.ref_count:  # a stale or colliding entry some sequence uses: leave it
+                    break
+                self._drop_cached(block)  # a stale entry (its parent was evicted): its hash is ours now
+                block = None
+            if block is None:
+                if not self.num_free_blocks:
+                    break
+                block = self._new_block()  # held (ref_count 1)
+                block.block_hash, block.token_ids = h, tokens
+                block.parent = parent
+                block.parent_generation = parent.generation if parent is not None else 0
+                self._cached[h] = block
+                fresh = True
+            else:
+                self._take(block)
+            chain.append((block.block_id, fresh))
+            parent, parent_hash = block, h
+        return chain
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        """Drop the hold restore_chain took: the blocks stay in the prefix cache, unused (evictable; the last ones
+        first, as `free` leaves a sequence's blocks)."""
+        for block_id in reversed(block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block_id} released twice")
+            if block.ref_count == 0:
+                self._unused(block)
+
+    def forget_blocks(self, block_ids: list[int]) -> None:
+        """Undo restore_chain's new blocks (their K/V could not be written): out of the cache, free again."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if self._cached.get(block.block_hash) is block:  # type: ignore[arg-type]
+                del self._cached[block.block_hash]  # type: ignore[arg-type]
+            self._evictable.pop(block_id, None)
+            block.ref_count = 0
+            self._reset(block)
+            self._free.append(block_id)
+
+    def _drop_cached(self, block: Block) -> None:
+        """An unused cached block leaves the cache and becomes free."""
+        self._evictable.pop(block.block_id, None)
+        del self._cached[block.block_hash]  # type: ignore[arg-type]
+        self._reset(block)
+        self._free.append(block.block_id)
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence uses."""
         while self._evictable:
@@ -376,6 +456,10 @@ class WindowBlockManager(BlockManager):
     def lookup_window_prefix(self, seq: Sequence, max_blocks: int) -> tuple[int, list[int], list[int]]:
         """The longest hit of at most max_blocks blocks whose window blocks are cached: (hit blocks, the ids of
         the cached blocks from first_needed_block(hit) on, the chain hashes of all hit blocks)."""
+        return self.window_chain(seq.token_ids, max_blocks)
+
+    def window_chain(self, token_ids: list[int], max_blocks: int) -> tuple[int, list[int], list[int]]:
+        """lookup_window_prefix for a list of tokens."""
         if not self.enable_prefix_caching or max_blocks == 0:
             return 0, [], []
         bs = self.block_size
@@ -383,7 +467,7 @@ class WindowBlockManager(BlockManager):
         found: list[int | None] = []  # per block: the cached block holding it, or None
         parent_hash: int | None = None
         for i in range(max_blocks):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent_hash = self._chain_hash(parent_hash, tokens)
             hashes.append(parent_hash)
             block = self._cached.get(parent_hash)
@@ -403,3 +487,41 @@ class WindowBlockManager(BlockManager):
             self._take(self.blocks[block_id])
             table.append(block_id)
         state.hashes.extend(hashes)
+
+    def restore_window(self, token_ids: list[int], num_blocks: int) -> tuple[int, list[tuple[int, bool]]]:
+        """restore_chain for this pool: only the blocks the window of a num_blocks-block hit reads (those a later
+        prompt's lookup_window_prefix needs). Returns (their first block index, [(block id, whether its K/V must
+        be written)]); the whole window or nothing (([], when blocks run short), each held until release_blocks."""
+        if not self.enable_prefix_caching or num_blocks == 0:
+            return 0, []
+        bs = self.block_size
+        first = self.first_needed_block(num_blocks * bs)
+        hashes: list[int] = []
+        parent_hash: int | None = None
+        for i in range(num_blocks):
+            parent_hash = self._chain_hash(parent_hash, tuple(token_ids[i * bs : (i + 1) * bs]))
+            hashes.append(parent_hash)
+        window: list[tuple[int, bool]] = []
+        for i in range(first, num_blocks):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            block = self._cached.get(hashes[i])
+            if block is not None and block.token_ids != tokens:
+                if block.ref_count:
+                    break
+                self._drop_cached(block)
+                block = None
+            if block is None:
+                if not self.num_free_blocks:
+                    break
+                block = self._new_block()
+                block.block_hash, block.token_ids = hashes[i], tokens
+                self._cached[hashes[i]] = block
+                window.append((block.block_id, True))
+            else:
+                self._take(block)
+                window.append((block.block_id, False))
+        if len(window) < num_blocks - first:  # a window with a hole serves no hit: give it all back
+            self.forget_blocks([b for b, fresh in window if fresh])
+            self.release_blocks([b for b, fresh in window if not fresh])
+            return first, []
+        return first, window
