@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import closing
+from pathlib import Path
 
 from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options, model_options, model_to_load
 from tokenmill.errors import TokenmillError
@@ -224,11 +225,20 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tokenmill: error: {exc}", file=sys.stderr)
         return 2
 
-    problem = listen_problem(args.host, args.port)
-    if problem is not None:  # before any rank starts or anything loads
-        rank = "" if torchrun_rank() is None else "rank 0: "
-        print(f"tokenmill: error: {rank}cannot listen on {args.host}:{args.port}: {problem}", file=sys.stderr)
-        return 1
+    for host in _names(args.host) or [args.host]:
+        problem = listen_problem(host, args.port)
+        if problem is not None:  # before any rank starts or anything loads
+            rank = "" if torchrun_rank() is None else "rank 0: "
+            print(f"tokenmill: error: {rank}cannot listen on {host}:{args.port}: {problem}", file=sys.stderr)
+            return 1
+    chat_template = None
+    if args.chat_template_file is not None:
+        try:
+            chat_template = Path(args.chat_template_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"tokenmill: error: cannot read --chat-template-file: {exc}", file=sys.stderr)
+            return 2
+    names = [n for given in args.served_model_name or [] for n in _names(given)]
     from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
 
     if args.log_level is not None:
@@ -246,7 +256,9 @@ def run_serve(args: argparse.Namespace) -> int:
         dtype=m.dtype,
         quantization=m.quantization,
         engine_options=engine_options(args),
-        served_model_name=args.served_model_name,
+        served_model_name=names[0] if names else None,
+        served_model_aliases=names[1:],
+        tags=_names(args.tags),
         api_key=args.api_key,
         max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace,
@@ -265,6 +277,9 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         slots_endpoint=args.slots,
         slot_save_path=args.slot_save_path,
+        metrics=args.metrics,
+        chat_template=chat_template,
+        reasoning=args.reasoning,
     )
     return serve(settings, args.host, args.port, args.access_log, prefetched, args.log_level, STARTED)
 

@@ -100,9 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
         "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
         "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on, or several, comma-separated (default 127.0.0.1); beside others, :: is IPv6 only",
+    )
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--served-model-name", default=None, help="model name clients use (default: from the file)")
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="model names clients use, space- or comma-separated: the first is its id, the others aliases "
+        "(default: from the file)",
+    )
+    serve.add_argument(
+        "--tags", default="", help="comma-separated tags /v1/models shows with the model (llama-server's --tags)"
+    )
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or TOKENMILL_API_KEY)")
     serve.add_argument(
         "--max-queue",
@@ -174,7 +187,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="the folder where llama.cpp's POST /slots/ID?action=save|restore keep a slot's tokens and K/V "
         "(default: none, and those actions answer 501)",
     )
+    serve.add_argument(
+        "--metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Prometheus metrics at /metrics (default on; --no-metrics: 501, as llama-server without --metrics)",
+    )
     serve.add_argument("--metrics-require-key", action="store_true", help="with --api-key, /metrics needs the key too")
+    serve.add_argument(
+        "--chat-template-file",
+        default=None,
+        help="a Jinja chat template file to render chats with instead of the model's own",
+    )
+    serve.add_argument(
+        "--reasoning",
+        default="auto",
+        choices=["on", "off", "auto"],
+        help="thinking in chats: on or off sets the chat template's enable_thinking for every conversation "
+        "that does not set it; auto: on where the template reads it (default)",
+    )
     serve.add_argument("--access-log", action="store_true", help="uvicorn's line for every HTTP request too")
     serve.add_argument(
         "--max-tokens-default",

@@ -96,7 +96,9 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
     )
     async def slots(fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
         if not state.settings.slots_endpoint:
-            raise APIError(NOT_SUPPORTED, "this server does not list its slots: start it with --slots", "not_supported")
+            raise APIError(
+                NOT_SUPPORTED, "this server does not list its slots: start it with --slots", "not_supported_error"
+            )
         table = llama.slots()
         if fail_on_no_slot and all(s.is_processing for s in table.slots):
             raise APIError(503, "no slot available", "unavailable_error")
@@ -155,7 +157,7 @@ def _props(state: ServerState, llama: LlamaServer, request: Request) -> dict:
         "modalities": {"vision": False, "audio": False, "video": False},
         "endpoint_slots": state.settings.slots_endpoint,
         "endpoint_props": True,
-        "endpoint_metrics": True,
+        "endpoint_metrics": state.settings.metrics,
         "ui": state.settings.explorer,
         "chat_template": model.own_chat_template or "",
         "bos_token": tokenizer.bos_token,

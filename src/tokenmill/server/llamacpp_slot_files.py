@@ -48,7 +48,7 @@ def slot_file(state: ServerState, filename: str | None) -> tuple[str, Path]:
         raise APIError(
             NOT_SUPPORTED,
             "This server does not support slots action. Start it with `--slot-save-path`",
-            "not_supported",
+            "not_supported_error",
         )
     if not filename:
         raise APIError(400, '"filename" is required: the file\'s name in --slot-save-path', param="filename")
@@ -64,7 +64,7 @@ async def save_slot(state: ServerState, slot: Slot, filename: str, path: Path) -
     try:
         snapshot = await engine.save_prefix(slot.tokens)
     except SnapshotUnsupported as exc:
-        raise APIError(NOT_SUPPORTED, str(exc), "not_supported") from exc
+        raise APIError(NOT_SUPPORTED, str(exc), "not_supported_error") from exc
     try:
         written = await asyncio.to_thread(_write, path, snapshot)
     except OSError as exc:
@@ -90,7 +90,7 @@ async def restore_slot(state: ServerState, slot: Slot, filename: str, path: Path
             raise InvalidParameterError("Restored prompt does not fit in the slot context", "filename")
         await engine.restore_prefix(snapshot)
     except SnapshotUnsupported as exc:
-        raise APIError(NOT_SUPPORTED, str(exc), "not_supported") from exc
+        raise APIError(NOT_SUPPORTED, str(exc), "not_supported_error") from exc
     except (OSError, InvalidParameterError, NoRoomError) as exc:
         slot.tokens = []
         reason = f"no file {filename!r} in --slot-save-path" if isinstance(exc, FileNotFoundError) else str(exc)

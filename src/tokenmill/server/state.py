@@ -33,17 +33,20 @@ class ServerSettings:
     quantization: str | None = None
     engine_options: dict[str, Any] = field(default_factory=dict)
     served_model_name: str | None = None
+    served_model_aliases: list[str] = field(default_factory=list)  # more names the model answers to
+    tags: list[str] = field(default_factory=list)  # shown with the model in /v1/models (llama-server's --tags)
     api_key: str | None = None
     max_queue: int | None = None  # waiting sequences above which new requests get 503
     shutdown_grace_s: float = 30.0
     max_request_bytes: int | None = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413 before they are parsed
     explorer: bool = True  # serve the request explorer (/, /explorer/*)
+    metrics: bool = True  # serve /metrics (off: 501, as llama-server without --metrics)
     metrics_require_key: bool = False  # /metrics needs the API key too
     log_requests: bool = True  # one access line per API call (tokenmill.requests)
     max_tokens_default: int | None = None  # a request that names no max_tokens gets this (None: the API's default)
     max_tokens_limit: int | None = None  # no request may ask for more output tokens (400)
     log_stats_interval_s: float | None = 10.0  # a throughput line this often while busy (None: never)
-    host: str = "127.0.0.1"  # where it listens: a Host header may name it (origins.py)
+    host: str = "127.0.0.1"  # where it listens (comma-separated addresses): a Host header may name it (origins.py)
     # Host names answered beyond localhost, IP addresses and --host (["*"]: any; a guard against DNS rebinding)
     allowed_hosts: list[str] = field(default_factory=list)
     # origins whose web pages may call the API beyond the local ones (http(s)://localhost etc.; ["*"]: any)
@@ -56,6 +59,11 @@ class ServerSettings:
     # and restore actions keep their files (None: those actions answer 501, as llama-server's)
     slots_endpoint: bool = True
     slot_save_path: str | None = None
+    # a Jinja chat template to render chats with instead of the model's (--chat-template-file: the file's text)
+    chat_template: str | None = None
+    # llama-server's --reasoning: on / off set the chat template's enable_thinking for every conversation that
+    # does not set it; auto: on where the template reads enable_thinking (as llama.cpp's templates expect)
+    reasoning: str = "auto"
 
 
 class ServerState:
@@ -82,7 +90,7 @@ class ServerState:
     @property
     def origin_policy(self) -> OriginPolicy:
         s = self.settings
-        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins))
+        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key))
 
     def shown_path(self, http_request: Request) -> str:
         """The model's path as a caller may see it: whole to a caller that sent the API key, else only the file's
@@ -116,6 +124,9 @@ class ServerState:
             logger.error("loading the model failed: %s", exc)
             raise
         model = ServedModel(engine)
+        if s.chat_template is not None:
+            model.use_chat_template(s.chat_template)
+        model.template_defaults = reasoning_defaults(s.reasoning, model.chat_template_source)
         self.model_name = s.served_model_name or model.name
         self.model_path = str(model.path)
         # OpenAI's system_fingerprint: the backend's configuration (what can change a seeded answer), hashed
@@ -170,7 +181,7 @@ class ServerState:
         s = self.settings
         started_with = s.model if s.model is not None and s.model.lower() in NAMED_MODELS else None
         if s.served_model_name is not None or started_with in (None, self.model_name):
-            return [self.model_name]
+            return list(dict.fromkeys([self.model_name, *s.served_model_aliases]))
         return [self.model_name, started_with]
 
     def check_model(self, name: str | None) -> None:
@@ -225,3 +236,13 @@ class ServerState:
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         return not self.in_flight
+
+
+def reasoning_defaults(reasoning: str, template: str) -> dict[str, Any]:
+    """--reasoning as the chat template's variables: on or off is enable_thinking; auto turns it on for a template
+    that reads it (llama.cpp's own templates close the thinking when enable_thinking is not true)."""
+    if reasoning == "on" or (reasoning == "auto" and "enable_thinking" in template):
+        return {"enable_thinking": True}
+    if reasoning == "off":
+        return {"enable_thinking": False}
+    return {}
