@@ -305,12 +305,8 @@ class BlockManager:
         slot erase); blocks a running sequence holds keep theirs. Returns the number of blocks forgotten."""
         forgotten = 0
         for block_id in reversed(self._cached_chain(token_ids, len(token_ids) // self.block_size)):
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                del self._evictable[block_id]
-                del self._cached[block.block_hash]  # type: ignore[arg-type]
-                self._reset(block)
-                self._free.append(block_id)
+            if self.blocks[block_id].ref_count == 0:
+                self._drop_cached(self.blocks[block_id])
                 forgotten += 1
         return forgotten
 
@@ -323,47 +319,48 @@ class BlockManager:
         return self._cached_chain(token_ids, len(token_ids) // self.block_size)
 
     def restore_chain(self, token_ids: list[int], num_blocks: int) -> list[tuple[int, bool]]:
-        """Enter the first num_blocks full blocks of `token_ids` in the prefix cache, as if a sequence had computed
-        them: each is the cached block already holding it, else a block taken from the free ones (evicting the
-        least recently used cached blocks). Returns [(block id, whether its K/V must be written)] for the chain,
-        shorter when the pool runs out of blocks or a block's hash is held by another block in use. Every block
-        returned stays held (no eviction) until `release_blocks`; the caller writes the new blocks' K/V first."""
-        if not self.enable_prefix_caching:
-            return []
+        """Enter the first num_blocks full blocks of `token_ids` in the prefix cache as if computed: each is the
+        cached block holding it, else a free one (evicting the least recently used). Returns [(block id, whether
+        its K/V must be written)], shorter when the pool runs short or a hash is held by another block in use; the
+        blocks stay held (never evicted) until `release_blocks`, while the caller writes the new ones' K/V."""
         bs = self.block_size
         chain: list[tuple[int, bool]] = []
         parent: Block | None = None
         parent_hash: int | None = None
-        for i in range(num_blocks):
+        for i in range(num_blocks if self.enable_prefix_caching else 0):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            h = self._chain_hash(parent_hash, tokens)
-            block = self._cached.get(h)
-            fresh = False
-            verified = (
-                block is not None
-                and block.token_ids == tokens
-                and block.parent is parent
-                and (parent is None or block.parent_generation == parent.generation)
-            )
-            if block is not None and not verified:
-                if block.ref_count:  # a stale or colliding entry some sequence uses: leave it
-                    break
-                self._drop_cached(block)  # a stale entry (its parent was evicted): its hash is ours now
-                block = None
-            if block is None:
-                if not self.num_free_blocks:
-                    break
-                block = self._new_block()  # held (ref_count 1)
-                block.block_hash, block.token_ids = h, tokens
-                block.parent = parent
-                block.parent_generation = parent.generation if parent is not None else 0
-                self._cached[h] = block
-                fresh = True
-            else:
-                self._take(block)
-            chain.append((block.block_id, fresh))
-            parent, parent_hash = block, h
+            parent_hash = self._chain_hash(parent_hash, tokens)
+            entered = self._enter(parent_hash, tokens, parent)
+            if entered is None:
+                break
+            parent = entered[0]
+            chain.append((parent.block_id, entered[1]))
         return chain
+
+    def _enter(
+        self, h: int, tokens: tuple[int, ...], parent: Block | None, chained: bool = True
+    ) -> tuple[Block, bool] | None:
+        """Hold the cached block holding `tokens` under hash h (verified: its tokens, and with `chained` its
+        parent), or a new block entered under h (True: its K/V are to be written); None when neither can be had."""
+        block = self._cached.get(h)
+        verified = block is not None and block.token_ids == tokens
+        if verified and chained:
+            verified = block.parent is parent and (parent is None or block.parent_generation == parent.generation)
+        if block is not None and not verified:
+            if block.ref_count:  # a stale or colliding entry some sequence uses: leave it
+                return None
+            self._drop_cached(block)  # a stale entry (its parent was evicted): its hash is ours now
+            block = None
+        if block is not None:
+            self._take(block)
+            return block, False
+        if not self.num_free_blocks:
+            return None
+        block = self._new_block()  # held (ref_count 1)
+        block.block_hash, block.token_ids, block.parent = h, tokens, parent
+        block.parent_generation = parent.generation if parent is not None else 0
+        self._cached[h] = block
+        return block, True
 
     def release_blocks(self, block_ids: list[int]) -> None:
         """Drop the hold restore_chain took: the blocks stay in the prefix cache, unused (evictable; the last ones
@@ -379,13 +376,8 @@ class BlockManager:
     def forget_blocks(self, block_ids: list[int]) -> None:
         """Undo restore_chain's new blocks (their K/V could not be written): out of the cache, free again."""
         for block_id in block_ids:
-            block = self.blocks[block_id]
-            if self._cached.get(block.block_hash) is block:  # type: ignore[arg-type]
-                del self._cached[block.block_hash]  # type: ignore[arg-type]
-            self._evictable.pop(block_id, None)
-            block.ref_count = 0
-            self._reset(block)
-            self._free.append(block_id)
+            self.blocks[block_id].ref_count = 0
+            self._drop_cached(self.blocks[block_id])
 
     def _drop_cached(self, block: Block) -> None:
         """An unused cached block leaves the cache and becomes free."""
@@ -397,11 +389,7 @@ class BlockManager:
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence uses."""
         while self._evictable:
-            block_id, _ = self._evictable.popitem(last=False)
-            block = self.blocks[block_id]
-            del self._cached[block.block_hash]  # type: ignore[arg-type]
-            self._reset(block)
-            self._free.append(block_id)
+            self._drop_cached(self.blocks[next(iter(self._evictable))])
 
 
 class WindowBlockManager(BlockManager):
@@ -491,35 +479,20 @@ class WindowBlockManager(BlockManager):
     def restore_window(self, token_ids: list[int], num_blocks: int) -> tuple[int, list[tuple[int, bool]]]:
         """restore_chain for this pool: only the blocks the window of a num_blocks-block hit reads (those a later
         prompt's lookup_window_prefix needs). Returns (their first block index, [(block id, whether its K/V must
-        be written)]); the whole window or nothing (([], when blocks run short), each held until release_blocks."""
-        if not self.enable_prefix_caching or num_blocks == 0:
-            return 0, []
+        be written)]); the whole window or nothing ([] when blocks run short), held until release_blocks."""
         bs = self.block_size
         first = self.first_needed_block(num_blocks * bs)
-        hashes: list[int] = []
-        parent_hash: int | None = None
-        for i in range(num_blocks):
-            parent_hash = self._chain_hash(parent_hash, tuple(token_ids[i * bs : (i + 1) * bs]))
-            hashes.append(parent_hash)
         window: list[tuple[int, bool]] = []
-        for i in range(first, num_blocks):
+        h: int | None = None
+        for i in range(num_blocks if self.enable_prefix_caching else 0):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
-            block = self._cached.get(hashes[i])
-            if block is not None and block.token_ids != tokens:
-                if block.ref_count:
-                    break
-                self._drop_cached(block)
-                block = None
-            if block is None:
-                if not self.num_free_blocks:
-                    break
-                block = self._new_block()
-                block.block_hash, block.token_ids = hashes[i], tokens
-                self._cached[hashes[i]] = block
-                window.append((block.block_id, True))
-            else:
-                self._take(block)
-                window.append((block.block_id, False))
+            h = self._chain_hash(h, tokens)
+            if i < first:
+                continue
+            entered = self._enter(h, tokens, None, chained=False)
+            if entered is None:
+                break
+            window.append((entered[0].block_id, entered[1]))
         if len(window) < num_blocks - first:  # a window with a hole serves no hit: give it all back
             self.forget_blocks([b for b, fresh in window if fresh])
             self.release_blocks([b for b, fresh in window if not fresh])

@@ -1,8 +1,8 @@
 """llama.cpp's own API (what llama-server's web UI and many tools speak): POST /completion and /completions,
-/apply-template, GET and POST /props, GET /slots and POST /slots/{id}?action=erase, and /tokenize's `content`
-shape (llama_tokenize, used by app.py's /tokenize). /health, /metrics (its llamacpp:* names: metrics.py), /infill
-(infill.py) and /detokenize's `content` are answered where the other APIs' are. The slots' save and restore
-actions: llamacpp_slot_files.py."""
+/apply-template, GET and POST /props, GET /slots and POST /slots/{id}?action=erase|save|restore (save and restore:
+llamacpp_slot_files.py), and /tokenize's `content` shape (llama_tokenize, used by app.py's /tokenize). /health,
+/metrics (its llamacpp:* names: metrics.py), /infill (infill.py) and /detokenize's `content` are answered where
+the other APIs' are."""
 
 import asyncio
 from typing import Any
