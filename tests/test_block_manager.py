@@ -170,3 +170,54 @@ def test_skip_reading_prefix_cache_computes_the_whole_prompt() -> None:
     """llama.cpp's cache_prompt false: the sequence asks to compute every prompt token."""
     s = Sequence(next(_ids), "r", list(range(10)), SamplingParams(skip_reading_prefix_cache=True))
     assert s.computes_whole_prompt and not seq(list(range(10))).computes_whole_prompt
+
+
+def test_restore_chain_enters_a_prefix_a_later_prompt_hits() -> None:
+    """llama.cpp's slot restore: a token list's full blocks enter the prefix cache as if computed (new blocks to
+    write, held until released), reusing those already cached; a later prompt then hits them all."""
+    bm = BlockManager(8, 4)
+    tokens = list(range(13))
+    chain = bm.restore_chain(tokens, 3)
+    assert [fresh for _, fresh in chain] == [True, True, True]
+    assert bm.usage().in_use == 3  # held while the caller writes their K/V
+    bm.release_blocks([b for b, _ in chain])
+    accounting_holds(bm)
+    assert bm.usage().cached == 3 and bm.cached_prefix(tokens) == [b for b, _ in chain]
+    assert run_prefill(bm, seq(tokens)) == 12
+    again = bm.restore_chain(tokens, 3)  # already cached: nothing to write
+    assert [fresh for _, fresh in again] == [False] * 3
+    bm.release_blocks([b for b, _ in again])
+    accounting_holds(bm)
+
+
+def test_restore_chain_stops_when_the_pool_is_full_and_forget_blocks_undoes_it() -> None:
+    bm = BlockManager(3, 4)
+    holder = seq(list(range(100, 108)))
+    bm.allocate_slots(holder, 8)  # 2 of the 3 blocks in use
+    chain = bm.restore_chain(list(range(12)), 3)
+    assert len(chain) == 1  # room for one
+    bm.forget_blocks([b for b, fresh in chain if fresh])
+    accounting_holds(bm)
+    assert bm.usage().cached == 0 and bm.usage().free == 1
+
+
+def test_restore_chain_replaces_a_stale_entry() -> None:
+    """A cached block whose parent was evicted (its entry no longer verifies) gives its hash to the restored one."""
+    bm = BlockManager(4, 2)
+    s1 = seq([1, 2, 3, 4, 5, 6, 0])
+    run_prefill(bm, s1)
+    first, middle, last, _ = s1.block_table
+    bm.free(s1)
+    bm._evictable.move_to_end(middle)
+    bm._evictable.move_to_end(last)  # evict the first block ([1, 2]) before its children
+    holder = seq([7, 8, 9, 10])
+    run_prefill(bm, holder)  # takes the free block, then evicts [1, 2]
+    bm.free(holder)
+    bm._evictable.move_to_end(middle)
+    bm._evictable.move_to_end(last)  # the stale children are evicted last
+    assert bm.cached_prefix([1, 2, 3, 4, 5, 6]) == []  # their parent is gone: they no longer verify
+    chain = bm.restore_chain([1, 2, 3, 4, 5, 6], 3)
+    assert len(chain) == 3 and all(fresh for _, fresh in chain)
+    bm.release_blocks([b for b, _ in chain])
+    accounting_holds(bm)
+    assert bm.cached_prefix([1, 2, 3, 4, 5, 6]) == [b for b, _ in chain]

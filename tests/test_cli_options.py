@@ -68,7 +68,12 @@ def test_every_server_settings_field_is_a_flag_of_serve_or_filled_from_other_opt
     filled = {f.name for f in fields(ServerSettings) if "filled_by" in f.metadata}
     assert not flags & filled
     assert flags | filled == {f.name for f in fields(ServerSettings)}  # every field is one or the other
-    assert filled == {f.name for f in fields(ModelOptions)} | {"engine_options"}
+    # the model's and the engine's options, and what serve's own flags fill beside their fields
+    assert filled == {f.name for f in fields(ModelOptions)} | {
+        "engine_options",
+        "served_model_aliases",
+        "chat_template",
+    }
     assert set(SERVER_OPTIONS) == flags and {"host", "port", "api_key", "slots_endpoint", "log_level"} <= flags
     dests = {action.dest for action in serve_parser()._actions}
     model = {f.name for f in fields(ModelOptions)} | {"device", "verbose"}

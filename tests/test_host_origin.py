@@ -5,6 +5,8 @@ origin is allowed (local pages, --allowed-origins), and a Host that is no name o
 refused under every flag combination. The browser itself is driven against a real server in
 tests/test_server_safety.py."""
 
+import socket
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -65,10 +67,15 @@ def test_the_names_the_server_listens_as_are_answered() -> None:
     assert client(allowed_hosts=["*"]).get("/health", headers={"Host": EVIL_HOST}).status_code == 503
 
 
+def not_allowed_preflight(r) -> None:
+    """A disallowed page's preflight: 200 without CORS headers (as llama-server answers it): the browser sends
+    nothing after it."""
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers, r.headers
+
+
 def test_another_origin_is_refused_by_default_and_local_pages_are_not() -> None:
     c = client()
-    refused(c.options("/v1/chat/completions", headers={"Origin": "https://evil.example", **PREFLIGHT}),
-            "origin_not_allowed")  # fmt: skip
+    not_allowed_preflight(c.options("/v1/chat/completions", headers={"Origin": "https://evil.example", **PREFLIGHT}))
     # a "simple" request (a form's content type) needs no preflight: it must be refused by the server itself
     simple = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
     refused(c.post("/api/generate", content='{"prompt": "Hi"}', headers=simple), "origin_not_allowed")
@@ -87,13 +94,33 @@ def test_allowed_origins_widen_the_local_ones() -> None:
     r = c.options("/v1/chat/completions", headers={"Origin": "https://a.example", **PREFLIGHT})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://a.example"
     assert c.get("/v1/models", headers={"Origin": "http://localhost:8080"}).status_code == 503
-    refused(c.options("/v1/chat/completions", headers={"Origin": "https://b.example", **PREFLIGHT}),
-            "origin_not_allowed")  # fmt: skip
+    not_allowed_preflight(c.options("/v1/chat/completions", headers={"Origin": "https://b.example", **PREFLIGHT}))
+    refused(c.get("/v1/models", headers={"Origin": "https://b.example"}), "origin_not_allowed")
     anywhere = client(allowed_origins=["*"])
     r = anywhere.options("/v1/chat/completions", headers={"Origin": "https://b.example", **PREFLIGHT})
     # the origin echoed, as llama-server does, since the answer allows credentials (a browser refuses "*" with them)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://b.example"
     assert r.headers["access-control-allow-credentials"] == "true"
+
+
+def test_with_an_api_key_pages_of_any_origin_may_call_with_it() -> None:
+    """The key guards the API (a browser never sends it by itself): any origin's preflight is answered and its
+    calls pass the origin check, to meet the key check (as llama-server's default); a rebinding Host still not."""
+    c = client(api_key="k")
+    r = c.options("/v1/chat/completions", headers={"Origin": "https://app.example", **PREFLIGHT})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = c.get("/v1/models", headers={"Origin": "https://app.example"})
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == "https://app.example"
+    keyed = c.get("/v1/models", headers={"Origin": "https://app.example", "Authorization": "Bearer k"})
+    assert keyed.status_code == 503  # past both checks: still loading
+    refused(c.get("/v1/models", headers={"Host": EVIL_HOST, "Authorization": "Bearer k"}), "host_not_allowed")
+
+
+def test_several_listening_addresses_are_names_of_the_server() -> None:
+    policy = OriginPolicy("myhost.lan,192.168.1.5, otherhost.lan")
+    assert policy.host_allowed("myhost.lan:8000") and policy.host_allowed("otherhost.lan")
+    assert not policy.host_allowed("evil.example")
+    assert OriginPolicy("127.0.0.1,::").host_allowed(socket.gethostname())
 
 
 def test_host_names_are_read_as_browsers_send_them() -> None:

@@ -3,7 +3,9 @@ embeddings, Ollama's API (the `ollama` client), Anthropic's Messages API (the `a
 Responses API; bad input on each gets that API's own error shape."""
 
 import base64
+import datetime
 import json
+import socket
 from pathlib import Path
 
 import httpx
@@ -664,8 +666,7 @@ def test_llamacpp_prompt_shapes(server: ServerProcess) -> None:
 
 
 def test_llamacpp_n_probs(server: ServerProcess) -> None:
-    """n_probs: each token with its log-probability, bytes and the n most likely tokens, whole and streamed;
-    post_sampling_probs (probabilities after the sampler) is refused, not ignored."""
+    """n_probs: each token with its log-probability, bytes and the n most likely tokens, whole and streamed."""
     body = {"prompt": "I believe the meaning of life is", "n_predict": 3, "temperature": 0, "n_probs": 4}
     probs = llama(server, "/completion", body).json()["completion_probabilities"]
     assert len(probs) == 3
@@ -679,7 +680,57 @@ def test_llamacpp_n_probs(server: ServerProcess) -> None:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line]
     streamed = [p for e in events if not e["stop"] for p in e["completion_probabilities"]]
     assert [p["id"] for p in streamed] == [p["id"] for p in probs]
-    assert llama(server, "/completion", {**body, "post_sampling_probs": True}).status_code == 400
+
+
+def test_llamacpp_post_sampling_probs(server: ServerProcess) -> None:
+    """post_sampling_probs: probabilities ("prob", "top_probs") of the distribution each token was drawn from,
+    after temperature, top-k, top-p and min-p: no token it could not draw, and they sum to 1 once all are shown;
+    a greedy token's probability is 1."""
+    body = {"prompt": "Today was the day. Today I would finally become a", "n_probs": 10, "n_predict": 4}
+    sampled = {**body, "temperature": 1.0, "top_k": 5, "top_p": 1.0, "min_p": 0.0, "post_sampling_probs": True}
+    out = llama(server, "/completion", sampled).json()
+    assert out["generation_settings"]["post_sampling_probs"] is True
+    for tok in out["completion_probabilities"]:
+        assert 0 < tok["prob"] <= 1 and "logprob" not in tok
+        top = tok["top_probs"]
+        assert len(top) == 5 and all(0 < t["prob"] <= 1 for t in top)  # top_k 5: only 5 could be drawn
+        assert sum(t["prob"] for t in top) == pytest.approx(1.0, abs=1e-4)
+        assert tok["id"] in [t["id"] for t in top]
+    greedy = llama(server, "/completion", {**sampled, "temperature": 0}).json()["completion_probabilities"]
+    assert all(t["prob"] == 1.0 and [p["id"] for p in t["top_probs"]] == [t["id"]] for t in greedy)
+    raw = llama(server, "/completion", {**body, "temperature": 0}).json()["completion_probabilities"]
+    assert [t["id"] for t in raw] == [t["id"] for t in greedy] and all(t["logprob"] < 0 for t in raw)
+
+
+def test_llamacpp_prompt_progress_and_timings_per_token(server: ServerProcess) -> None:
+    """return_progress: a prompt_progress event before the prompt starts, then after each step that computed
+    part of it (chunks of --max-num-batched-tokens), with its timings; timings_per_token: timings in every
+    event."""
+    prompt = "the quick brown fox jumps over the lazy dog " * 80  # about 720 tokens: over a step's 512
+    body = {"prompt": prompt, "n_predict": 2, "stream": True, "return_progress": True, "timings_per_token": True}
+    with httpx.stream("POST", f"{server.url}/completion", json={**body, "cache_prompt": False}, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert len(progress) >= 3 and progress[0]["processed"] == 0 and progress[-1]["processed"] == progress[0]["total"]
+    assert [p["processed"] for p in progress] == sorted({p["processed"] for p in progress})
+    first = next(e for e in events if "prompt_progress" in e)["timings"]
+    assert first["prompt_n"] == 0 and first["prompt_ms"] == 0.0 and first["predicted_n"] == 0
+    times = [e["timings"]["prompt_ms"] for e in events if "prompt_progress" in e]
+    assert times == sorted(times) and times[-1] > 0
+    assert all("timings" in e for e in events)
+    plain = llama(server, "/completion", {**body, "stream": False}).json()
+    assert "prompt_progress" not in plain
+
+
+def test_llamacpp_ignore_eos_bans_the_end_tokens(server: ServerProcess) -> None:
+    """ignore_eos: every end-of-generation token is banned (shown in generation_settings' logit_bias with a null
+    bias, llama-server's -inf), so the output runs to n_predict."""
+    body = {"prompt": "Say hi.", "n_predict": 24, "temperature": 0}
+    ignoring = llama(server, "/completion", {**body, "ignore_eos": True}).json()
+    bans = ignoring["generation_settings"]["logit_bias"]
+    assert bans and all(b["bias"] is None for b in bans)
+    assert ignoring["tokens_predicted"] == 24 and ignoring["stop_type"] == "limit"
+    assert llama(server, "/completion", body).json()["generation_settings"]["logit_bias"] == []
 
 
 def test_llamacpp_cache_prompt_and_slots(server: ServerProcess) -> None:
@@ -739,6 +790,9 @@ def test_llamacpp_props_and_metrics(server: ServerProcess) -> None:
     assert llama(server, "/props", {"default_generation_settings": {"params": {"mirostat": 2}}}).status_code == 400
     r = httpx.get(f"{server.url}/metrics")
     assert int(r.headers["Process-Start-Time-Unix"]) > 0
+    # sent in their usual case, not lowercase (llama.cpp's own tests read them from a case-sensitive dict)
+    assert (b"Process-Start-Time-Unix", r.headers["process-start-time-unix"].encode()) in r.headers.raw
+    assert (b"Content-Type", r.headers["content-type"].encode()) in r.headers.raw
     assert "# TYPE llamacpp:prompt_tokens_total counter" in r.text
     value = next(line for line in r.text.splitlines() if line.startswith("llamacpp:tokens_predicted_total "))
     assert float(value.split()[1]) > 0
@@ -753,3 +807,116 @@ def test_llamacpp_completion_without_seed_takes_the_servers(server: ServerProces
     assert llama(server, "/completion", {**body, "seed": 7}).json()["generation_settings"]["seed"] == 7
     biased = llama(server, "/completion", {**body, "logit_bias": [[42, -5.0]]}).json()["generation_settings"]
     assert biased["logit_bias"] == [{"bias": -5.0, "token": 42}]  # llama-server's shape
+
+
+# ---- llama-server's options: slot files, names and tags, a chat template file, --reasoning, --no-metrics, hosts --
+
+THINKING_TEMPLATE = (  # reads enable_thinking and the date, as llama.cpp's templates do
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if not enable_thinking %}<think></think>{% endif %}"
+    "{% endif %}[{{ date_string }}]"
+)
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def slot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("slots")
+
+
+@pytest.fixture(scope="module")
+def llama_server(slot_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    template = tmp_path_factory.mktemp("template") / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    hosts = "127.0.0.1,::1" if ipv6_loopback() else "127.0.0.1"
+    proc = start_server(
+        *("--slot-save-path", str(slot_dir), "--max-num-seqs", "2", "--host", hosts),
+        *("--served-model-name", "mill", "grinder,miller", "--tags", "chat, small"),
+        *("--chat-template-file", str(template), "--reasoning", "off", "--no-metrics"),
+    )
+    yield proc
+    assert proc.stop() == 0
+
+
+def test_llamacpp_slot_save_and_restore(llama_server: ServerProcess, slot_dir: Path) -> None:
+    """save writes a slot's tokens and their cached K/V to a file in --slot-save-path; after erase forgot them
+    (the prompt is computed again), restore puts them back into the prefix cache: the next prompt reads them and
+    answers the same words, in another slot too."""
+    url = llama_server.url
+    prompt = "A long and winding road leads to the old mill by the river, where the miller grinds the wheat. " * 2
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "id_slot": 1}
+    first = llama(llama_server, "/completion", body).json()
+    assert first["timings"]["cache_n"] == 0
+    n_prompt = first["timings"]["prompt_n"]
+    saved = llama(llama_server, "/slots/1?action=save", {"filename": "mill.bin"}).json()
+    assert saved["id_slot"] == 1 and saved["filename"] == "mill.bin" and saved["n_saved"] == n_prompt + 7
+    assert saved["n_written"] == (slot_dir / "mill.bin").stat().st_size and saved["timings"]["save_ms"] > 0
+    assert llama(llama_server, "/slots/1?action=erase").json()["n_erased"] == n_prompt + 7
+    assert llama(llama_server, "/completion", body).json()["timings"]["cache_n"] == 0  # erased: computed again
+    llama(llama_server, "/slots/1?action=erase")
+    restored = llama(llama_server, "/slots/0?action=restore", {"filename": "mill.bin"}).json()
+    assert restored["n_restored"] == saved["n_saved"] and restored["n_read"] == saved["n_written"]
+    slots = httpx.get(f"{url}/slots").json()
+    assert slots[0]["is_processing"] is False
+    again = llama(llama_server, "/completion", {**body, "id_slot": 0}).json()
+    assert again["timings"]["cache_n"] == (n_prompt - 1) // 16 * 16 > 0  # read back, not computed
+    assert again["content"] == first["content"] and again["id_slot"] == 0
+
+
+def test_llamacpp_slot_file_names_and_missing_files(llama_server: ServerProcess, server: ServerProcess) -> None:
+    """A file name is a name, never a path (llama.cpp's fs_validate_filename): 400; so is a file that is not
+    there (a failed restore leaves the slot empty, as llama-server's); without --slot-save-path the actions answer
+    501."""
+    for name in ("../escape.bin", "a/b.bin", "..", ".", "", "x\\y", "trailing.", " lead", "nul\x00", "a:b"):
+        r = llama(llama_server, "/slots/0?action=save", {"filename": name})
+        assert r.status_code == 400, name
+    assert llama(llama_server, "/slots/0?action=save", {}).status_code == 400
+    missing = llama(llama_server, "/slots/0?action=restore", {"filename": "nothing-here.bin"})
+    assert missing.status_code == 400 and "nothing-here.bin" in missing.json()["error"]["message"]
+    assert llama(llama_server, "/slots/7?action=save", {"filename": "a.bin"}).status_code == 400  # no slot 7
+    r = llama(server, "/slots/0?action=save", {"filename": "a.bin"})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+def test_model_names_and_tags(llama_server: ServerProcess) -> None:
+    """--served-model-name's names (space- or comma-separated): the first is the id, every one is listed and
+    accepted, each card carries them all as aliases, with --tags."""
+    cards = httpx.get(f"{llama_server.url}/v1/models").json()["data"]
+    assert [c["id"] for c in cards] == ["mill", "grinder", "miller"]
+    assert all(c["aliases"] == ["mill", "grinder", "miller"] and c["tags"] == ["chat", "small"] for c in cards)
+    r = httpx.post(f"{llama_server.url}/v1/completions", json={"model": "miller", "prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["model"] == "mill"  # answered under its id
+
+
+def test_chat_template_file_and_reasoning(llama_server: ServerProcess) -> None:
+    """--chat-template-file renders chats instead of the model's template; --reasoning off sets its
+    enable_thinking false unless a request sets it; today's date reaches it as date_string, as llama.cpp's."""
+    messages = [{"role": "user", "content": "What is today?"}]
+    today = datetime.date.today().strftime("%d %b %Y")
+    prompt = llama(llama_server, "/apply-template", {"messages": messages}).json()["prompt"]
+    assert prompt == f"<|im_start|>user\nWhat is today?<|im_end|>\n<|im_start|>assistant\n<think></think>[{today}]"
+    thinking = {"messages": messages, "chat_template_kwargs": {"enable_thinking": True}}
+    assert "<think>" not in llama(llama_server, "/apply-template", thinking).json()["prompt"]
+    props = httpx.get(f"{llama_server.url}/props").json()
+    assert props["chat_template"] == THINKING_TEMPLATE and props["endpoint_metrics"] is False
+
+
+def test_metrics_can_be_off(llama_server: ServerProcess) -> None:
+    r = httpx.get(f"{llama_server.url}/metrics")
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+def test_several_listening_addresses(llama_server: ServerProcess) -> None:
+    """--host with several addresses listens on each (IPv6 where the machine has it)."""
+    if not ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    assert httpx.get(f"http://[::1]:{llama_server.port}/health").status_code == 200
+    assert httpx.get(f"{llama_server.url}/health").status_code == 200

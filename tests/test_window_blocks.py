@@ -132,3 +132,43 @@ def test_without_prefix_caching_released_blocks_are_free_at_once() -> None:
         e.step()
     u = e.wm.usage()
     assert u.cached == 0 and u.in_use <= -(-WINDOW // BS) + 1 + 16 // BS
+
+
+def test_a_saved_prefix_restored_into_both_pools_is_hit() -> None:
+    """llama.cpp's slot save and restore, in both pools: a saved prefix is the full pool's chain and the window
+    pool's blocks its window reads; after both pools forgot it, restoring those blocks (fresh ones to write)
+    gives a later prompt the whole hit again."""
+    e = WindowedEngine()
+    shared = list(range(100, 164))  # 16 blocks
+    e.add(shared + [1, 2, 3], max_tokens=1)
+    e.run()
+    kv = e.sched.kv
+    saved = kv.saved_prefix(shared)
+    first = e.wm.first_needed_block(64)
+    assert len(saved.blocks) == 16 and saved.window_first == first and len(saved.window) == 16 - first
+    e.bm.reset_prefix_cache()
+    e.wm.reset_prefix_cache()
+    restored = kv.restore_prefix(shared, 16)
+    assert restored is not None and restored.window_first == first
+    assert all(fresh for _, fresh in restored.chain + restored.window) and len(restored.window) == 16 - first
+    kv.end_restore(restored, written=True)
+    e.bm.check_integrity()
+    e.wm.check_integrity()
+    b = e.add(shared + [7, 8], max_tokens=1)
+    e.step()
+    assert b.num_cached_tokens == 64
+    e.run()
+    assert e.bm.usage().in_use == 0 and e.wm.usage().in_use == 0
+
+
+def test_a_restore_without_room_changes_nothing() -> None:
+    e = WindowedEngine(full_blocks=20, local_blocks=16, budget=64)
+    kv = e.sched.kv
+    e.add(list(range(500, 540)), max_tokens=2)
+    e.step()  # its 40 prompt tokens hold 10 blocks of the full pool
+    before = (e.bm.usage(), e.wm.usage())
+    assert kv.restore_prefix(list(range(64)), 16) is None  # 16 blocks do not fit in the 10 left
+    assert (e.bm.usage(), e.wm.usage()) == before
+    e.bm.check_integrity()
+    e.wm.check_integrity()
+    e.run()

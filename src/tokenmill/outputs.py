@@ -74,3 +74,5 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     embedding: list[float] | None = None  # an embedding request's vector (tokenmill.PoolingParams), once finished
+    # the prompt tokens whose K/V are in the cache so far, read or computed (SamplingParams.report_prompt_progress)
+    num_computed_prompt_tokens: int = 0

@@ -45,6 +45,13 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: up to the model's length limit
     min_tokens: int = 0  # EOS and stop tokens are banned until this many tokens were generated
     logprobs: int | None = None  # top-k log-probabilities per generated token (the sampled one always included)
+    # logprobs of the distribution the token is drawn from (after penalties, bias, temperature, top-k, top-p and
+    # min-p; a greedy token's is 1; tokens it cannot draw are left out): vLLM's processed_logprobs, llama.cpp's
+    # post_sampling_probs. False: the model's own distribution
+    processed_logprobs: bool = False
+    # an output after each step that computes part of the prompt, not only once tokens come (llama.cpp's
+    # return_progress): RequestOutput.num_computed_prompt_tokens says how far the prompt is
+    report_prompt_progress: bool = False
     prompt_logprobs: int | None = None  # the same for every prompt token
     # compute the whole prompt, reading nothing from the prefix cache (llama.cpp's cache_prompt: false)
     skip_reading_prefix_cache: bool = False

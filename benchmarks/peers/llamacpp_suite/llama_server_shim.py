@@ -19,7 +19,6 @@ TRANSLATED = {  # llama-server's option -> tokenmill's (each takes one value)
     "--port": "--port",
     "--host": "--host",
     "--seed": "--seed",
-    "--alias": "--served-model-name",
     "--api-key": "--api-key",
     "--slot-save-path": "--slot-save-path",
     "--batch-size": "--max-num-batched-tokens",  # the tokens one step (llama_decode) takes
@@ -28,11 +27,11 @@ DROPPED_FLAGS = {
     "--offline": "no Hub downloads here either: the model is a local file",
     "--cont-batching": "tokenmill always batches continuously",
     "--embedding": "tokenmill serves embeddings from every model",
-    "--metrics": "tokenmill always serves /metrics",
     "--kv-unified": "tokenmill's KV cache is always one pool shared by every sequence",
     "--swa-full": "llama.cpp's sliding-window cache size; tokenmill sizes its window pool itself",
     "--jinja": "tokenmill always renders the model's Jinja chat template",
     "--no-jinja": "llama.cpp's built-in template handling; tokenmill always renders the Jinja template",
+    "--backend_sampling": "llama.cpp samples on its compute backend; tokenmill's sampler has one place",
 }
 DROPPED_VALUES = {
     "--ubatch-size": "llama.cpp's physical micro-batch inside a decode",
@@ -58,12 +57,21 @@ def tokenmill_args(args: list[str]) -> list[str]:
             out += [TRANSLATED[arg], rest.pop(0)]
         elif arg in ("--temp", "--ctx-size", "--parallel", "--n-predict", "-ctk", "-ctv", "--cors-origins"):
             values[arg] = rest.pop(0)
+        elif arg == "--alias":  # llama-server's names, comma-separated; its id is the first in sorted order
+            out += ["--served-model-name", *sorted({n.strip() for n in rest.pop(0).split(",") if n.strip()})]
+        elif arg == "--metrics":
+            values[arg] = "on"
+        elif arg == "--reasoning-format":  # none: thinking stays in the answer; the others read it apart (auto)
+            if rest.pop(0) == "none":
+                out += ["--reasoning-parser", "none"]
         elif arg == "--verbose":
             out += ["--log-level", "debug"]
         elif arg == "--no-ui":
             out.append("--no-explorer")
         else:
             out.append(arg)
+    if "--metrics" not in values:  # llama-server serves /metrics only with --metrics; tokenmill by default
+        out.append("--no-metrics")
     slots = int(values.get("--parallel", "1"))
     out += ["--max-num-seqs", str(slots)]
     if "--ctx-size" in values:  # llama-server splits its context between its slots (ctx / parallel each), but

@@ -40,9 +40,24 @@ class ServerSettings:
     engine_options: dict[str, Any] = filled({}, "the engine's options (EngineConfig)")
     # the server's flags, in the order of serve's help
     # where it listens: a Host header may name it (server/origins.py)
-    host: str = server_option("127.0.0.1", "address to listen on (default 127.0.0.1)", str)
+    host: str = server_option(
+        "127.0.0.1",
+        "address to listen on, or several, comma-separated (default 127.0.0.1); beside others, :: is IPv6 only",
+        str,
+    )
     port: int = server_option(8000, "port (default 8000)", int)
-    served_model_name: str | None = server_option(None, "model name clients use (default: from the file)", str)
+    # the first name given is the model's id, the others aliases it answers to (a list until __post_init__)
+    served_model_name: str | None = server_option(
+        None,
+        "model names clients use, space- or comma-separated: the first is its id, the others aliases "
+        "(default: from the file)",
+        str,
+        nargs="+",
+    )
+    served_model_aliases: list[str] = filled([], "--served-model-name")
+    tags: list[str] = server_option(
+        [], "comma-separated tags /v1/models shows with the model (llama-server's --tags)", str
+    )
     api_key: str | None = server_option(None, "require 'Authorization: Bearer KEY' (or TOKENMILL_API_KEY)", str)
     # waiting sequences above which new requests get 503
     max_queue: int | None = server_option(
@@ -117,7 +132,24 @@ class ServerSettings:
         "(default: none, and those actions answer 501)",
         str,
     )
+    metrics: bool = server_option(
+        True, "Prometheus metrics at /metrics (default on; --no-metrics: 501, as llama-server without --metrics)"
+    )
     metrics_require_key: bool = server_option(False, "with --api-key, /metrics needs the key too", action="store_true")
+    chat_template_file: str | None = server_option(
+        None, "a Jinja chat template file to render chats with instead of the model's own", str
+    )
+    # the text of --chat-template-file (read by the command line, so a missing file fails before anything loads)
+    chat_template: str | None = filled(None, "--chat-template-file")
+    # llama-server's --reasoning: on / off set the chat template's enable_thinking for every conversation that
+    # does not set it; auto: on where the template reads enable_thinking (as llama.cpp's templates expect)
+    reasoning: str = server_option(
+        "auto",
+        "thinking in chats: on or off sets the chat template's enable_thinking for every conversation "
+        "that does not set it; auto: on where the template reads it (default)",
+        str,
+        choices=("on", "off", "auto"),
+    )
     access_log: bool = server_option(False, "uvicorn's line for every HTTP request too", action="store_true")
     # a request that names no max_tokens gets this (None: the API's default)
     max_tokens_default: int | None = server_option(
@@ -154,3 +186,8 @@ class ServerSettings:
         self.log_stats_interval_s = self.log_stats_interval_s or None
         self.allowed_origins = _names(self.allowed_origins)
         self.allowed_hosts = _names(self.allowed_hosts)
+        self.tags = _names(self.tags)
+        if isinstance(self.served_model_name, list):  # --served-model-name's names: an id, then aliases
+            names = [name for given in self.served_model_name for name in _names(given)]
+            self.served_model_name = names[0] if names else None
+            self.served_model_aliases = [*names[1:], *self.served_model_aliases]

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from tokenmill.engine.kv_snapshot import PrefixFile, restore_prefix, save_prefix
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.engine.output_collector import OutputCollector
 from tokenmill.errors import TokenmillError
@@ -266,6 +267,14 @@ class AsyncEngine:
     async def forget_prefix(self, token_ids: list[int]) -> int:
         """The prefix cache forgets these tokens' unused full blocks, between steps (llama.cpp's slot erase)."""
         return await self.run_on_engine(lambda engine: engine.kv.forget_prefix(token_ids))
+
+    async def save_prefix(self, token_ids: list[int]) -> PrefixFile:
+        """The K/V the prefix cache holds for these tokens, copied between steps (kv_snapshot.py: a slot's save)."""
+        return await self.run_on_engine(lambda engine: save_prefix(engine, token_ids))
+
+    async def restore_prefix(self, snapshot: PrefixFile) -> int:
+        """A saved prefix's blocks entered in the prefix cache between steps; returns the tokens they cover."""
+        return await self.run_on_engine(lambda engine: restore_prefix(engine, snapshot))
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()

@@ -220,6 +220,13 @@ class EngineCore:
         )
         self.generation_tokens_total += emitted
         self.scheduler.update_from_output(sched, accepted)  # computed K/V into the cache; stopped ones leave
+        for s in sched.scheduled:  # a prompt chunk computed, for the requests that follow their prompt's progress
+            if (
+                s.seq.params.report_prompt_progress
+                and s.start < s.seq.num_prompt_tokens
+                and s.seq.request_id in self.requests
+            ):
+                touched.setdefault(s.seq.request_id, self.requests[s.seq.request_id])
         if step is not None:  # with what each constrained row's mask allowed, known once sampled
             for entry, s in zip(step["batch"], sched.scheduled, strict=True):
                 if s.completes_sequence and s.seq.params.structured_outputs is not None:

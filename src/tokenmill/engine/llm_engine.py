@@ -287,6 +287,12 @@ class LLMEngine(EngineCore):
         self.queue(request_id, text, ids, params, max_tokens, arrival_time, pooling, group)
         return request_id
 
+    def use_chat_template(self, source: str) -> None:
+        """Render chats with this Jinja template instead of the model's (llama-server's --chat-template-file)."""
+        self.chat_template = ChatTemplate(source, self.tokenizer.bos_token, self.tokenizer.eos_token)
+        self.inputs.chat_template = self.chat_template
+        self.base_model_note = None  # a template was given: chat is what the user means to do
+
     def check_params(self, params: SamplingParams | PoolingParams) -> None:
         """What a request's parameters must satisfy on this engine, whatever its prompt. Safe from any thread."""
         self.inputs.check_params(params)

@@ -76,4 +76,11 @@ class Request:
             prompt_logprobs=self.prompt_logprobs,
             num_cached_tokens=self.samples[0].seq.num_cached_tokens if self.samples else 0,
             embedding=self.embedding,
+            num_computed_prompt_tokens=self._computed_prompt_tokens(),
         )
+
+    def _computed_prompt_tokens(self) -> int:
+        if not self.samples:
+            return 0
+        seq = self.samples[0].seq
+        return len(self.prompt_token_ids) if seq.num_output_tokens else min(seq.num_computed_tokens, seq.num_tokens)

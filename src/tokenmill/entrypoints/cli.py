@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import closing
+from pathlib import Path
 
 from tokenmill.entrypoints.cli_parser import (
     ENGINE_OPTIONS,
@@ -234,11 +235,18 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tokenmill: error: {exc}", file=sys.stderr)
         return 2
 
-    problem = listen_problem(s.host, s.port)
-    if problem is not None:  # before any rank starts or anything loads
-        rank = "" if torchrun_rank() is None else "rank 0: "
-        print(f"tokenmill: error: {rank}cannot listen on {s.host}:{s.port}: {problem}", file=sys.stderr)
-        return 1
+    for host in [h.strip() for h in s.host.split(",") if h.strip()] or [s.host]:
+        problem = listen_problem(host, s.port)
+        if problem is not None:  # before any rank starts or anything loads
+            rank = "" if torchrun_rank() is None else "rank 0: "
+            print(f"tokenmill: error: {rank}cannot listen on {host}:{s.port}: {problem}", file=sys.stderr)
+            return 1
+    if s.chat_template_file is not None:
+        try:
+            s = replace(s, chat_template=Path(s.chat_template_file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"tokenmill: error: cannot read --chat-template-file: {exc}", file=sys.stderr)
+            return 2
     from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
 
     if s.log_level is not None:

@@ -50,7 +50,7 @@ def add_config_options(
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = meta["type"]
-        for key in ("choices", "metavar"):
+        for key in ("choices", "metavar", "nargs"):
             if key in meta:
                 kwargs[key] = meta[key]
         group.add_argument(*flags, **kwargs)

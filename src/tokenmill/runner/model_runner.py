@@ -168,6 +168,47 @@ class ModelRunner:
                     k[dst] = k[src]
                     v[dst] = v[src]
 
+    def _block_rows(self, block_ids: list[int]) -> torch.Tensor:
+        """The cache rows (slots) of these blocks, in order."""
+        bs = self.block_size
+        if not block_ids:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        offsets = torch.arange(bs)
+        return torch.cat([offsets + b * bs for b in block_ids]).to(self.device)
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether the layer keeps its K/V in the sliding-window layers' own pool."""
+        return self.num_local_blocks > 0 and layer in self.local_layers
+
+    @torch.inference_mode()
+    def read_kv_blocks(self, blocks: list[int], local_blocks: list[int]) -> dict[str, torch.Tensor]:
+        """Copies of these blocks' K/V on the CPU (the sliding-window layers' own pool: local_blocks'), per layer
+        L: {"k.L": [blocks * block_size, num_kv_heads, head width], "v.L": the same}, as stored (an int8 cache's
+        scales included)."""
+        rows, local_rows = self._block_rows(blocks), self._block_rows(local_blocks)
+        out = {}
+        for i, (k, v) in enumerate(self.kv_caches):
+            r = local_rows if self.is_local_layer(i) else rows
+            out[f"k.{i}"] = k[r].cpu().contiguous()
+            out[f"v.{i}"] = v[r].cpu().contiguous()
+        return out
+
+    @torch.inference_mode()
+    def write_kv_blocks(
+        self, tensors: dict[str, torch.Tensor], blocks: list[tuple[int, int]], local_blocks: list[tuple[int, int]]
+    ) -> None:
+        """The reverse of read_kv_blocks, for some blocks: (cache block, its index among the tensors' blocks) for
+        the full-attention layers (`blocks`) and the sliding-window layers' own pool (`local_blocks`)."""
+        bs = self.block_size
+        for i, (k, v) in enumerate(self.kv_caches):
+            pairs = local_blocks if self.is_local_layer(i) else blocks
+            if not pairs:
+                continue
+            dst = self._block_rows([b for b, _ in pairs])
+            src = torch.cat([torch.arange(bs) + j * bs for _, j in pairs])
+            k[dst] = tensors[f"k.{i}"][src].to(device=self.device, dtype=k.dtype)
+            v[dst] = tensors[f"v.{i}"][src].to(device=self.device, dtype=v.dtype)
+
     @torch.inference_mode()
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
         follow_contention(native.load())  # torch on one thread while the kernels' helpers are off the CPU

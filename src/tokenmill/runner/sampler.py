@@ -5,7 +5,7 @@ logit bias and the min_tokens ban, then repetition / frequency / presence penalt
 rows take the argmax; the others are divided by their temperature, cut by top-k, top-p and min-p, and sampled
 with the exponential-race trick (argmax of p / q, q ~ Exp(1)), where a seeded row draws q from its own
 generator, so its tokens do not depend on what else is in the batch. Log-probabilities are those of the raw
-model distribution.
+model distribution, or, for a row that asks (processed_logprobs), of the distribution its token was drawn from.
 """
 
 from dataclasses import dataclass, field
@@ -116,19 +116,29 @@ class Sampler:
             raw = logits.float()  # [R, V]
         else:
             raw = logits.index_select(0, torch.tensor([r.logits_row for r in rows], device=logits.device)).float()
-        if all(is_plain_greedy(r) for r in rows):  # the common decode case: nothing to apply, nothing to draw
-            return self._logprobs(raw, argmax_rows(raw), rows)
+        if all(is_plain_greedy(r) and not r.params.processed_logprobs for r in rows):  # the common decode case:
+            return self._logprobs(raw, argmax_rows(raw), rows)  # nothing to apply, nothing to draw
         processed = self._apply_biases_and_penalties(raw.clone(), rows)
         tokens = torch.empty(len(rows), dtype=torch.int64, device=raw.device)
         greedy = [i for i, r in enumerate(rows) if r.params.greedy]
         random = [i for i, r in enumerate(rows) if not r.params.greedy]
+        drawn_from: dict[int, torch.Tensor] = {}  # row -> the probabilities its token was drawn from, if asked
         if greedy:
             g = torch.tensor(greedy, device=raw.device)
             tokens[g] = argmax_rows(processed[g])
         if random:
             rnd = torch.tensor(random, device=raw.device)
-            tokens[rnd] = self._sample_random(processed[rnd], [rows[i] for i in random])
-        return self._logprobs(raw, tokens, rows)
+            tokens[rnd], probs = self._sample_random(processed[rnd], [rows[i] for i in random])
+            drawn_from = {i: probs[j] for j, i in enumerate(random) if rows[i].params.processed_logprobs}
+        for i in greedy:
+            if rows[i].params.processed_logprobs:  # all its probability on the one token it takes
+                drawn_from[i] = torch.zeros_like(raw[i]).index_fill_(0, tokens[i : i + 1], 1.0)
+        if not drawn_from:
+            return self._logprobs(raw, tokens, rows)
+        logprobs = raw.log_softmax(dim=-1)
+        for i, probs in drawn_from.items():
+            logprobs[i] = (probs / probs.sum()).log()
+        return self._logprobs(logprobs, tokens, rows)
 
     def _apply_biases_and_penalties(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         for i, r in enumerate(rows):
@@ -185,7 +195,8 @@ class Sampler:
                 logits[i, tokens] -= p.frequency_penalty * counts.to(logits.dtype) + p.presence_penalty
         return logits
 
-    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def _sample_random(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the drawn tokens, the probabilities they were drawn from: unnormalized where min-p cut some)."""
         dev = logits.device
         temperature = torch.tensor([r.params.temperature for r in rows], device=dev).unsqueeze(1)
         logits = (logits / temperature).clamp(max=torch.finfo(logits.dtype).max)  # a huge logit / 0.2: not inf
@@ -212,7 +223,7 @@ class Sampler:
         noise = torch.empty_like(probs)
         for i, r in enumerate(rows):
             noise[i].exponential_(generator=self._generator(r))
-        return argmax_rows(probs / noise)
+        return argmax_rows(probs / noise), probs
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # the sampled token's log-probability always (for cumulative_logprob); ranks and top-k only when asked
@@ -229,6 +240,8 @@ class Sampler:
         for i, r in enumerate(rows):
             k = r.params.logprobs
             top = None if k is None else list(zip(top_ids[i][:k], top_vals[i][:k], strict=True))
+            if top is not None and r.params.processed_logprobs:  # what it could not draw is no candidate
+                top = [(t, v) for t, v in top if v != float("-inf")]
             out.append(SampledToken(token_list[i], chosen[i], ranks[i], top))
         return out
 

@@ -305,23 +305,91 @@ class BlockManager:
         slot erase); blocks a running sequence holds keep theirs. Returns the number of blocks forgotten."""
         forgotten = 0
         for block_id in reversed(self._cached_chain(token_ids, len(token_ids) // self.block_size)):
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
-                del self._evictable[block_id]
-                del self._cached[block.block_hash]  # type: ignore[arg-type]
-                self._reset(block)
-                self._free.append(block_id)
+            if self.blocks[block_id].ref_count == 0:
+                self._drop_cached(self.blocks[block_id])
                 forgotten += 1
         return forgotten
+
+    # ---- a prefix's blocks saved and restored (llama.cpp's slot save and restore) ------------------------------
+
+    def cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """The cached blocks holding the full blocks `token_ids` starts with, as a prompt would find them."""
+        if not self.enable_prefix_caching:
+            return []
+        return self._cached_chain(token_ids, len(token_ids) // self.block_size)
+
+    def restore_chain(self, token_ids: list[int], num_blocks: int) -> list[tuple[int, bool]]:
+        """Enter the first num_blocks full blocks of `token_ids` in the prefix cache as if computed: each is the
+        cached block holding it, else a free one (evicting the least recently used). Returns [(block id, whether
+        its K/V must be written)], shorter when the pool runs short or a hash is held by another block in use; the
+        blocks stay held (never evicted) until `release_blocks`, while the caller writes the new ones' K/V."""
+        bs = self.block_size
+        chain: list[tuple[int, bool]] = []
+        parent: Block | None = None
+        parent_hash: int | None = None
+        for i in range(num_blocks if self.enable_prefix_caching else 0):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            parent_hash = self._chain_hash(parent_hash, tokens)
+            entered = self._enter(parent_hash, tokens, parent)
+            if entered is None:
+                break
+            parent = entered[0]
+            chain.append((parent.block_id, entered[1]))
+        return chain
+
+    def _enter(
+        self, h: int, tokens: tuple[int, ...], parent: Block | None, chained: bool = True
+    ) -> tuple[Block, bool] | None:
+        """Hold the cached block holding `tokens` under hash h (verified: its tokens, and with `chained` its
+        parent), or a new block entered under h (True: its K/V are to be written); None when neither can be had."""
+        block = self._cached.get(h)
+        verified = block is not None and block.token_ids == tokens
+        if verified and chained:
+            verified = block.parent is parent and (parent is None or block.parent_generation == parent.generation)
+        if block is not None and not verified:
+            if block.ref_count:  # a stale or colliding entry some sequence uses: leave it
+                return None
+            self._drop_cached(block)  # a stale entry (its parent was evicted): its hash is ours now
+            block = None
+        if block is not None:
+            self._take(block)
+            return block, False
+        if not self.num_free_blocks:
+            return None
+        block = self._new_block()  # held (ref_count 1)
+        block.block_hash, block.token_ids, block.parent = h, tokens, parent
+        block.parent_generation = parent.generation if parent is not None else 0
+        self._cached[h] = block
+        return block, True
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        """Drop the hold restore_chain took: the blocks stay in the prefix cache, unused (evictable; the last ones
+        first, as `free` leaves a sequence's blocks)."""
+        for block_id in reversed(block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise AssertionError(f"block {block_id} released twice")
+            if block.ref_count == 0:
+                self._unused(block)
+
+    def forget_blocks(self, block_ids: list[int]) -> None:
+        """Undo restore_chain's new blocks (their K/V could not be written): out of the cache, free again."""
+        for block_id in block_ids:
+            self.blocks[block_id].ref_count = 0
+            self._drop_cached(self.blocks[block_id])
+
+    def _drop_cached(self, block: Block) -> None:
+        """An unused cached block leaves the cache and becomes free."""
+        self._evictable.pop(block.block_id, None)
+        del self._cached[block.block_hash]  # type: ignore[arg-type]
+        self._reset(block)
+        self._free.append(block.block_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence uses."""
         while self._evictable:
-            block_id, _ = self._evictable.popitem(last=False)
-            block = self.blocks[block_id]
-            del self._cached[block.block_hash]  # type: ignore[arg-type]
-            self._reset(block)
-            self._free.append(block_id)
+            self._drop_cached(self.blocks[next(iter(self._evictable))])
 
 
 class WindowBlockManager(BlockManager):
@@ -376,6 +444,10 @@ class WindowBlockManager(BlockManager):
     def lookup_window_prefix(self, seq: Sequence, max_blocks: int) -> tuple[int, list[int], list[int]]:
         """The longest hit of at most max_blocks blocks whose window blocks are cached: (hit blocks, the ids of
         the cached blocks from first_needed_block(hit) on, the chain hashes of all hit blocks)."""
+        return self.window_chain(seq.token_ids, max_blocks)
+
+    def window_chain(self, token_ids: list[int], max_blocks: int) -> tuple[int, list[int], list[int]]:
+        """lookup_window_prefix for a list of tokens."""
         if not self.enable_prefix_caching or max_blocks == 0:
             return 0, [], []
         bs = self.block_size
@@ -383,7 +455,7 @@ class WindowBlockManager(BlockManager):
         found: list[int | None] = []  # per block: the cached block holding it, or None
         parent_hash: int | None = None
         for i in range(max_blocks):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent_hash = self._chain_hash(parent_hash, tokens)
             hashes.append(parent_hash)
             block = self._cached.get(parent_hash)
@@ -403,3 +475,26 @@ class WindowBlockManager(BlockManager):
             self._take(self.blocks[block_id])
             table.append(block_id)
         state.hashes.extend(hashes)
+
+    def restore_window(self, token_ids: list[int], num_blocks: int) -> tuple[int, list[tuple[int, bool]]]:
+        """restore_chain for this pool: only the blocks the window of a num_blocks-block hit reads (those a later
+        prompt's lookup_window_prefix needs). Returns (their first block index, [(block id, whether its K/V must
+        be written)]); the whole window or nothing ([] when blocks run short), held until release_blocks."""
+        bs = self.block_size
+        first = self.first_needed_block(num_blocks * bs)
+        window: list[tuple[int, bool]] = []
+        h: int | None = None
+        for i in range(num_blocks if self.enable_prefix_caching else 0):
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = self._chain_hash(h, tokens)
+            if i < first:
+                continue
+            entered = self._enter(h, tokens, None, chained=False)
+            if entered is None:
+                break
+            window.append((entered[0].block_id, entered[1]))
+        if len(window) < num_blocks - first:  # a window with a hole serves no hit: give it all back
+            self.forget_blocks([b for b, fresh in window if fresh])
+            self.release_blocks([b for b, fresh in window if not fresh])
+            return first, []
+        return first, window

@@ -37,6 +37,25 @@ class PrefixHit:
 
 
 @dataclass
+class SavedBlocks:
+    """A prefix's cached blocks: the full-attention pool's, and the window pool's blocks from window_first on
+    (those its window reads)."""
+
+    blocks: list[int]
+    window_first: int = 0
+    window: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RestoredBlocks:
+    """A prefix entered in the prefix cache: (block id, fresh) in each pool, fresh blocks needing their K/V."""
+
+    chain: list[tuple[int, bool]]
+    window_first: int = 0
+    window: list[tuple[int, bool]] = field(default_factory=list)
+
+
+@dataclass
 class KVAllocation:
     """Block copies (src, dst) to make before the forward: the full-attention pool's and the window pool's."""
 
@@ -140,6 +159,40 @@ class KVCacheManager:
     def forget_prefix(self, token_ids: list[int]) -> int:
         """The prefix cache forgets these tokens' unused full blocks (a later prompt computes them anew)."""
         return self.pool.forget_prefix(token_ids)
+
+    def saved_prefix(self, token_ids: list[int]) -> SavedBlocks:
+        """The cached blocks of the longest prefix of `token_ids` a prompt would find in both pools: what a saved
+        slot keeps (llama.cpp's slot save)."""
+        blocks = self.pool.cached_prefix(token_ids)
+        if self.window_pool is None or not blocks:
+            return SavedBlocks(blocks)
+        hit, window, _ = self.window_pool.window_chain(token_ids, len(blocks))
+        return SavedBlocks(blocks[:hit], self.window_pool.first_needed_block(hit * self.block_size), window)
+
+    def restore_prefix(self, token_ids: list[int], num_blocks: int) -> RestoredBlocks | None:
+        """Enter num_blocks full blocks of `token_ids` in the prefix cache of both pools, held until
+        `end_restore`: the blocks already cached are reused, the others (`fresh`) are taken from the free ones and
+        need their K/V written. None, with nothing changed, when the pools have no room for them all."""
+        chain = self.pool.restore_chain(token_ids, num_blocks)
+        restored = RestoredBlocks(chain)
+        if len(chain) == num_blocks and self.window_pool is not None and num_blocks:
+            restored.window_first, restored.window = self.window_pool.restore_window(token_ids, num_blocks)
+            if not restored.window:
+                self.end_restore(restored, written=False)
+                return None
+        if len(chain) < num_blocks:
+            self.end_restore(restored, written=False)
+            return None
+        return restored
+
+    def end_restore(self, restored: RestoredBlocks, written: bool) -> None:
+        """Drop restore_prefix's hold; `written` False: its fresh blocks hold no K/V and leave the cache."""
+        for pool, blocks in ((self.pool, restored.chain), (self.window_pool, restored.window)):
+            if pool is None:
+                continue
+            if not written:
+                pool.forget_blocks([b for b, fresh in blocks if fresh])
+            pool.release_blocks([b for b, fresh in blocks if written or not fresh])
 
     @property
     def prefix_query_tokens(self) -> int:

@@ -26,7 +26,7 @@ from tokenmill.server.events import engine_snapshot
 from tokenmill.server.infill import add_infill_routes
 from tokenmill.server.llamacpp import add_llamacpp_routes, llama_tokenize
 from tokenmill.server.llamacpp_metrics import llamacpp_metrics_text
-from tokenmill.server.middleware import APIKeyGuard, BodyLimit, HostOriginGuard, JSONBodies
+from tokenmill.server.middleware import APIKeyGuard, BodyLimit, CanonicalHeaderNames, HostOriginGuard, JSONBodies
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.openai_routes import ROOT_PATHS, add_openai_routes
 from tokenmill.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -62,7 +62,8 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     def protected(path: str) -> bool:
         return path.startswith(PROTECTED_PREFIXES) or (settings.metrics_require_key and path == "/metrics")
 
-    # added innermost first. From the outside in: every failed call gets its log line (call_log.py); Host and
+    # added innermost first. From the outside in: response header names in their usual case; every failed call
+    # gets its log line (call_log.py); Host and
     # Origin are checked before anything else; a browser's preflight (OPTIONS, no key) is answered by CORS; the
     # key is checked before a body is read; bodies are bounded before they are parsed, and read as JSON whatever
     # their Content-Type (safe behind the origin check)
@@ -81,6 +82,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     )
     app.add_middleware(HostOriginGuard, policy=policy)
     app.add_middleware(CallLog, enabled=lambda: settings.log_requests)
+    app.add_middleware(CanonicalHeaderNames)
     with_model = error_responses(400, 401, 404, 413, 503)
 
     @app.get(
@@ -108,10 +110,16 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     @app.get(
         "/metrics",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(401)},
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **error_responses(401, 501)},
     )
     async def metrics() -> Response:
         """tokenmill's metrics (vLLM's names under tokenmill:), then llama-server's (llamacpp:*)."""
+        if not settings.metrics:
+            raise APIError(
+                501,
+                "This server does not support metrics endpoint. Start it with `--metrics`",
+                "not_supported_error",
+            )
         m = state.metrics
         text = generate_latest(m.registry) + llamacpp_metrics_text(m.llama, m.engine_stats()).encode()
         headers = {"Process-Start-Time-Unix": str(m.llama.started_unix)}  # as llama-server's

@@ -1,7 +1,8 @@
 """llama.cpp's own API (what llama-server's web UI and many tools speak): POST /completion and /completions,
-/apply-template, GET and POST /props, GET /slots and POST /slots/{id}?action=erase, and /tokenize's `content`
-shape (llama_tokenize, used by app.py's /tokenize). /health, /metrics (its llamacpp:* names: metrics.py), /infill
-(infill.py) and /detokenize's `content` are answered where the other APIs' are."""
+/apply-template, GET and POST /props, GET /slots and POST /slots/{id}?action=erase|save|restore (save and restore:
+llamacpp_slot_files.py), and /tokenize's `content` shape (llama_tokenize, used by app.py's /tokenize). /health,
+/metrics (its llamacpp:* names: metrics.py), /infill (infill.py) and /detokenize's `content` are answered where
+the other APIs' are."""
 
 import asyncio
 from typing import Any
@@ -13,7 +14,13 @@ from tokenmill.server.chat import render_chat
 from tokenmill.server.errors import APIError
 from tokenmill.server.llamacpp_completion import completion_settings, create_llama_completion
 from tokenmill.server.llamacpp_prompts import prompt_tokens
-from tokenmill.server.llamacpp_protocol import ApplyTemplateRequest, LlamaCompletionRequest, PropsUpdate
+from tokenmill.server.llamacpp_protocol import (
+    ApplyTemplateRequest,
+    LlamaCompletionRequest,
+    PropsUpdate,
+    SlotFileRequest,
+)
+from tokenmill.server.llamacpp_slot_files import restore_slot, save_slot, slot_file
 from tokenmill.server.llamacpp_slots import SlotTable
 from tokenmill.server.schemas import ANY_LIST, ANY_OBJECT_OR_LIST, answers, error_responses
 from tokenmill.server.served_model import ServedModel
@@ -89,28 +96,33 @@ def add_llamacpp_routes(app: FastAPI, state: ServerState) -> None:
     )
     async def slots(fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
         if not state.settings.slots_endpoint:
-            raise APIError(NOT_SUPPORTED, "this server does not list its slots: start it with --slots", "not_supported")
+            raise APIError(
+                NOT_SUPPORTED, "this server does not list its slots: start it with --slots", "not_supported_error"
+            )
         table = llama.slots()
         if fail_on_no_slot and all(s.is_processing for s in table.slots):
             raise APIError(503, "no slot available", "unavailable_error")
         return [s.as_json() for s in table.slots]
 
     @app.post("/slots/{id_slot}", responses={**answers("the action's result"), **error_responses(400, 401, 501, 503)})
-    async def slot_action(id_slot: str, action: str = "") -> dict:
+    async def slot_action(id_slot: str, action: str = "", body: SlotFileRequest | None = None) -> dict:
+        """erase: the slot forgets its tokens, and the prefix cache their blocks; save and restore (with
+        --slot-save-path): its tokens and their K/V to a file and back (llamacpp_slot_files.py). Each waits for
+        the slot's task to end, as llama-server defers it."""
         if not id_slot.isdigit():
             raise APIError(400, "Invalid slot ID", param="id_slot")
-        slot = llama.slots().check_id(int(id_slot))
-        if action != "erase":
-            if action in ("save", "restore"):
-                raise APIError(
-                    NOT_SUPPORTED, f"the slots' {action} action is not implemented by tokenmill", "not_supported"
-                )
+        table = llama.slots()
+        table.check_id(int(id_slot))
+        if action not in ("erase", "save", "restore"):
             raise APIError(400, "Invalid action: erase, save or restore", param="action")
-        if slot.is_processing:
-            raise APIError(400, f"slot {slot.id} is processing a task", param="id_slot")
-        erased, slot.tokens = slot.tokens, []
-        await state.require_engine().forget_prefix(erased)
-        return {"id_slot": slot.id, "n_erased": len(erased)}
+        file = None if action == "erase" else slot_file(state, body.filename if body is not None else None)
+        async with table.hold(int(id_slot)) as slot:
+            if file is not None:
+                act = save_slot if action == "save" else restore_slot
+                return await act(state, slot, *file)
+            erased, slot.tokens = slot.tokens, []
+            await state.require_engine().forget_prefix(erased)
+            return {"id_slot": slot.id, "n_erased": len(erased)}
 
 
 def llama_tokenize(model: ServedModel, content: Any, add_special: bool, with_pieces: bool) -> dict:
@@ -145,7 +157,7 @@ def _props(state: ServerState, llama: LlamaServer, request: Request) -> dict:
         "modalities": {"vision": False, "audio": False, "video": False},
         "endpoint_slots": state.settings.slots_endpoint,
         "endpoint_props": True,
-        "endpoint_metrics": True,
+        "endpoint_metrics": state.settings.metrics,
         "ui": state.settings.explorer,
         "chat_template": model.own_chat_template or "",
         "bos_token": tokenizer.bos_token,

@@ -5,6 +5,7 @@ own stream), with n_probs' probabilities and response_fields. The engine call is
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,14 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
-from tokenmill.server.llamacpp_format import CompletionSettings, final_json, only_fields, partial_json, probabilities
+from tokenmill.server.llamacpp_format import (
+    CompletionSettings,
+    final_json,
+    only_fields,
+    partial_json,
+    probabilities,
+    timings,
+)
 from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_prompts
 from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
 from tokenmill.server.llamacpp_slots import Slot, SlotTable
@@ -28,8 +36,6 @@ from tokenmill.server.stream_or_collect import aborted_error, collected, streame
 
 def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: ServedModel) -> CompletionSettings:
     """The request's sampling over the server's defaults (the model's recommended settings, or POST /props')."""
-    if req.post_sampling_probs:
-        raise APIError(400, "post_sampling_probs is not supported: n_probs gives the model's own log-probabilities")
     asked = req.n_predict if req.n_predict is not None else req.max_tokens
     # -1 or none: the server's default (--max-tokens-default, llama-server's --n-predict), else up to the context
     max_tokens = state.output_limit(asked if asked is not None and asked > 0 else None, None)
@@ -50,8 +56,10 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: 
         seed=seed,
         stop=req.stop or None,
         ignore_eos=req.ignore_eos,
-        logit_bias=logit_bias(model.tokenizer, req.logit_bias),
+        logit_bias=logit_bias(model.tokenizer, req.logit_bias, ignore_eos=req.ignore_eos),
         logprobs=req.n_probs or None,
+        processed_logprobs=req.post_sampling_probs,
+        report_prompt_progress=req.stream and req.return_progress,
         skip_reading_prefix_cache=not req.cache_prompt,
         **over_defaults(defaults, given),
     )
@@ -161,13 +169,51 @@ class Answer:
         o = out.outputs[0]
         body = partial_json(out, o.delta_text, list(o.delta_token_ids), self.slots[index].id)
         body["index"] = index
+        if self.req.timings_per_token:
+            body["timings"] = timings(out)
         if self.req.n_probs and o.delta_token_ids:
             first = len(o.token_ids) - len(o.delta_token_ids)
             body["completion_probabilities"] = self.probabilities(o.delta_token_ids, (o.logprobs or [])[first:])
         return body
 
+    def progress(self, index: int, out: RequestOutput | None, total: int) -> dict[str, Any]:
+        """A prompt_progress event (return_progress): the prompt's tokens, those read from the cache and those in
+        the cache so far (read or computed), and the milliseconds since it started; `out` None: before any."""
+        computed = out.num_computed_prompt_tokens if out is not None else 0
+        cache = out.num_cached_tokens if out is not None else 0
+        started = out.metrics.first_scheduled_time if out is not None else None
+        done = out.metrics.first_token_time if out is not None else None  # the prompt's end, once it came
+        elapsed_ms = ((done or time.monotonic()) - started) * 1e3 if started is not None else 0.0
+        body: dict[str, Any] = {
+            "index": index,
+            "content": "",
+            "tokens": [],
+            "stop": False,
+            "id_slot": self.slots[index].id,
+            "tokens_predicted": 0,
+            "tokens_evaluated": total,
+            "prompt_progress": {"total": total, "cache": cache, "processed": computed, "time_ms": int(elapsed_ms)},
+        }
+        if self.req.timings_per_token:
+            prompt_n = max(computed - cache, 0)
+            body["timings"] = {
+                "cache_n": cache,
+                "prompt_n": prompt_n,
+                "prompt_ms": elapsed_ms,
+                "prompt_per_token_ms": elapsed_ms / prompt_n if prompt_n else 0.0,
+                "prompt_per_second": 1e3 / elapsed_ms * prompt_n if elapsed_ms else 0.0,
+                "predicted_n": 0,
+                "predicted_ms": 0.0,
+                "predicted_per_token_ms": 0.0,
+                "predicted_per_second": 0.0,
+            }
+        return body
+
     def probabilities(self, token_ids: list[int], positions: list) -> list:
-        return probabilities(self.tokenizer, list(token_ids), positions[: len(token_ids)], self.req.n_probs)
+        req = self.req
+        return probabilities(
+            self.tokenizer, list(token_ids), positions[: len(token_ids)], req.n_probs, req.post_sampling_probs
+        )
 
 
 def _event(body: dict[str, Any]) -> str:
@@ -179,14 +225,23 @@ def _error_event(error: APIError) -> str:
 
 
 async def _events(generation: Generation, answer: Answer, run: SlotRun) -> AsyncIterator[str]:
-    """One `data:` line per new piece of text, then each prompt's final object (stop: true)."""
+    """One `data:` line per new piece of text, then each prompt's final object (stop: true); with return_progress,
+    a prompt_progress event before each prompt starts and after each step that computed part of it."""
+    progress = answer.req.return_progress
+    reported = [0] * len(run.prompts)  # prompt tokens in the cache, as last reported
     try:
+        if progress:
+            for i, prompt in enumerate(run.prompts):
+                yield _event(answer.progress(i, None, len(prompt)))
         async for i, out in generation.stream():
             run.observe(i, out)
             o = out.outputs[0]
             if o.finish_reason == "abort":
                 yield _error_event(aborted_error(generation.state, "aborted"))
                 return
+            if progress and out.num_computed_prompt_tokens > reported[i]:
+                reported[i] = out.num_computed_prompt_tokens
+                yield _event(answer.progress(i, out, len(out.prompt_token_ids)))
             if answer.prompt_only:
                 if o.finish_reason is not None:
                     yield _event(answer.final(i, out, "", stream=True))

@@ -1,11 +1,13 @@
 """llama-server's answers to /completion: the final object (content, tokens, stop_type, timings, generation
 settings, ...), the partial objects of a stream, and `n_probs`' completion_probabilities, in its field names."""
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from tokenmill.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.llamacpp_prompts import BAN
 from tokenmill.tokenizer import Tokenizer
 
 
@@ -35,9 +37,12 @@ class CompletionSettings:
             "n_predict": self.n_predict,
             "ignore_eos": p.ignore_eos,
             "stream": self.stream,
-            "logit_bias": [{"bias": bias, "token": token} for token, bias in (p.logit_bias or {}).items()],
+            # a ban (false, ignore_eos's end tokens) as llama-server shows its -inf: null
+            "logit_bias": [
+                {"bias": None if bias <= BAN else bias, "token": token} for token, bias in (p.logit_bias or {}).items()
+            ],
             "n_probs": self.n_probs,
-            "post_sampling_probs": False,
+            "post_sampling_probs": p.processed_logprobs,
         }
 
 
@@ -76,18 +81,24 @@ def timings(out: RequestOutput) -> dict[str, float | int]:
     }
 
 
-def probabilities(tokenizer: Tokenizer, token_ids: list[int], positions: list[PositionLogprobs], k: int) -> list:
-    """completion_probabilities: each generated token with its log-probability and the k most likely tokens'."""
+def probabilities(
+    tokenizer: Tokenizer, token_ids: list[int], positions: list[PositionLogprobs], k: int, post_sampling: bool = False
+) -> list:
+    """completion_probabilities: each generated token with its log-probability and the k most likely tokens';
+    `post_sampling` (post_sampling_probs): probabilities ("prob", "top_probs") of the distribution the token was
+    drawn from, the tokens it could not draw left out."""
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
         piece = tokenizer.token_bytes(token)
-        return {"id": token, "token": piece.decode("utf-8", "ignore"), "bytes": list(piece), "logprob": logprob}
+        value = {"prob": math.exp(logprob)} if post_sampling else {"logprob": logprob}
+        return {"id": token, "token": piece.decode("utf-8", "ignore"), "bytes": list(piece), **value}
 
     out = []
     for token, position in zip(token_ids, positions, strict=True):
         ranked = sorted(position.items(), key=lambda item: item[1].rank)
-        top = [entry(tid, lp.logprob) for tid, lp in ranked if lp.rank <= k]
-        out.append({**entry(token, position[token].logprob), "top_logprobs": top})
+        top = [entry(tid, lp.logprob) for tid, lp in ranked if lp.rank <= k and lp.logprob != -math.inf]
+        key = "top_probs" if post_sampling else "top_logprobs"
+        out.append({**entry(token, position[token].logprob), key: top})
     return out
 
 

@@ -9,10 +9,12 @@ Also the logit_bias shapes ([[id or text, bias]], {id or text: bias}; a text bia
 from typing import Any
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.sampling_params import MAX_LOGIT_BIAS
 from tokenmill.tokenizer import Tokenizer
 
 PROMPT_STRING_KEY = "prompt_string"
 MULTIMODAL_KEY = "multimodal_data"
+BAN = -MAX_LOGIT_BIAS  # llama.cpp's -inf bias (false, ignore_eos): e^-100 next to any other token is never drawn
 
 
 def split_prompts(prompt: Any) -> list[Any]:
@@ -57,18 +59,21 @@ def prompt_tokens(tokenizer: Tokenizer, prompt: Any, add_special: bool = True) -
     raise InvalidParameterError("prompt must be a string, token ids, a list of either, or {'prompt_string': ...}")
 
 
-def logit_bias(tokenizer: Tokenizer, bias: list[list[Any]] | dict[str, Any] | None) -> dict[int, float] | None:
-    """llama.cpp's logit_bias as {token id: bias}; false (a ban) becomes -100, the strongest bias there is."""
+def logit_bias(
+    tokenizer: Tokenizer, bias: list[list[Any]] | dict[str, Any] | None, ignore_eos: bool = False
+) -> dict[int, float] | None:
+    """llama.cpp's logit_bias as {token id: bias}; false (a ban) becomes BAN, the strongest bias there is. With
+    ignore_eos every end-of-generation token is banned, as llama-server adds them to its logit_bias."""
+    out: dict[int, float] = {t: BAN for t in sorted(tokenizer.stop_token_ids)} if ignore_eos else {}
     if bias is None:
-        return None
+        return out or None
     pairs = list(bias.items()) if isinstance(bias, dict) else bias
-    out: dict[int, float] = {}
     for pair in pairs:
         if not isinstance(pair, list | tuple) or len(pair) != 2:
             raise InvalidParameterError("logit_bias entries are [token id or text, bias]", "logit_bias")
         key, value = pair
         if value is False:
-            value = -100.0
+            value = BAN
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidParameterError(f"logit_bias for {key!r} must be a number or false", "logit_bias")
         for token in _bias_tokens(tokenizer, key):

@@ -35,6 +35,8 @@ class LlamaCompletionRequest(APIRequest):
     n_probs: Annotated[int, Field(ge=0, le=20)] = 0  # top tokens' log-probabilities with each token
     post_sampling_probs: bool = False
     stream: bool = False
+    return_progress: bool = False  # streamed: prompt_progress events while the prompt is computed
+    timings_per_token: bool = False  # streamed: timings in every event, not only the last
     cache_prompt: bool = True  # False: the prompt is computed anew, not read from the prefix cache
     id_slot: Annotated[int, Field(ge=-1)] = -1  # -1: any idle slot
     return_tokens: bool = False  # the generated token ids in the (final) answer

@@ -8,10 +8,14 @@ tokens are what finds them there."""
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.server.errors import APIError
+
+HELD = -1  # a slot's task while a save, restore or erase acts on it
 
 
 @dataclass
@@ -36,7 +40,7 @@ class Slot:
         """As llama-server's GET /slots shows a slot (its params only while it is processing)."""
         out: dict[str, Any] = {"id": self.id, "n_ctx": self.n_ctx, "speculative": False}
         out["is_processing"] = self.is_processing
-        task = self.task if self.task is not None else self.last_task
+        task = self.task if self.task not in (None, HELD) else self.last_task
         if task is None:
             return out
         out |= {
@@ -53,7 +57,7 @@ class Slot:
                 }
             ],
         }
-        if self.is_processing and self.params is not None:
+        if self.task not in (None, HELD) and self.params is not None:
             out["params"] = self.params
         return out
 
@@ -81,7 +85,24 @@ class SlotTable:
             raise APIError(400, "id_slot names one slot: send one prompt with it", param="id_slot")
         if id_slot >= 0:
             self.check_id(id_slot)
-        while not self._available(id_slot, len(prompts)):
+        await self._wait(lambda: self._available(id_slot, len(prompts)))
+        return [self._choose(id_slot, prompt) for prompt in prompts]
+
+    @asynccontextmanager
+    async def hold(self, id_slot: int) -> AsyncIterator[Slot]:
+        """The slot, idle, kept from tasks while the block runs (a save, restore or erase waits for the slot's task
+        to end, as llama-server defers it); its task counters stay as they were."""
+        slot = self.check_id(id_slot)
+        await self._wait(lambda: not slot.is_processing)
+        slot.task = HELD
+        try:
+            yield slot
+        finally:
+            slot.task = None
+            self._wake()
+
+    async def _wait(self, ready) -> None:
+        while not ready():
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -89,7 +110,12 @@ class SlotTable:
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-        return [self._choose(id_slot, prompt) for prompt in prompts]
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _available(self, id_slot: int, count: int) -> bool:
         if id_slot >= 0:
@@ -112,10 +138,7 @@ class SlotTable:
             slot.tokens = tokens
         slot.last_task, slot.task = slot.task, None
         slot.last_used = time.monotonic()
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._wake()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -8,6 +8,7 @@ through untouched.
 import hmac
 from collections.abc import Callable
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenmill.server.errors import APIError
@@ -45,10 +46,44 @@ class HostOriginGuard:
                     "to let them",
                     code="origin_not_allowed",
                 )
+            if error is not None and _is_preflight(scope, headers) and error.code == "origin_not_allowed":
+                # a disallowed page's preflight: 200 without CORS headers (the browser then sends nothing), as
+                # llama-server and the CORS protocol answer it; its request itself would get the 403
+                await Response(status_code=200, headers={"Vary": "Origin"})(scope, receive, send)
+                return
             if error is not None:
                 await error.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _is_preflight(scope: Scope, headers: dict[bytes, bytes]) -> bool:
+    return scope["method"] == "OPTIONS" and b"access-control-request-method" in headers
+
+
+class CanonicalHeaderNames:
+    """Response header names in their usual case (Content-Type, Access-Control-Allow-Origin): Starlette writes
+    them lowercase, and some clients (llama.cpp's tests among them) look them up in a case-sensitive dict. HTTP/1.1
+    names are case-insensitive, so no client that reads them properly sees a difference."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_cased(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [(_canonical(k), v) for k, v in message.get("headers", [])]}
+            await send(message)
+
+        await self.app(scope, receive, send_cased)
+
+
+def _canonical(name: bytes) -> bytes:
+    return b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-"))
 
 
 class JSONBodies:

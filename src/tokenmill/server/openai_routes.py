@@ -33,6 +33,8 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             "owned_by": "tokenmill",
             "root": state.shown_path(request),
             "max_model_len": model.max_model_len,
+            "aliases": state.model_names,  # llama-server's: every name of the model, and its --tags
+            "tags": state.settings.tags,
         }
 
     # every name the model answers to (its id first; the name the server was started with, as vLLM lists the

@@ -8,9 +8,13 @@ which the issue follows: Host must be a name the server is known by, and only lo
 call it.
 
 Allowed Host names: localhost (and *.localhost), any IP address (a rebinding page can only send its DNS name),
-the --host value, the machine's own name when listening on every interface (0.0.0.0, ::), and --allowed-hosts
+the --host values, the machine's own name when listening on every interface (0.0.0.0, ::), and --allowed-hosts
 (`*`: any). Allowed origins: http(s) pages on localhost, loopback addresses, any port; the page's own server
-(the request explorer: Origin is the Host it was loaded from); and --allowed-origins (`*`: any).
+(the request explorer: Origin is the Host it was loaded from); and --allowed-origins (`*`: any). A server with an
+API key allows pages of any origin, as llama-server does: the key guards every API path, and a browser never sends
+it by itself, so a page can only call what its user gave it the key for (what needs no key, /health, /version,
+/metrics without --metrics-require-key, any client on the network reads too). Without a key, llama-server's
+default lets any site on the web drive a server on its visitor's machine; tokenmill's does not.
 """
 
 import ipaddress
@@ -24,14 +28,16 @@ UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 @dataclass(frozen=True)
 class OriginPolicy:
-    listen_host: str = "127.0.0.1"  # --host
+    listen_host: str = "127.0.0.1"  # --host (one address or several, comma-separated)
     allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts, beyond the names above
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins, beyond the local ones
+    key_required: bool = False  # --api-key: the key guards the API, so pages of any origin may call it
     _host_names: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        names = {_host_name(self.listen_host), *(_host_name(h) for h in self.allowed_hosts)}
-        if self.listen_host in UNSPECIFIED_HOSTS:
+        listening = [h.strip() for h in self.listen_host.split(",")] if self.listen_host else [""]
+        names = {*(_host_name(h) for h in listening), *(_host_name(h) for h in self.allowed_hosts)}
+        if any(h in UNSPECIFIED_HOSTS for h in listening):
             names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
         object.__setattr__(self, "_host_names", frozenset(names))
 
@@ -41,7 +47,7 @@ class OriginPolicy:
 
     @property
     def any_origin(self) -> bool:
-        return ANY in self.allowed_origins
+        return ANY in self.allowed_origins or self.key_required
 
     def host_allowed(self, host_header: str | None) -> bool:
         """Whether a request's Host header names this server (no header: a client that is no browser)."""

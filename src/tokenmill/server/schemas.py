@@ -134,6 +134,8 @@ class ModelCard(BaseModel):
     owned_by: str
     root: str
     max_model_len: int
+    aliases: list[str]
+    tags: list[str]
 
 
 class ModelList(BaseModel):

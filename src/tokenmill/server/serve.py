@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -43,7 +44,8 @@ class TokenmillServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         c = self.config
-        logger.info("listening on http://%s:%d (the model loads now; /health answers 200 when ready)", c.host, c.port)
+        where = ", ".join(_url(s.getsockname()) for s in sockets) if sockets else _url((c.host, c.port))
+        logger.info("listening on %s (the model loads now; /health answers 200 when ready)", where)
         self._loop.create_task(self._watch_load())
 
     async def _watch_load(self) -> None:
@@ -126,5 +128,27 @@ def serve(
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
     )
     server = TokenmillServer(config, state, started)
-    server.run()
+    hosts = [h.strip() for h in host.split(",") if h.strip()]
+    server.run(sockets=[bind(h, port) for h in hosts] if len(hosts) > 1 else None)
     return server.exit_code
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on one of several --host addresses (uvicorn binds one itself). An IPv6 one listens on
+    IPv6 only: `::` beside 0.0.0.0 would otherwise take the IPv4 port too (as llama-server's --host says)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind(address)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(address: tuple) -> str:
+    host, port = address[0], address[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -34,6 +34,9 @@ def build_engine(
 class ServedModel:
     def __init__(self, engine: LLMEngine):
         self._engine = engine
+        # the chat template's variables every conversation gets unless its request sets them (--reasoning's
+        # enable_thinking)
+        self.template_defaults: dict[str, Any] = {}
 
     # ---- facts --------------------------------------------------------------------------------------------------
 
@@ -163,14 +166,19 @@ class ServedModel:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The chat template's text for the conversation, checked against the context."""
-        return self._engine.inputs.render_chat(messages, add_generation_prompt, tools, template_kwargs)
+        kwargs = {**self.template_defaults, **(template_kwargs or {})}
+        return self._engine.inputs.render_chat(messages, add_generation_prompt, tools, kwargs)
 
     def encode_rendered_chat(self, text: str) -> list[int]:
         """A rendered chat's token ids (the template's special tokens read as special)."""
         return self._engine.inputs.encode_rendered_chat(text)
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self._engine.encode_chat(messages, add_generation_prompt)
+        return self._engine.encode_chat(messages, add_generation_prompt, None, self.template_defaults)
+
+    def use_chat_template(self, source: str) -> None:
+        """Render chats with this Jinja template instead of the model's (--chat-template-file)."""
+        self._engine.use_chat_template(source)
 
     # ---- the KV cache and the step, for the request explorer ------------------------------------------------------
 

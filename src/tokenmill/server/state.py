@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from starlette.requests import Request
 
@@ -48,7 +49,7 @@ class ServerState:
     @property
     def origin_policy(self) -> OriginPolicy:
         s = self.settings
-        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins))
+        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key))
 
     def shown_path(self, http_request: Request) -> str:
         """The model's path as a caller may see it: whole to a caller that sent the API key, else only the file's
@@ -82,6 +83,9 @@ class ServerState:
             logger.error("loading the model failed: %s", exc)
             raise
         model = ServedModel(engine)
+        if s.chat_template is not None:
+            model.use_chat_template(s.chat_template)
+        model.template_defaults = reasoning_defaults(s.reasoning, model.chat_template_source)
         self.model_name = s.served_model_name or model.name
         self.model_path = str(model.path)
         # OpenAI's system_fingerprint: the backend's configuration (what can change a seeded answer), hashed
@@ -136,7 +140,7 @@ class ServerState:
         s = self.settings
         started_with = s.model if s.model is not None and s.model.lower() in NAMED_MODELS else None
         if s.served_model_name is not None or started_with in (None, self.model_name):
-            return [self.model_name]
+            return list(dict.fromkeys([self.model_name, *s.served_model_aliases]))
         return [self.model_name, started_with]
 
     def check_model(self, name: str | None) -> None:
@@ -191,3 +195,13 @@ class ServerState:
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         return not self.in_flight
+
+
+def reasoning_defaults(reasoning: str, template: str) -> dict[str, Any]:
+    """--reasoning as the chat template's variables: on or off is enable_thinking; auto turns it on for a template
+    that reads it (llama.cpp's own templates close the thinking when enable_thinking is not true)."""
+    if reasoning == "on" or (reasoning == "auto" and "enable_thinking" in template):
+        return {"enable_thinking": True}
+    if reasoning == "off":
+        return {"enable_thinking": False}
+    return {}

@@ -89,13 +89,17 @@ class ChatTemplate:
         normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
         if not normalized:
             raise InvalidParameterError("messages must not be empty", "messages")
+        now = datetime.now()
+        # today's date, under the names Llama 3's and FireFunction's templates read (as llama.cpp passes them; a
+        # template that finds none writes the date it was trained with), unless the request names its own
+        variables = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), **extra}
         try:
             return self._template.render(
                 messages=normalized,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-                **extra,
+                **variables,
             )
         except jinja2.TemplateError as exc:
             raise InvalidParameterError(f"the chat template rejected the messages: {exc}", "messages") from exc
