@@ -88,6 +88,7 @@ FIELDS = [
     "stream_options", "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
     "ignore_eos", "return_token_ids", "suffix", "tools", "response_format", "tokens", "add_special_tokens",
     "input", "options", "format", "system", "max_output_tokens", "instructions", "input_prefix", "n_predict",
+    "use_beam_search", "length_penalty",
 ]  # fmt: skip
 # requests that mostly parse: a usable prompt or messages, then any value for any other field
 ROLES = st.sampled_from(["user", "system", "assistant", "x"])

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server_utils import ServerProcess, start_server
 from tests.test_constraint_limits import TWO_BRANCHES
 from tests.test_structured_output import PERSON, SCORES
-from tokenmill import LLM, SamplingParams
+from tokenmill import LLM, BeamSearchParams, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -151,6 +151,81 @@ def test_n_and_seed(client: openai.OpenAI, model: str) -> None:
         model=model, messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=5, temperature=1.0, seed=3
     )
     assert [c.index for c in chat.choices] == [0, 1]
+
+
+def test_beam_search_completions_are_the_offline_beams(client: openai.OpenAI, model: str, offline: LLM) -> None:
+    """vLLM's use_beam_search: n beams per prompt, best first (two copies of a prompt answer alike, as vLLM's
+    test_batch_completions asks), the beams LLM.beam_search finds."""
+    prompts = ["Hello, my name is"] * 2
+    batch = client.completions.create(
+        model=model,
+        prompt=prompts,
+        n=2,
+        max_tokens=5,
+        temperature=0.0,
+        extra_body={"use_beam_search": True, "return_token_ids": True},
+    )
+    texts = [c.text for c in batch.choices]
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert texts[0] != texts[1] and texts[:2] == texts[2:]
+    (answer,) = offline.beam_search(prompts[0], BeamSearchParams(beam_width=2, max_tokens=5))
+    start = len(batch.choices[0].model_extra["prompt_token_ids"])
+    expected = [b.tokens[start:-1] if b.finish_reason == "stop" else b.tokens[start:] for b in answer.sequences]
+    assert [c.model_extra["token_ids"] for c in batch.choices[:2]] == expected
+    assert batch.usage.completion_tokens == 2 * sum(len(t) for t in expected)
+    assert all(c.finish_reason in ("stop", "length") for c in batch.choices)
+
+
+def test_beam_search_chat_is_whole_or_streamed_at_the_end(client: openai.OpenAI, model: str) -> None:
+    """A streamed chat with beam search sends each beam whole once the search ends (vLLM's, whose beam search
+    yields one output); length_penalty is taken with it."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    extra = {"use_beam_search": True, "length_penalty": 0.5}
+    whole = client.chat.completions.create(model=model, messages=messages, n=2, max_tokens=8, extra_body=extra)
+    replies = [c.message.content for c in whole.choices]
+    assert [c.index for c in whole.choices] == [0, 1] and replies[0] != replies[1] and all(replies)
+    chunks = list(
+        client.chat.completions.create(model=model, messages=messages, n=2, max_tokens=8, extra_body=extra, stream=True)
+    )
+    texts = [(ch.index, ch.delta.content) for c in chunks for ch in c.choices if ch.delta.content]
+    assert sorted(texts) == [(0, replies[0]), (1, replies[1])]  # each reply in one chunk
+    finishes = {ch.index: ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason}
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+
+
+@pytest.mark.parametrize(
+    "api, extra, param",
+    [
+        ("completions", {"stream": True}, "stream"),  # vLLM refuses it too
+        ("completions", {"echo": True, "logprobs": 1}, "echo"),  # no prompt log-probabilities, as vLLM's
+        ("chat", {"top_p": 0.5}, "top_p"),  # what vLLM would ignore
+        ("chat", {"stop": ["."]}, "stop"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            "chat",
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+            "tool_choice",
+        ),
+        ("chat", {"n": 11}, "n"),  # 2 * n log-probabilities a round, at most 20
+        ("chat", {"use_beam_search": False, "length_penalty": 2.0}, "length_penalty"),  # only with beam search
+    ],
+)
+def test_beam_search_refuses_what_it_would_not_follow(
+    server: ServerProcess, model: str, api: str, extra: dict, param: str
+) -> None:
+    path, body = ("/v1/completions", {"prompt": "Hi"}) if api == "completions" else ("/v1/chat/completions", {})
+    body = {"model": model, "max_tokens": 4, "use_beam_search": True, **body, **extra}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": "Hi"}]
+    r = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_beam_search_is_for_openais_completions_and_chat_only(server: ServerProcess, model: str) -> None:
+    """The other APIs still refuse use_beam_search: true, rather than ignore it."""
+    r = httpx.post(f"{server.url}/v1/responses", json={"model": model, "input": "Hi", "use_beam_search": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search"
 
 
 def test_multiple_prompts(client: openai.OpenAI, model: str) -> None:
@@ -524,6 +599,20 @@ def test_non_streaming_disconnect_aborts(server: ServerProcess, model: str) -> N
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.0)
     m = wait_idle(server)
     assert m["tokenmill:num_requests_running"] == 0
+
+
+def test_a_beam_search_whose_client_leaves_stops(server: ServerProcess, model: str) -> None:
+    """The client leaving ends the search: the round running is aborted and no other follows."""
+    body = {"model": model, "prompt": "A long story:", "n": 3, "max_tokens": 2000, "ignore_eos": True}
+    body["use_beam_search"] = True
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, headers={"X-Request-Id": "beams-left"}, timeout=1.0)
+    (line,) = server.log_lines("beams-left /v1/completions")
+    assert "beams-left /v1/completions aborted" in line
+    for _ in range(3):  # rounds would keep the engine busy; it stays idle
+        m = wait_idle(server)
+        assert m["tokenmill:num_requests_running"] == 0 and m["tokenmill:kv_cache_usage_perc"] == 0
+        time.sleep(0.3)
 
 
 @pytest.mark.parametrize(
@@ -960,7 +1049,6 @@ def test_a_browser_preflight_is_answered(server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"use_beam_search": True}, "use_beam_search"),
         ({"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
         ({"logprob_token_ids": [1]}, "logprob_token_ids"),
         ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "SamplingParams",
+    "BeamSearchParams",
     "PoolingParams",
     "StructuredOutputsParams",
     "RequestOutput",
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from tokenmill.entrypoints.llm import LLM
     from tokenmill.outputs import CompletionOutput, RequestOutput
     from tokenmill.pooling_params import PoolingParams
-    from tokenmill.sampling_params import SamplingParams
+    from tokenmill.sampling_params import BeamSearchParams, SamplingParams
     from tokenmill.structured import StructuredOutputsParams
 
 
@@ -34,10 +35,10 @@ def __getattr__(name: str) -> Any:
         from tokenmill.entrypoints.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from tokenmill.sampling_params import SamplingParams
+    if name in ("SamplingParams", "BeamSearchParams"):
+        from tokenmill import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     if name == "PoolingParams":
         from tokenmill.pooling_params import PoolingParams
 

@@ -9,11 +9,15 @@ from tokenmill.structured.params import StructuredOutputsParams
 # the ranges every parameter is checked against (the server's OpenAPI schema states the same ones)
 MAX_N = 128
 MAX_LOGPROBS = 20
+# each beam of a beam search asks for 2 * beam_width log-probabilities a round, at most MAX_LOGPROBS (as vLLM's
+# max_logprobs bounds its beam width)
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 MAX_TEMPERATURE = 100.0
 MAX_REPETITION_PENALTY = 100.0
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY]
 MAX_LOGIT_BIAS = 100.0  # biases lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]
 SEED_RANGE = (-(2**63), 2**64 - 1)
+MAX_LENGTH_PENALTY = 10.0  # a beam search's length_penalty lies in [-10, 10] (HF's usual values: 0.6 to 2)
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,45 @@ class SamplingParams:
                     raise InvalidParameterError(
                         f"{name}: token id {token} is outside the vocabulary 0..{vocab_size - 1}", name
                     )
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's beam search parameters (`LLM.beam_search`, the server's `use_beam_search`): `beam_width` beams, each
+    round extended by one token, for at most `max_tokens` rounds (None: up to the model's length limit); a beam
+    ends at an end-of-sequence token unless `ignore_eos`. Finished and live beams are ranked by cumulative
+    log-probability / (generated tokens, a final EOS counted) ** `length_penalty`: above 0 favours longer beams,
+    below 0 shorter ones. `include_stop_str_in_output`: a final EOS stays in the server's token ids. `temperature`
+    is taken, as vLLM's, and changes nothing here: beams are ranked by the model's own log-probabilities.
+    `logprobs`: the top-k shown per token in the server's answers (beams always see 2 * beam_width)."""
+
+    beam_width: int
+    max_tokens: int | None
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _int_range("beam_width", self.beam_width, 1, MAX_BEAM_WIDTH)
+        if self.max_tokens is not None:
+            _int_range("max_tokens", self.max_tokens, 1, None)
+        _float_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _float_range("length_penalty", self.length_penalty, -MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY)
+        if self.logprobs is not None:
+            _int_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+
+    @property
+    def n(self) -> int:
+        """The outputs per prompt, as SamplingParams.n: the beam width."""
+        return self.beam_width
+
+    @property
+    def structured_outputs(self) -> None:
+        """Beam search follows no constraint (vLLM's offline grammar beams are not implemented)."""
+        return None
 
 
 def _is_int(value: Any) -> bool:

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 RANK_CHECK_INTERVAL_S = 1.0  # while idle, how often every tensor-parallel rank must answer
 STATS_LOG_INTERVAL_S = 10.0  # while busy, a throughput line this often (as vLLM's engine logs)
+IDLE_LOG_AFTER_S = 0.5  # and one when it has been idle this long after work
 
 
 class EngineDeadError(TokenmillError):
@@ -66,10 +67,11 @@ class AsyncEngine:
                 trimmer.maybe_release()
                 if not self.engine.has_unfinished_requests():
                     self._stats = self.engine.stats()
-                    self._maybe_log_stats(idle=True)
                     self._wake.clear()
-                    if self._commands.empty():  # a command queued after this check sets _wake: no lost wake-up
-                        self._wake.wait(timeout=0.5)
+                    # a command queued after this check sets _wake: no lost wake-up. The idle line once nothing
+                    # came for a while (a beam search leaves the engine idle for a moment between its rounds)
+                    if self._commands.empty() and not self._wake.wait(timeout=IDLE_LOG_AFTER_S):
+                        self._maybe_log_stats(idle=True)
                     if time.monotonic() - last_check >= RANK_CHECK_INTERVAL_S:
                         self.engine.check_ranks()  # a tensor-parallel rank lost while idle fails the engine now
                         last_check = time.monotonic()
@@ -106,7 +108,8 @@ class AsyncEngine:
 
     def _maybe_log_stats(self, idle: bool = False) -> None:
         """One line of throughput since the last one, and the engine's state now: every stats_log_interval_s
-        while busy, and once when the engine goes idle after work (the next busy period counts from then)."""
+        while busy, and once when the engine has gone idle after work, IDLE_LOG_AFTER_S later (the next busy
+        period counts from then)."""
         if self.stats_log_interval_s is None:
             return
         then, before = self._logged_stats
@@ -241,6 +244,30 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort_nowait(rid)
+
+    async def run_requests(
+        self,
+        prompts: Sequence[PromptInput],
+        params: SamplingParams,
+        request_ids: Sequence[str],
+        group: str | None = None,
+    ) -> list[RequestOutput]:
+        """Run requests to their end together (added in one command, so they share their steps): their final
+        outputs, in order (a beam search's round). Leaving early (a cancelled task) aborts those still running."""
+        collector = OutputCollector()
+        finals: dict[str, RequestOutput] = {}
+        try:
+            await self.add_requests(prompts, params, request_ids, collector, group)
+            while len(finals) < len(request_ids):
+                item = await collector.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    finals[item.request_id] = item
+        finally:
+            if len(finals) < len(request_ids):  # an add on its way to the engine thread runs before this abort
+                self.abort_nowait(*(rid for rid in request_ids if rid not in finals))
+        return [finals[rid] for rid in request_ids]
 
     def _abort_command(self, request_ids: tuple[str, ...]) -> Callable[[], None]:
         def abort() -> None:

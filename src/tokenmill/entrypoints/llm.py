@@ -7,12 +7,13 @@ from typing import Any
 from tqdm import tqdm
 
 from tokenmill.config import EngineConfig
+from tokenmill.engine.beam_search import BeamSearch, BeamSearchOutput
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
 from tokenmill.entrypoints.model_names import check_model_name
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import BeamSearchParams, SamplingParams
 from tokenmill.tokenizer import Tokenizer
 
 Conversation = list[dict[str, Any]]
@@ -56,16 +57,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (a string or {"prompt_token_ids": [...]}); outputs in prompt order."""
-        if isinstance(prompts, str | dict):
-            prompt_list: list[PromptInput] = [prompts]
-        elif isinstance(prompts, Iterable):
-            prompt_list = list(prompts)
-        else:
-            raise InvalidParameterError(
-                "prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them; "
-                f"got {type(prompts).__name__}",
-                "prompts",
-            )
+        prompt_list = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or self.get_default_sampling_params()] * len(prompt_list)
         else:
@@ -75,6 +67,32 @@ class LLM:
                     f"{len(params_list)} sampling params for {len(prompt_list)} prompts", "sampling_params"
                 )
         return self._run(prompt_list, params_list, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (engine/beam_search.py): for each prompt (a string, {"prompt": text} or
+        {"prompt_token_ids": [...]}) its best `params.beam_width` beams, best first; a beam's `tokens` and `text`
+        include the prompt's, as vLLM's. Each round, every live beam of every prompt asks the engine for one token
+        (one request each, run together), so a round costs about a decode step of beam_width x prompts sequences
+        plus their last partial blocks, which the prefix cache cannot hold."""
+        engine = self.engine
+        texts = [_text_prompt(p) for p in _prompt_list(prompts)]
+        tokenized = [engine.tokenize_prompt(p) for p in texts]
+        search = BeamSearch(tokenized, params, engine.tokenizer, engine.max_model_len)
+        engine.check_params(search.round_params)
+        bar = tqdm(total=search.max_rounds, desc="Beam search", unit="round", disable=not use_tqdm, dynamic_ncols=True)
+        with bar:
+
+            def run_round(beams: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
+                bar.update(1)
+                return self._run([{"prompt_token_ids": b} for b in beams], [one_token] * len(beams), False)
+
+            search.run(run_round)
+        return search.outputs()
 
     def embed(
         self,
@@ -161,3 +179,20 @@ class LLM:
         finally:
             bar.close()
         return [finished[i] for i in ids]
+
+
+def _prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str | dict):
+        return [prompts]
+    if isinstance(prompts, Iterable):
+        return list(prompts)
+    raise InvalidParameterError(
+        "prompts must be a string, a {'prompt_token_ids': [...]} dict, or a list of them; "
+        f"got {type(prompts).__name__}",
+        "prompts",
+    )
+
+
+def _text_prompt(prompt: PromptInput) -> PromptInput:
+    """vLLM's TextPrompt, {"prompt": text}, as its text."""
+    return prompt["prompt"] if isinstance(prompt, dict) and "prompt_token_ids" not in prompt else prompt

@@ -19,6 +19,7 @@ from tokenmill.parsers.think import ANSWER, BEFORE, start_state
 from tokenmill.parsers.think import END as THINK_END
 from tokenmill.parsers.think import START as THINK_START
 from tokenmill.sampling_params import SamplingParams, ThinkingBudget
+from tokenmill.server.beam_search_fields import beam_search_params
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import chat_logprobs
@@ -248,7 +249,10 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
-    params = req.sampling_params(max_tokens, k, defaults=model.sampling_defaults())
+    if req.use_beam_search:  # vLLM's beam search: n beams, a stream sends them whole once found
+        params = beam_search_params(req, max_tokens, k, model.sampling_defaults())
+    else:
+        params = req.sampling_params(max_tokens, k, defaults=model.sampling_defaults())
     chat = await start_chat(
         state,
         request_id,

@@ -9,6 +9,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import CompletionOutput, RequestOutput
+from tokenmill.server.beam_search_fields import beam_search_params
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import CompletionLogprobs
@@ -101,7 +102,10 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     asked = req.max_tokens if named else None
     max_tokens = 1 if drop_generated else state.output_limit(asked, None if named else 16)
     defaults = model.sampling_defaults()
-    params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
+    if req.use_beam_search:  # vLLM's beam search: one finished output per prompt, n beams (never streamed)
+        params = beam_search_params(req, max_tokens, req.logprobs, defaults)
+    else:
+        params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
     prompts = split_prompts(req.prompt)
     generation = Generation(state, prompts, params, request_id, "/v1/completions", drop_generated)
     await generation.start(http_request)

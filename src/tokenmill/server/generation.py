@@ -5,7 +5,9 @@ worker thread, never on the event loop or the engine's thread, so a long prompt 
 request is added in one engine command before anything is returned, so a bad prompt fails the whole call with a
 400 and leaves nothing running; the call's requests form one group, which takes its turns at admission beside the
 other calls (scheduler/waiting_queue.py). Work follows its client: a disconnect while the call is being started,
-or while it runs, aborts everything it added, and so does leaving the stream early (task cancelled).
+or while it runs, aborts everything it added, and so does leaving the stream early (task cancelled). A call with
+BeamSearchParams runs vLLM's beam search (engine/beam_search.py) in a task of its own: its rounds' requests count
+as the call's while they run, and its answer, one finished output per prompt, comes as a request's would.
 """
 
 import asyncio
@@ -19,11 +21,12 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tokenmill.engine.async_engine import EngineDeadError
+from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError
+from tokenmill.engine.beam_search import BeamSearch, round_params
 from tokenmill.engine.output_collector import OutputCollector
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import BeamSearchParams, SamplingParams
 from tokenmill.server.call_log import mark_logged
 from tokenmill.server.errors import APIError, ClientDisconnected
 from tokenmill.server.served_model import PromptInput, ServedModel
@@ -66,7 +69,7 @@ class Generation:
         self,
         state: ServerState,
         prompts: list[PromptInput],
-        params: SamplingParams | PoolingParams,
+        params: SamplingParams | PoolingParams | BeamSearchParams,
         api_id: str,
         endpoint: str = "",
         drop_generated: bool = False,
@@ -87,6 +90,7 @@ class Generation:
         self._pending: set[str] = set()
         self._entered = False  # whether start() added every request (else close() aborts every id it may have)
         self._claimed = False  # whether this call holds its api id (released when it closes)
+        self._beams: asyncio.Future | None = None  # a beam search's rounds
         self._status = "200"  # for the access line
         # the finish reason the API reported for an output, for the access line (chat: "tool_calls" for a call)
         self.reported_finish: Callable[[CompletionOutput], str | None] = lambda o: o.finish_reason
@@ -100,7 +104,8 @@ class Generation:
         model = self.state.require_model()
         # a request that can never run is a 400, not a 503; in a worker thread, as its constraint may take a while
         # to compile (bounded by max_constraint_compile_seconds), which must stall no other client
-        await asyncio.to_thread(model.check_params, self.params)
+        checked = round_params(self.params) if isinstance(self.params, BeamSearchParams) else self.params
+        await asyncio.to_thread(model.check_params, checked)
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
@@ -123,11 +128,45 @@ class Generation:
     async def _enter(self) -> None:
         engine = self.state.require_engine()
         prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts)
+        if isinstance(self.params, BeamSearchParams):
+            return await self._enter_beams(engine, prompts, self.params)
         rids = await engine.add_requests(prompts, self.params, self._planned_ids(), self._outputs, group=self.api_id)
         self.request_ids = rids
         self._index = {rid: i for i, rid in enumerate(rids)}
         self._pending.update(rids)
         self._entered = True
+
+    async def _enter_beams(self, engine: AsyncEngine, prompts: list[PromptInput], params: BeamSearchParams) -> None:
+        """Start the beam search of the call's prompts (checked here: a bad one is a 400). Each round's requests
+        are in `_pending` while they run, so that an abort (the client leaving, a shutdown's) reaches them."""
+        model = self.state.require_model()
+        checked = await asyncio.to_thread(lambda: [model.tokenize_prompt(p) for p in prompts])
+        search = BeamSearch(checked, params, model.tokenizer, model.max_model_len)
+        rids = self._planned_ids()
+        rounds = itertools.count()
+
+        async def run_round(beams: list[list[int]], one_token: SamplingParams) -> list[RequestOutput]:
+            ids = [f"{self.api_id}-round{next(rounds)}-beam{j}" for j in range(len(beams))]
+            self._pending.update(ids)
+            try:
+                return await engine.run_requests([{"prompt_token_ids": b} for b in beams], one_token, ids, self.api_id)
+            finally:
+                self._pending.difference_update(ids)
+
+        async def search_all() -> None:
+            try:
+                await search.run_async(run_round)
+            except Exception as exc:  # the engine failed: the call's reader gets the error (cancelled: it left)
+                self._outputs.put(rids[0], exc)
+                return
+            for rid, out in zip(rids, search.request_outputs(rids), strict=True):
+                self._outputs.put(rid, out)
+
+        self.request_ids = rids
+        self._index = {rid: i for i, rid in enumerate(rids)}
+        self._pending.update(rids)
+        self._entered = True
+        self._beams = asyncio.ensure_future(search_all())
 
     @staticmethod
     def _tokenized(model: ServedModel, prompts: list[PromptInput]) -> list[PromptInput]:
@@ -179,6 +218,8 @@ class Generation:
                 item: Any = await self._outputs.get()
                 if isinstance(item, EngineDeadError):
                     raise APIError(500, str(item), "server_error", code="engine_dead")
+                if isinstance(item, BaseException):  # a beam search's round failed
+                    raise item
                 self._latest[item.request_id] = item
                 if item.finished:
                     self._pending.discard(item.request_id)
@@ -230,6 +271,8 @@ class Generation:
         """Abort every request of the call still running, in one engine command. Before start() has added them
         all, every id it may have added: an add still on its way to the engine thread runs before this abort, as
         commands run in order (and the ids are this call's while it holds its api id)."""
+        if self._beams is not None:
+            self._beams.cancel()  # its round's requests are aborted as it stops (and below)
         engine = self.state.engine
         if engine is None:
             return

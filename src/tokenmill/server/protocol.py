@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import (
+    MAX_LENGTH_PENALTY,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_N,
@@ -75,7 +76,7 @@ STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # JSON's types as the sch
 # Fields vLLM's or llama.cpp's servers take that this one does not implement, with the values that ask for nothing
 # (sent by clients that always send them): any other value is refused with a 400 naming the field, never ignored.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "use_beam_search": (False,),
+    "use_beam_search": (False,),  # OpenAI's completions and chat declare it (beam search); the other APIs refuse it
     "allowed_token_ids": (),
     "logprob_token_ids": (),
     "return_tokens_as_token_ids": (False,),
@@ -247,11 +248,21 @@ class SamplingFields(APIRequest):
     vllm_xargs: dict[str, Any] | None = None
     # llama.cpp's name for max_tokens (-1: no limit), which its server takes on these endpoints too
     n_predict: Annotated[int, Field(ge=-1)] | None = None
+    # vLLM's beam search: n beams ranked by cumulative log-probability / length ** length_penalty
+    # (server/beam_search_fields.py)
+    use_beam_search: bool = False
+    length_penalty: Annotated[float, Field(ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)] = 1.0
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise unsupported_field_error("stream_options", "is only allowed with stream: true")
+        return self
+
+    @model_validator(mode="after")
+    def _length_penalty_with_beams(self) -> "SamplingFields":
+        if self.length_penalty != 1.0 and not self.use_beam_search:
+            raise unsupported_field_error("length_penalty", "applies only with use_beam_search: true")
         return self
 
     @model_validator(mode="after")

@@ -140,6 +140,11 @@ class ServedModel:
         """A text prompt's token ids (checked against the context first). Safe from any thread."""
         return self._engine.encode_prompt(text)
 
+    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        """A prompt's text (None for token ids) and token ids, checked as a request's are (ids in the vocabulary,
+        the length). Safe from any thread."""
+        return self._engine.tokenize_prompt(prompt)
+
     def detokenize(self, token_ids: list[int]) -> str:
         return self._engine.tokenizer.decode(token_ids)
 
