@@ -6,6 +6,8 @@ import base64
 import datetime
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -920,3 +922,22 @@ def test_several_listening_addresses(llama_server: ServerProcess) -> None:
         pytest.skip("no IPv6 loopback here")
     assert httpx.get(f"http://[::1]:{llama_server.port}/health").status_code == 200
     assert httpx.get(f"{llama_server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--slot-save-path", "/nonexistent/slots"), "--slot-save-path: not a directory"),
+        (("--chat-template-file", "/nonexistent/t.jinja"), "cannot read --chat-template-file"),
+        (("--reasoning", "maybe"), "invalid choice: 'maybe'"),
+    ],
+)
+def test_llama_server_flags_that_cannot_work_fail_at_start(flags: tuple[str, ...], words: str) -> None:
+    """As llama-server refuses them: before anything loads, status 2 and why."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and words in out.stderr, out.stderr

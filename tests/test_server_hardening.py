@@ -339,7 +339,9 @@ def test_llamacpp_endpoints_need_the_key_and_cors_echoes_the_origin(server: Serv
     preflight is answered with its origin and credentials allowed, as llama-server's tests expect."""
     for path, body in (("/completion", {"prompt": "hi"}), ("/props", {}), ("/apply-template", {"messages": []})):
         r = httpx.post(f"{server.url}{path}", json=body, timeout=60)
-        assert_openai_error(r, 401)
+        assert assert_openai_error(r, 401)["type"] == "authentication_error"  # llama-server's type
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"}, timeout=60)
+    assert assert_openai_error(r, 401)["type"] == "invalid_request_error"  # OpenAI's, on OpenAI's paths
     update = {"default_generation_settings": {"params": {"temperature": 0.3}}}
     assert post(server, "/props", update).json() == {"success": True}
     assert httpx.get(f"{server.url}/props", headers=AUTH).json()["default_generation_settings"]["params"][

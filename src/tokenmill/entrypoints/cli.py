@@ -247,6 +247,9 @@ def run_serve(args: argparse.Namespace) -> int:
         except (OSError, UnicodeDecodeError) as exc:
             print(f"tokenmill: error: cannot read --chat-template-file: {exc}", file=sys.stderr)
             return 2
+    if s.slot_save_path is not None and not Path(s.slot_save_path).is_dir():  # as llama-server refuses it
+        print(f"tokenmill: error: --slot-save-path: not a directory: {s.slot_save_path}", file=sys.stderr)
+        return 2
     from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
 
     if s.log_level is not None:

@@ -28,6 +28,8 @@ class ErrorJSONResponse(JSONResponse):
 
 
 OLLAMA_PREFIX = "/api/"
+# llama.cpp's own API (/completion and the root's /completions, /infill, /props, /slots, /apply-template)
+LLAMACPP_PREFIXES = ("/completion", "/infill", "/props", "/slots", "/apply-template")
 ANTHROPIC_PREFIX = "/v1/messages"
 ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -69,7 +71,10 @@ class APIError(Exception):
         if path.startswith(ANTHROPIC_PREFIX):
             kind = ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
             return {"type": "error", "error": {"type": kind, "message": self.message}}
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        kind = self.type
+        if self.status == 401 and path.startswith(LLAMACPP_PREFIXES):  # llama-server's type (OpenAI's is the other)
+            kind = "authentication_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self, path: str = "") -> JSONResponse:
         return ErrorJSONResponse(self.body(path), status_code=self.status, headers=self.headers)
