@@ -2,6 +2,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -78,15 +79,21 @@ def seeded_randomness() -> None:
         sys.modules["torch"].manual_seed(0)
 
 
+EXIT_WATCH_SECONDS = 60
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Threads that are not daemons and still run when the tests end hold the interpreter after the summary (a CI
-    run once passed every test and was then killed at its time limit for one): wait a little, then end the process
-    with an error that names them, rather than hang."""
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    for thread in others:
-        thread.join(timeout=30)
-    left = [t.name for t in others if t.is_alive()]
-    if left:
+    """A thread that is not a daemon and never ends holds the interpreter after the summary (a CI run once passed
+    every test and was then killed at its time limit for one). Watch the exit from a daemon thread: the interpreter
+    joins its non-daemon threads (thread pools' workers end there, told by concurrent.futures' own exit hook), and
+    if it is still waiting after EXIT_WATCH_SECONDS the watcher names the threads and ends the process with an
+    error rather than hang. A clean exit ends the watcher with the process."""
+
+    def watch() -> None:
+        time.sleep(EXIT_WATCH_SECONDS)
+        left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
         sys.stderr.write(f"\nthreads left running after the tests, so the process could not exit: {', '.join(left)}\n")
         sys.stderr.flush()
         os._exit(3)
+
+    threading.Thread(target=watch, name="tokenmill-exit-watch", daemon=True).start()
