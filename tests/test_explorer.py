@@ -5,6 +5,7 @@ import math
 import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -461,5 +462,9 @@ def test_a_reasoning_models_thinking_shows_apart_from_its_answer(browser, tmp_pa
         assert re.fullmatch(r"thinking: \d+ tokens, [\d.]+ s", page.inner_text("#thinking-summary")), page.inner_text(
             "#thinking-summary"
         )
+        # the page's event stream is still open: a stopping server ends it rather than wait for it
+        started = time.monotonic()
+        assert proc.stop(timeout=20) == 0
+        assert time.monotonic() - started < 10
     finally:
         proc.stop()

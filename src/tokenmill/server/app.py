@@ -7,7 +7,7 @@ behaves: errors are 400 (never FastAPI's 422), 401, 404, 413 and 503 in OpenAI's
 import asyncio
 import json
 import threading
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -252,8 +252,11 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
         state.require_engine()
 
         async def stream():
-            async for event in state.events.subscribe():
-                yield f"data: {json.dumps(event)}\n\n"
+            async with aclosing(state.events.subscribe()) as events:
+                async for event in events:
+                    if state.shutting_down:  # the stream never ends by itself, and uvicorn's shutdown waits for it
+                        return
+                    yield f"data: {json.dumps(event)}\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
