@@ -176,7 +176,7 @@ def test_a_rank_that_never_takes_the_next_step_fails_rank_0s_broadcast_within_th
 @pytest.fixture(scope="module")
 def tp3():
     # with n-gram speculation while at most 8 sequences run: the reference prompts verify proposals across the
-    # ranks, the mixed batch of 32 decodes plainly
+    # ranks, the mixed batch of 16 decodes plainly
     speculation = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 8, "verify_row_cost": 0}
     engine = LLM(tensor_parallel_size=3, max_num_batched_tokens=256, speculative_config=speculation)
     yield engine
@@ -191,7 +191,7 @@ def greedy(n: int) -> SamplingParams:
 @pytest.mark.slow
 def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_reference: dict, mixed_batch) -> None:
     """float32, sums through shared memory: the reference prompts (speculating: K + 1 rows per sequence across
-    the ranks), then a mixed batch of 32 (chunked prefill at 256 tokens a step, prefix-cache hits from the
+    the ranks), then a mixed batch of 16 (chunked prefill at 256 tokens a step, prefix-cache hits from the
     reference prompts seen before)."""
     assert tp3.engine.runner.group.shm is not None
     reference = [{"prompt_token_ids": g["prompt_ids"]} for g in smollm2_reference["generations"]]
@@ -200,8 +200,10 @@ def test_three_ranks_give_one_ranks_greedy_tokens(tp3: LLM, llm: LLM, smollm2_re
     )
     assert tp3.stats()["spec_decode_num_accepted_tokens"] > 0
     hits_before = tp3.stats()["prefix_cache_hit_tokens"]
-    prompts, one_rank = mixed_batch  # the shared engine's tokens for them, in one batch
-    assert token_lists(tp3.generate(prompts, greedy(16), use_tqdm=False)) == one_rank
+    # the shared engine's tokens for them, in one batch of 32; here every other one (CI's time: greedy tokens do
+    # not depend on the batch, tests/test_engine.py's test_batch_invariance), three of them longer than a chunk
+    prompts, one_rank = mixed_batch
+    assert token_lists(tp3.generate(prompts[::2], greedy(16), use_tqdm=False)) == one_rank[::2]
     # n = 3 samples share the prompt's blocks: copy-on-write block copies reach every rank with the step
     sampled = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12)
     prompt = {"prompt_token_ids": reference[0]["prompt_token_ids"][:21]}  # ends inside a block: copied on fork
