@@ -122,7 +122,8 @@ class Generation:
 
     async def _enter(self) -> None:
         engine = self.state.require_engine()
-        prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts)
+        prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts, self.params)
+        self.prompts = prompts  # as they run: tokenized, truncated where the request asks
         rids = await engine.add_requests(prompts, self.params, self._planned_ids(), self._outputs, group=self.api_id)
         self.request_ids = rids
         self._index = {rid: i for i, rid in enumerate(rids)}
@@ -130,9 +131,11 @@ class Generation:
         self._entered = True
 
     @staticmethod
-    def _tokenized(model: ServedModel, prompts: list[PromptInput]) -> list[PromptInput]:
-        """Text prompts as token ids (runs in a worker thread)."""
-        return [{"prompt": p, "prompt_token_ids": model.encode_prompt(p)} if isinstance(p, str) else p for p in prompts]
+    def _tokenized(
+        model: ServedModel, prompts: list[PromptInput], params: SamplingParams | PoolingParams
+    ) -> list[PromptInput]:
+        """The prompts as token ids, truncated where `params` ask (runs in a worker thread)."""
+        return [model.tokenize_prompt(p, params) for p in prompts]
 
     def close(self) -> None:
         """Abort what is still running and stop counting this call (idempotent); log its access line."""

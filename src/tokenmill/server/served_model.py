@@ -137,6 +137,13 @@ class ServedModel:
         """A text prompt's token ids (checked against the context first). Safe from any thread."""
         return self._engine.encode_prompt(text)
 
+    def tokenize_prompt(self, prompt: PromptInput, params: SamplingParams | PoolingParams) -> dict[str, Any]:
+        """A prompt as the engine takes it ({"prompt": its text or None, "prompt_token_ids"}): tokenized, checked
+        and truncated as `params` ask (truncate_prompt_tokens), as the engine's add_request does (which then has
+        nothing more to cut). Safe from any thread."""
+        text, ids = self._engine.tokenize_prompt(prompt, params)
+        return {"prompt": text, "prompt_token_ids": ids}
+
     def detokenize(self, token_ids: list[int]) -> str:
         return self._engine.tokenizer.decode(token_ids)
 
@@ -161,16 +168,23 @@ class ServedModel:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
+        truncated: bool = False,
     ) -> str:
-        """The chat template's text for the conversation, checked against the context."""
-        return self._engine.inputs.render_chat(messages, add_generation_prompt, tools, template_kwargs)
+        """The chat template's text for the conversation, checked against the context unless the request
+        truncates its prompt (`truncated`)."""
+        return self._engine.inputs.render_chat(
+            messages, add_generation_prompt, tools, template_kwargs, continue_final_message, truncated
+        )
 
     def encode_rendered_chat(self, text: str) -> list[int]:
         """A rendered chat's token ids (the template's special tokens read as special)."""
         return self._engine.inputs.encode_rendered_chat(text)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self._engine.encode_chat(messages, add_generation_prompt)
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> list[int]:
+        return self._engine.encode_chat(messages, add_generation_prompt, continue_final_message=continue_final_message)
 
     # ---- the KV cache and the step, for the request explorer ------------------------------------------------------
 
