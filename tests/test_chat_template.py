@@ -75,7 +75,7 @@ def test_hf_template_features() -> None:
     [
         ([], "must not be empty"),
         (["hello"], "must be an object"),
-        ([{"role": "wizard", "content": "x"}], "role must be one of"),
+        ([{"role": 5, "content": "x"}], "role must be a string"),
         ([{"role": "user", "content": 5}], "content must be a string"),
         ([{"role": "user", "content": [{"type": "image_url"}]}], "content parts"),
     ],
@@ -88,3 +88,79 @@ def test_bad_messages(smollm2_template: ChatTemplate, messages: list, match: str
 def test_template_syntax_error() -> None:
     with pytest.raises(InvalidParameterError, match="does not parse"):
         ChatTemplate("{% for m in messages %}")
+
+
+# Llama 3.1's way with roles: ipython (a tool's output) is a role of its own; a role it does not know raises
+LLAMA31_ROLES = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['system', 'user', 'assistant', 'ipython', 'tool'] %}"
+    "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def test_any_role_reaches_the_template(smollm2_template: ChatTemplate) -> None:
+    """A role is any string: the template decides (SmolLM2's writes any role; Llama 3.1's takes ipython and raises
+    for what it does not know, which is a 400 naming the template's reason)."""
+    text = smollm2_template.render([{"role": "ipython", "content": "42"}], add_generation_prompt=False)
+    assert text.endswith("<|im_start|>ipython\n42<|im_end|>\n")
+    llama = ChatTemplate(LLAMA31_ROLES)
+    text = llama.render([{"role": "user", "content": "6*7?"}, {"role": "ipython", "content": "42"}])
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|>" in text
+    with pytest.raises(InvalidParameterError, match="Unknown role: narrator") as refused:
+        llama.render([{"role": "narrator", "content": "Once"}])
+    assert refused.value.param == "messages"
+
+
+def test_a_template_that_fails_on_a_message_is_a_parameter_error() -> None:
+    """Not only raise_exception: a template that meets a message it was not written for (here, a field it adds to
+    a string) is the request's problem, not the server's."""
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] + m['count'] }}{% endfor %}")
+    with pytest.raises(InvalidParameterError, match="failed on the messages: TypeError"):
+        template.render([{"role": "user", "content": "a", "count": 1}])
+
+
+CONTINUED = [
+    [{"role": "user", "content": "Tell me a saying."}, {"role": "assistant", "content": "An apple a day"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, "}],  # its end trimmed or not
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Well"}]}],
+]
+
+
+@pytest.mark.slow
+def test_continue_final_message_matches_hf(smollm2_template: ChatTemplate, bundled_path: Path) -> None:
+    """continue_final_message renders as transformers' apply_chat_template(continue_final_message=True): the text
+    stops where the final message's content does, before the end of its turn; for a template that trims the
+    content (Llama 3.1's `| trim`) it stops at the trimmed end."""
+    import transformers
+
+    with fast_gguf_reading():
+        hf = transformers.AutoTokenizer.from_pretrained(bundled_path.parent, gguf_file=bundled_path.name)
+    for conversation in CONTINUED:
+        # content parts reach the template joined (as this template takes only strings)
+        as_text = [{**m, "content": m["content"] if isinstance(m["content"], str) else "Well"} for m in conversation]
+        expected = hf.apply_chat_template(
+            as_text, tokenize=False, add_generation_prompt=False, continue_final_message=True
+        )
+        ours = smollm2_template.render(conversation, add_generation_prompt=False, continue_final_message=True)
+        assert ours == expected
+        assert not ours.endswith("<|im_end|>\n")
+        llama = ChatTemplate(LLAMA31_ROLES)
+        hf.chat_template = LLAMA31_ROLES
+        expected = hf.apply_chat_template(
+            as_text, tokenize=False, add_generation_prompt=False, continue_final_message=True
+        )
+        assert llama.render(conversation, add_generation_prompt=False, continue_final_message=True) == expected
+        hf.chat_template = smollm2_template.source
+
+
+def test_continue_final_message_refusals(smollm2_template: ChatTemplate) -> None:
+    conversation = CONTINUED[0]
+    with pytest.raises(InvalidParameterError, match="cannot both be true") as refused:
+        smollm2_template.render(conversation, add_generation_prompt=True, continue_final_message=True)
+    assert refused.value.param == "continue_final_message"
+    hides = ChatTemplate("{% for m in messages %}{{ m['role'] }}{% endfor %}")  # writes no content at all
+    with pytest.raises(InvalidParameterError, match="does not write the final message"):
+        hides.render(conversation, add_generation_prompt=False, continue_final_message=True)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from tokenmill import LLM, SamplingParams
+from tokenmill import LLM, PoolingParams, SamplingParams
 from tokenmill.entrypoints.bench.workload import make_workload
 from tokenmill.errors import EngineClosedError, InvalidParameterError, PromptTooLongError
 
@@ -220,6 +220,64 @@ def test_logprobs_agree_with_prompt_logprobs(llm: LLM) -> None:
     assert scored.prompt_logprobs[0] is None and len(scored.prompt_logprobs) == len(prompt) + 6
     for i, token in enumerate(o.token_ids):
         assert abs(scored.prompt_logprobs[len(prompt) + i][token].logprob - o.logprobs[i][token].logprob) < 1e-3
+
+
+def test_logprob_token_ids_and_allowed_token_ids(llm: LLM) -> None:
+    """vLLM's allowed_token_ids (only these are sampled) and logprob_token_ids (these tokens' log-probabilities at
+    every position, beside the sampled one's), on the engine: the raw distribution's, as prompt_logprobs score the
+    same tokens."""
+    tok = llm.get_tokenizer()
+    prompt = tok.encode("The capital of France is")
+    allowed = tok.encode(" London Berlin")
+    listed = tok.encode(" Paris") + allowed
+    params = SamplingParams(temperature=0, max_tokens=3, allowed_token_ids=allowed, logprob_token_ids=listed)
+    o = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0].outputs[0]
+    assert set(o.token_ids) <= set(allowed)
+    for token, position in zip(o.token_ids, o.logprobs, strict=True):
+        assert list(position) == [token, *[t for t in listed if t != token]]  # the sampled one first, then as listed
+    scored = llm.generate(
+        {"prompt_token_ids": prompt + o.token_ids[:1]}, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0].prompt_logprobs[-1]
+    first = o.logprobs[0][o.token_ids[0]]
+    assert abs(scored[o.token_ids[0]].logprob - first.logprob) < 1e-3 and scored[o.token_ids[0]].rank == first.rank
+    paris = o.logprobs[0][listed[0]]
+    assert paris.rank == 1 and paris.logprob > first.logprob  # the model's choice, masked out, still scored
+
+
+def test_truncate_prompt_tokens() -> None:
+    """vLLM's truncate_prompt_tokens: the prompt's last N tokens (truncation_side "left", the default) or its first
+    N ("right"), text or token ids; -1: as many as the context allows (a prompt too long for it runs, cut); more
+    than max_model_len: refused. The text of a truncated prompt is not reported (it is not what ran). On an engine
+    of a small context, whose whole context is quick to compute."""
+    llm = LLM(max_model_len=96)
+    tok = llm.get_tokenizer()
+    text = "one two three four five six seven eight nine ten"
+    ids = tok.encode(text, add_special_tokens=True)
+    one = SamplingParams(temperature=0, max_tokens=1)
+
+    def run(prompt, **truncation):
+        return llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, **truncation), use_tqdm=False)[0]
+
+    assert run({"prompt_token_ids": ids}, truncate_prompt_tokens=4).prompt_token_ids == ids[-4:]
+    assert run({"prompt_token_ids": ids}, truncate_prompt_tokens=4, truncation_side="right").prompt_token_ids == ids[:4]
+    cut = run(text, truncate_prompt_tokens=3)
+    assert cut.prompt_token_ids == ids[-3:] and cut.prompt is None
+    assert run(text, truncate_prompt_tokens=50).prompt == text  # nothing to cut
+    limit = llm.engine.max_model_len
+    long_text = " ".join(f"w{i}" for i in range(limit * 2))  # far more tokens than the context holds
+    with pytest.raises(PromptTooLongError):
+        llm.generate(long_text, one, use_tqdm=False)
+    whole = tok.encode(long_text, add_special_tokens=True)
+    assert run(long_text, truncate_prompt_tokens=-1).prompt_token_ids == whole[-(limit - 1) :]
+    assert run(long_text, truncate_prompt_tokens=8, truncation_side="right").prompt_token_ids == whole[:8]
+    with pytest.raises(InvalidParameterError, match="cannot be more than max_model_len") as refused:
+        run(text, truncate_prompt_tokens=limit + 1)
+    assert refused.value.param == "truncate_prompt_tokens"
+    # an embedding's input too ("right" by default: its start is kept)
+    vector = llm.embed(text, PoolingParams(truncate_prompt_tokens=4))[0]
+    assert np.allclose(vector, llm.embed({"prompt_token_ids": ids[:4]})[0], atol=1e-5)
+    assert llm.embed(long_text, PoolingParams(truncate_prompt_tokens=-1))[0] is not None
+    llm.engine.check_integrity()
 
 
 @pytest.mark.slow

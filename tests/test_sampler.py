@@ -163,3 +163,31 @@ def test_a_spent_thinking_budget_writes_the_closing_tag() -> None:
     opens = ThinkingBudget(2, end_ids=[7, 8], start_ids=[5])  # the reply opens its own
     assert budget_token(opens, [1, 2, 3, 4]) is None  # not thinking
     assert budget_token(opens, [5, 1]) is None and budget_token(opens, [5, 1, 2]) == 7
+
+
+def test_allowed_token_ids_mask_everything_else() -> None:
+    """vLLM's allowed_token_ids: only these can be sampled, greedy or not, and with min_tokens banning every one of
+    them the mask still holds (as a constraint's does); log-probabilities stay the raw distribution's."""
+    sampler = Sampler(torch.device("cpu"))
+    logits = logits_from_probs([0.5, 0.3, 0.1, 0.05, 0.05, 0, 0, 0])
+    greedy = sampler.sample(logits, [row(temperature=0, allowed_token_ids=[2, 4], logprobs=0)])[0]
+    assert greedy.token_id == 2 and abs(greedy.logprob - math.log(0.1)) < 1e-5 and greedy.rank == 3
+    assert set(draw(sampler, logits, 300, temperature=1.0, allowed_token_ids=[3, 4])) == {3, 4}
+    only = sampler.sample(logits, [row(temperature=0, banned=[3], allowed_token_ids=[3])])[0]
+    assert only.token_id == 3
+    both = torch.cat([logits, logits])  # a row without the mask beside one with it
+    out = sampler.sample(both, [row(0, 0, temperature=0), row(1, 1, temperature=0, allowed_token_ids=[1])])
+    assert [t.token_id for t in out] == [0, 1]
+
+
+def test_logprob_token_ids_are_scored_whatever_their_rank() -> None:
+    """vLLM's logprob_token_ids: each listed token's raw log-probability and true rank, in the order listed, beside
+    the top ones when those are asked too."""
+    sampler = Sampler(torch.device("cpu"))
+    probs = [0.5, 0.3, 0.1, 0.05, 0.05, 0, 0, 0]
+    (token,) = sampler.sample(logits_from_probs(probs), [row(temperature=0, logprob_token_ids=[3, 1])])
+    assert token.token_id == 0 and token.top_logprobs is None
+    assert [(t, r) for t, _, r in token.listed_logprobs] == [(3, 4), (1, 2)]
+    assert [round(math.exp(lp), 5) for _, lp, _ in token.listed_logprobs] == [0.05, 0.3]
+    (token,) = sampler.sample(logits_from_probs(probs), [row(temperature=0, logprobs=1, logprob_token_ids=[2])])
+    assert [t for t, _ in token.top_logprobs] == [0] and [t for t, _, _ in token.listed_logprobs] == [2]

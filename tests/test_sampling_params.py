@@ -32,6 +32,13 @@ from tokenmill.errors import InvalidParameterError
         ({"logit_bias": {5: 500}}, "logit_bias"),
         ({"seed": "abc"}, "seed"),
         ({"n": True}, "n"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [1, -2]}, "allowed_token_ids"),
+        ({"logprob_token_ids": ["a"]}, "logprob_token_ids"),
+        ({"logprob_token_ids": list(range(129))}, "logprob_token_ids"),
+        ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+        ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ({"truncation_side": "middle"}, "truncation_side"),
     ],
 )
 def test_invalid_values(kwargs: dict, param: str) -> None:
@@ -51,3 +58,7 @@ def test_valid_values_are_normalised() -> None:
 def test_token_ids_must_be_in_the_vocabulary() -> None:
     with pytest.raises(InvalidParameterError, match="outside the vocabulary"):
         SamplingParams(stop_token_ids=[10**9]).validate_token_ids(49152)
+    for name in ("allowed_token_ids", "logprob_token_ids"):
+        with pytest.raises(InvalidParameterError, match="outside the vocabulary") as info:
+            SamplingParams(**{name: [5, 49152]}).validate_token_ids(49152)
+        assert info.value.param == name

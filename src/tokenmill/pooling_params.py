@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tokenmill.errors import InvalidParameterError
+from tokenmill.sampling_params import check_truncation
 
 POOLING_TYPES = ("mean", "last")
 
@@ -17,6 +18,10 @@ class PoolingParams:
     pooling: Literal["mean", "last"] = "mean"  # the mean of every token's hidden state, or the last token's
     normalize: bool = True  # scaled to unit length (cosine similarity = dot product)
     dimensions: int | None = None  # keep the first this many values (Matryoshka models), before normalizing
+    # vLLM's: the input cut to this many tokens first (-1: as many as the context allows), keeping its start
+    # ("right": the end is cut, the default for embeddings) or its end ("left")
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] = "right"
 
     n = 1  # one vector per prompt (a request's samples, for the code that counts them)
 
@@ -29,3 +34,4 @@ class PoolingParams:
             isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or self.dimensions < 1
         ):
             raise InvalidParameterError(f"dimensions must be a positive integer, not {self.dimensions!r}", "dimensions")
+        check_truncation(self.truncate_prompt_tokens, self.truncation_side)

@@ -1,7 +1,7 @@
 """Per-request sampling parameters (vLLM's names and defaults), validated when made. No torch here."""
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.structured.params import StructuredOutputsParams
@@ -18,6 +18,8 @@ MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-MAX_PENALTY, MAX_
 MAX_LOGIT_BIAS = 100.0  # biases lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]
 SEED_RANGE = (-(2**63), 2**64 - 1)
 MAX_LENGTH_PENALTY = 10.0  # a beam search's length_penalty lies in [-10, 10] (HF's usual values: 0.6 to 2)
+MAX_LOGPROB_TOKEN_IDS = 128  # the most token ids `logprob_token_ids` may list (vLLM's bound)
+TRUNCATION_SIDES = ("left", "right")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,15 @@ class SamplingParams:
     # return_progress): RequestOutput.num_computed_prompt_tokens says how far the prompt is
     report_prompt_progress: bool = False
     prompt_logprobs: int | None = None  # the same for every prompt token
+    # vLLM's: the log-probabilities of these tokens at every generated position (with the sampled one's, and the
+    # top `logprobs` where that is set too), whatever their rank
+    logprob_token_ids: list[int] | None = None
+    # vLLM's: only these tokens can be sampled (every other one is masked, as a structured output masks)
+    allowed_token_ids: list[int] | None = None
+    # vLLM's: the prompt cut to this many tokens before it runs (-1: as many as the context allows, max_model_len - 1),
+    # keeping its end ("left": the start is cut, the default for generation) or its start ("right")
+    truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] = "left"
     # compute the whole prompt, reading nothing from the prefix cache (llama.cpp's cache_prompt: false)
     skip_reading_prefix_cache: bool = False
     skip_special_tokens: bool = True
@@ -90,6 +101,18 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None:
                 _int_range(name, value, 0, MAX_LOGPROBS)
+        for name in ("logprob_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                setattr(self, name, _token_id_list(name, ids))
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise InvalidParameterError("allowed_token_ids must list at least one token id", "allowed_token_ids")
+        if self.logprob_token_ids is not None and len(self.logprob_token_ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise InvalidParameterError(
+                f"logprob_token_ids lists {len(self.logprob_token_ids)} tokens; at most {MAX_LOGPROB_TOKEN_IDS}",
+                "logprob_token_ids",
+            )
+        check_truncation(self.truncate_prompt_tokens, self.truncation_side)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise InvalidParameterError("logit_bias must map token ids to biases", "logit_bias")
@@ -140,7 +163,13 @@ class SamplingParams:
 
     def validate_token_ids(self, vocab_size: int) -> None:
         """Token ids named by the parameters must exist in the model's vocabulary."""
-        for name, ids in (("logit_bias", list(self.logit_bias or ())), ("stop_token_ids", self.stop_token_ids or [])):
+        named = (
+            ("logit_bias", list(self.logit_bias or ())),
+            ("stop_token_ids", self.stop_token_ids or []),
+            ("allowed_token_ids", self.allowed_token_ids or []),
+            ("logprob_token_ids", self.logprob_token_ids or []),
+        )
+        for name, ids in named:
             for token in ids:
                 if not 0 <= token < vocab_size:
                     raise InvalidParameterError(
@@ -185,6 +214,42 @@ class BeamSearchParams:
     def structured_outputs(self) -> None:
         """Beam search follows no constraint (vLLM's offline grammar beams are not implemented)."""
         return None
+
+
+def check_truncation(tokens: Any, side: Any) -> None:
+    """truncate_prompt_tokens (None, -1 or at least 1) and truncation_side ("left" or "right"), as a request's
+    parameters hold them (SamplingParams' and PoolingParams')."""
+    if tokens is not None:
+        _int_range("truncate_prompt_tokens", tokens, -1, None)
+        if tokens == 0:
+            raise InvalidParameterError(
+                "truncate_prompt_tokens must be at least 1 (or -1: as many as the context allows), got 0",
+                "truncate_prompt_tokens",
+            )
+    if side not in TRUNCATION_SIDES:
+        raise InvalidParameterError(f"truncation_side must be 'left' or 'right', got {side!r}", "truncation_side")
+
+
+def truncation_limit(tokens: int | None, max_model_len: int) -> int | None:
+    """How many prompt tokens truncate_prompt_tokens keeps on an engine of this max_model_len (-1: all that leave
+    room for one output token); None: no truncation. More than max_model_len: 400, as vLLM's."""
+    if tokens is None:
+        return None
+    if tokens > max_model_len:
+        raise InvalidParameterError(
+            f"truncate_prompt_tokens ({tokens}) cannot be more than max_model_len ({max_model_len})",
+            "truncate_prompt_tokens",
+        )
+    return max_model_len - 1 if tokens < 0 else tokens
+
+
+def _token_id_list(name: str, ids: Any) -> list[int]:
+    if not isinstance(ids, list | tuple) or not all(_is_int(t) for t in ids):
+        raise InvalidParameterError(f"{name} must be a list of token ids", name)
+    negative = [t for t in ids if t < 0]
+    if negative:
+        raise InvalidParameterError(f"{name} must be token ids (0 or more), got {negative[0]}", name)
+    return list(ids)
 
 
 def _is_int(value: Any) -> bool:

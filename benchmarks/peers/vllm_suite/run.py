@@ -14,7 +14,8 @@ No network here, so the Hub checkpoints the tests name are served by stand-ins u
   tokens as in Qwen3's own vocabulary); qwen3_standin.py leans its replies toward Qwen3's shape (think, then
   answer; only answer when the template closed the thinking). The tests' own tokenizer (vllm.tokenizers'
   get_tokenizer of the same name) is that tokenizer, from an offline Hugging Face cache written here.
-- any other name: the bundled SmolLM2-135M-Instruct.
+- any other name: the bundled SmolLM2-135M-Instruct, whose tokenizer (and chat template) the offline cache holds
+  under its own name (HuggingFaceTB/SmolLM2-135M-Instruct) for the tests that read it.
 Prints a JSON summary (passed, failed, skipped, each failure's first line) and writes pytest's junit XML.
 """
 
@@ -48,14 +49,25 @@ SNAPSHOT = "0" * 40  # the offline cache's revision of each stand-in's tokenizer
 STANDIN_THINKING = "<think>\nThe user asks for a sum. One plus one is two, so I answer 2.\n</think>\n\n"
 STANDIN_ANSWER = "1 + 1 = 2."
 
-# the reasoning and named-tool tests (issue 37): whole files, each failure then read and named in the README
+# whole files, each failure then read and named in benchmarks/README.md: the reasoning and named-tool tests (issue
+# 37), then those of vLLM's request extensions (issue 39: prompt_logprobs, echo, logprob_token_ids,
+# allowed_token_ids, return_tokens_as_token_ids, truncate_prompt_tokens, continue_final_message,
+# continuous_usage_stats)
 DEFAULT_TESTS = (
     "tests/entrypoints/openai/chat_completion/test_include_reasoning.py",
     "tests/entrypoints/openai/chat_completion/test_thinking_token_budget.py",
     "tests/entrypoints/openai/chat_completion/test_completion_with_function_calling.py",
     "tests/entrypoints/openai/responses/test_simple.py",
     "tests/entrypoints/openai/responses/test_function_call.py",
+    "tests/entrypoints/openai/completion/test_completion.py",
+    "tests/entrypoints/openai/completion/test_prompt_validation.py",
+    "tests/entrypoints/openai/chat_completion/test_chat_echo.py",
+    "tests/entrypoints/openai/chat_completion/test_logprob_token_ids.py",
+    "tests/entrypoints/openai/test_chunked_prompt.py",
+    "tests/entrypoints/serve/tokenize/test_tokenization.py",
+    "tests/entrypoints/pooling/basic/test_truncation.py",
 )
+SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the bundled model, under the name the tests use
 
 
 def vllm_source(cache: Path) -> Path:
@@ -98,12 +110,20 @@ def closing_tokens(tokenizer: Tokenizer) -> list[int]:
     return ids
 
 
-def write_hf_cache(hub: Path, names: tuple[str, ...], tokenizer: Tokenizer, template: str) -> None:
-    """An offline Hugging Face cache where each name's tokenizer is the stand-in's (HF_HUB_OFFLINE reads it)."""
+def write_hf_cache(
+    hub: Path,
+    names: tuple[str, ...],
+    tokenizer: Tokenizer,
+    template: str,
+    model_type: str = "qwen3",
+    pad_token: str = "<|endoftext|>",
+) -> None:
+    """An offline Hugging Face cache where each name's tokenizer is `tokenizer`, with `template` (HF_HUB_OFFLINE
+    reads it): the stand-in's under Qwen3's names, the bundled SmolLM2's under its own."""
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
+        "pad_token": pad_token,
         "chat_template": template,
     }
     for name in names:
@@ -114,7 +134,8 @@ def write_hf_cache(hub: Path, names: tuple[str, ...], tokenizer: Tokenizer, temp
         (repo / "refs" / "main").write_text(SNAPSHOT)
         (snapshot / "tokenizer.json").write_text(tokenizer.backend.to_str())
         (snapshot / "tokenizer_config.json").write_text(json.dumps(config))
-        (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": tokenizer.vocab_size}))
+        model_config = {"model_type": model_type, "vocab_size": tokenizer.vocab_size}
+        (snapshot / "config.json").write_text(json.dumps(model_config))
 
 
 def summary(junit: Path) -> dict:
@@ -147,6 +168,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     standin, tokenizer = qwen3_standin(work)
     write_hf_cache(work / "hf" / "hub", QWEN3_NAMES, tokenizer, QWEN3_TEMPLATE.read_text())
+    bundled = GGUFFile(bundled_model_path())
+    smollm2 = Tokenizer.from_gguf(bundled)
+    write_hf_cache(
+        work / "hf" / "hub", (SMOLLM2_NAME,), smollm2, bundled.get("tokenizer.chat_template"), "llama", "<|im_end|>"
+    )
     script = {
         "think": tokenizer.encode(STANDIN_THINKING),
         "answer": tokenizer.encode(STANDIN_ANSWER) + [tokenizer.token_to_id("<|im_end|>")],

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenmill.errors import InvalidParameterError, PromptTooLongError
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import SamplingParams, truncation_limit
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.tokenizer import ChatTemplate
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
@@ -19,7 +19,9 @@ PromptInput = str | dict[str, Any] | list[int]
 
 
 # what a request's chat_template_kwargs may not set: the conversation and the server's own variables
-RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token"})
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "add_generation_prompt", "continue_final_message", "tools", "bos_token", "eos_token"}
+)
 
 
 class InputProcessor:
@@ -43,10 +45,15 @@ class InputProcessor:
         self.kv = kv  # for how many blocks a request may take (read only)
         self._grammars = grammars  # the engine's compiler, made at first use
 
-    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+    def tokenize_prompt(
+        self, prompt: PromptInput, params: SamplingParams | PoolingParams | None = None
+    ) -> tuple[str | None, list[int]]:
+        """A prompt's text (None when it came as token ids, or was truncated) and its token ids, checked against the
+        vocabulary and max_model_len, after the truncation its `params` ask for (truncate_prompt_tokens)."""
+        keep = self.truncation(params)
         if isinstance(prompt, str):
-            return prompt, self.encode_prompt(prompt)
-        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt, self.encode_prompt(prompt, params)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             text = prompt.get("prompt")
         elif isinstance(prompt, list):
@@ -55,6 +62,9 @@ class InputProcessor:
             raise InvalidParameterError("a prompt is a string or {'prompt_token_ids': [...]}", "prompt")
         if not isinstance(ids, list):
             raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
+        if keep is not None and len(ids) > keep:
+            ids = ids[-keep:] if params.truncation_side == "left" else ids[:keep]  # type: ignore[union-attr]
+            text = None  # the text no longer says what runs
         self.check_prompt_length(len(ids))  # before looking at each id of a list that may be huge
         vocab = self.vocab_size
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -64,10 +74,24 @@ class InputProcessor:
             raise InvalidParameterError(f"prompt token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", "prompt")
         return text, list(ids)
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def truncation(self, params: SamplingParams | PoolingParams | None) -> int | None:
+        """How many prompt tokens a request's truncate_prompt_tokens keeps (None: no truncation); 400 above
+        max_model_len."""
+        return truncation_limit(getattr(params, "truncate_prompt_tokens", None), self.max_model_len)
+
+    def encode_prompt(self, text: str, params: SamplingParams | PoolingParams | None = None) -> list[int]:
         """A text prompt -> token ids (BOS added as the model wants). A text too long for max_model_len by its
-        length alone is refused before it is tokenized."""
-        self.check_text_length(text)
+        length alone is refused before it is tokenized; unless the request truncates its prompt: then only the
+        characters that can hold the tokens kept are tokenized (as vLLM trims), the end of the text for
+        truncation_side "left", its start for "right" (tokenize_prompt cuts the tokens)."""
+        keep = self.truncation(params)
+        if keep is None:
+            self.check_text_length(text)
+        elif self.tokenizer.max_token_chars:
+            # more characters than keep + 1024 tokens can hold: the cut is by tokens, far from where the text is cut
+            room = (keep + 1024) * self.tokenizer.max_token_chars
+            if len(text) > room:
+                text = text[-room:] if params.truncation_side == "left" else text[:room]  # type: ignore[union-attr]
         return self.tokenizer.encode(text, add_special_tokens=True)
 
     def encode_chat(
@@ -76,12 +100,15 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """Render the chat template and tokenize it (special tokens in the template are parsed as special); the
         rendered text is checked against max_model_len as encode_prompt checks a prompt. `tools` (OpenAI's
         `tools` list) reach a template that takes them; `template_kwargs` (vLLM's chat_template_kwargs, such as
-        Qwen3's enable_thinking or gpt-oss's reasoning_effort) are the template's other variables."""
-        return self.encode_rendered_chat(self.render_chat(messages, add_generation_prompt, tools, template_kwargs))
+        Qwen3's enable_thinking or gpt-oss's reasoning_effort) are the template's other variables;
+        `continue_final_message`: the final message left open (render_chat)."""
+        text = self.render_chat(messages, add_generation_prompt, tools, template_kwargs, continue_final_message)
+        return self.encode_rendered_chat(text)
 
     def render_chat(
         self,
@@ -89,13 +116,18 @@ class InputProcessor:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
+        truncated: bool = False,
     ) -> str:
-        """The chat template's text for the conversation, checked against max_model_len (see encode_chat)."""
+        """The chat template's text for the conversation, checked against max_model_len (see encode_chat) unless
+        the request will truncate it (`truncated`: its tokens are cut by tokenize_prompt). `continue_final_message`:
+        the text ends inside the final message, for the model to go on with it (ChatTemplate.render)."""
         extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARIABLES}
         if tools:
             extra["tools"] = tools
-        text = self.chat_template.render(messages, add_generation_prompt, **extra)
-        self.check_text_length(text)
+        text = self.chat_template.render(messages, add_generation_prompt, continue_final_message, **extra)
+        if not truncated:
+            self.check_text_length(text)
         return text
 
     def encode_rendered_chat(self, text: str) -> list[int]:

@@ -242,8 +242,12 @@ class LLMEngine(EngineCore):
     def new_request_id(self) -> str:
         return f"req-{next(self._request_ids)}"
 
-    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        return self.inputs.tokenize_prompt(prompt)
+    def tokenize_prompt(
+        self, prompt: PromptInput, params: SamplingParams | PoolingParams | None = None
+    ) -> tuple[str | None, list[int]]:
+        """A prompt's text and token ids, checked and truncated as `params` ask (engine/input_processor.py). Safe
+        to call from any thread."""
+        return self.inputs.tokenize_prompt(prompt, params)
 
     def encode_prompt(self, text: str) -> list[int]:
         """A text prompt -> token ids (engine/input_processor.py). Safe to call from any thread."""
@@ -255,9 +259,10 @@ class LLMEngine(EngineCore):
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """The chat template rendered and tokenized (engine/input_processor.py). Safe from any thread."""
-        return self.inputs.encode_chat(messages, add_generation_prompt, tools, template_kwargs)
+        return self.inputs.encode_chat(messages, add_generation_prompt, tools, template_kwargs, continue_final_message)
 
     def add_request(
         self,
@@ -274,13 +279,13 @@ class LLMEngine(EngineCore):
             raise EngineClosedError("this engine was closed (close()); it takes no more requests: make a new one")
         params = params or SamplingParams()
         self.check_params(params)
+        text, ids = self.tokenize_prompt(prompt, params)
         pooling = params if isinstance(params, PoolingParams) else None
         if pooling is not None:  # scheduled as a one-token request whose token is never sampled
             params = SamplingParams(max_tokens=1)
         request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.requests:
             raise InvalidParameterError(f"request id {request_id!r} is already in use", "request_id")
-        text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise InvalidParameterError("the prompt is empty", "prompt")
         max_tokens = self.inputs.check_fits(len(ids), params)

@@ -37,7 +37,8 @@ class OutputProcessor:
             p.stop_strings,
             p.include_stop_str_in_output,
         )
-        return SampleState(seq, detok, [] if p.logprobs is not None else None)
+        wants_logprobs = p.logprobs is not None or bool(p.logprob_token_ids)
+        return SampleState(seq, detok, [] if wants_logprobs else None)
 
     def collects_prompt_logprobs(self, request: Request, seq: Sequence, start: int) -> bool:
         if request.prompt_logprobs is None or seq.sample_index != 0:
@@ -83,9 +84,16 @@ class OutputProcessor:
         request.pooled = None
         self.finish(seq, "stop", None)
 
-    def position_logprobs(self, token: int, logprob: float, rank: int, top: list) -> PositionLogprobs:
+    def position_logprobs(
+        self, token: int, logprob: float, rank: int, top: list, listed: list | None = None
+    ) -> PositionLogprobs:
+        """One position's log-probabilities: the actual token's first, then the top ones, then `listed` ((id,
+        logprob, rank): the request's logprob_token_ids), each token once."""
         entry = {token: Logprob(logprob, rank, self.tokenizer.decode([token]))}
         for r, (tid, lp) in enumerate(top, start=1):
+            if tid not in entry:
+                entry[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
+        for tid, lp, r in listed or ():
             if tid not in entry:
                 entry[tid] = Logprob(lp, r, self.tokenizer.decode([tid]))
         return entry
@@ -97,7 +105,9 @@ class OutputProcessor:
         seq.cumulative_logprob += token.logprob
         if sample.logprobs is not None:
             sample.logprobs.append(
-                self.position_logprobs(token.token_id, token.logprob, token.rank, token.top_logprobs or [])
+                self.position_logprobs(
+                    token.token_id, token.logprob, token.rank, token.top_logprobs or [], token.listed_logprobs
+                )
             )
         metrics = request.metrics
         if metrics.first_token_time is None:

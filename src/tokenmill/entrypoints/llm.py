@@ -113,13 +113,15 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
-        """Render the chat template over one conversation (or a list of them) and generate the replies."""
+        """Render the chat template over one conversation (or a list of them) and generate the replies;
+        `continue_final_message` (with add_generation_prompt=False): the model goes on with the final message."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts: list[PromptInput] = [
-            {"prompt_token_ids": self.engine.encode_chat(c, add_generation_prompt), "prompt": None}
-            for c in conversations  # type: ignore[arg-type]
-        ]
+        prompts: list[PromptInput] = []
+        for c in conversations:
+            ids = self.engine.encode_chat(c, add_generation_prompt, continue_final_message=continue_final_message)  # type: ignore[arg-type]
+            prompts.append({"prompt_token_ids": ids, "prompt": None})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def generate_stream(

@@ -1,7 +1,8 @@
 """Turn logits into tokens, vectorized over the batch, each row with its own parameters.
 
 Order (as in vLLM): custom logits processors (logits_processors.py) for the requests that carry their arguments,
-logit bias and the min_tokens ban, then repetition / frequency / presence penalties; greedy
+logit bias, allowed_token_ids, a structured output's mask and the min_tokens ban, then repetition / frequency /
+presence penalties; greedy
 rows take the argmax; the others are divided by their temperature, cut by top-k, top-p and min-p, and sampled
 with the exponential-race trick (argmax of p / q, q ~ Exp(1)), where a seeded row draws q from its own
 generator, so its tokens do not depend on what else is in the batch. Log-probabilities are those of the raw
@@ -37,6 +38,8 @@ class SampledToken:
     logprob: float
     rank: int  # rank of the sampled token in the raw distribution (1 = most likely; 0 = not computed)
     top_logprobs: list[tuple[int, float]] | None  # the `logprobs` most likely tokens, best first
+    # the tokens the request's logprob_token_ids list: (id, logprob, rank), in its order
+    listed_logprobs: list[tuple[int, float, int]] | None = None
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -54,6 +57,7 @@ def is_plain_greedy(row: SamplingRow) -> bool:
     return (
         p.greedy
         and row.allowed is None
+        and p.allowed_token_ids is None
         and not p.logit_bias
         and not row.processors
         and p.thinking_budget is None
@@ -156,16 +160,26 @@ class Sampler:
                 torch.tensor(bias_vals, dtype=logits.dtype, device=logits.device),
                 accumulate=True,
             )
+        forcing = set()
         for i, r in enumerate(rows):  # a thinking budget spent: the tag that ends the thinking, token by token
             forced = budget_token(r.params.thinking_budget, r.output_token_ids) if r.params.thinking_budget else None
             if forced is not None:
+                forcing.add(i)
                 keep = logits[i, forced].clone()
                 logits[i].fill_(float("-inf"))
                 logits[i, forced] = keep if bool(torch.isfinite(keep)) else 0.0
         constrained = {i: r.allowed for i, r in enumerate(rows) if r.allowed is not None}
+        for i, r in enumerate(rows):  # allowed_token_ids: only these (within a constraint's, where that leaves any)
+            if r.params.allowed_token_ids is not None and i not in forcing:  # (a spent thinking budget's tag wins)
+                listed = _token_mask(r.params.allowed_token_ids, logits.shape[-1], logits.device)
+                if i not in constrained:
+                    logits[i].masked_fill_(~listed, float("-inf"))
+                elif bool((listed & constrained[i].to(logits.device)).any()):
+                    constrained[i] = listed & constrained[i].to(logits.device)
         for i, allowed in constrained.items():  # a structured output: only what its constraint allows
             logits[i].masked_fill_(~allowed.to(logits.device), float("-inf"))
-        before_bans = {i: logits[i].clone() for i in constrained if rows[i].banned_token_ids}
+        masked = set(constrained) | {i for i, r in enumerate(rows) if r.params.allowed_token_ids and i not in forcing}
+        before_bans = {i: logits[i].clone() for i in masked if rows[i].banned_token_ids}
         ban_rows = [i for i, r in enumerate(rows) for _ in r.banned_token_ids]
         ban_cols = [t for r in rows for t in r.banned_token_ids]
         if ban_rows:
@@ -173,7 +187,7 @@ class Sampler:
                 "-inf"
             )
         for i, row in before_bans.items():
-            if not bool(torch.isfinite(logits[i]).any()):  # min_tokens banned all the constraint allows: it wins
+            if not bool(torch.isfinite(logits[i]).any()):  # min_tokens banned all the mask allows: the mask wins
                 logits[i] = row
 
         # penalties touch only the tokens a row has seen: O(prompt + output) per row, not O(vocabulary)
@@ -226,24 +240,47 @@ class Sampler:
         return argmax_rows(probs / noise), probs
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
-        # the sampled token's log-probability always (for cumulative_logprob); ranks and top-k only when asked
+        # the sampled token's log-probability always (for cumulative_logprob); ranks, top-k and the listed tokens'
+        # (logprob_token_ids) only when asked
         chosen = (raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(raw, dim=-1)).tolist()  # [R]
         max_k = max((r.params.logprobs if r.params.logprobs is not None else -1) for r in rows)
+        listing = any(r.params.logprob_token_ids for r in rows)
         token_list = tokens.tolist()
-        if max_k < 0:
+        if max_k < 0 and not listing:
             return [SampledToken(t, lp, 0, None) for t, lp in zip(token_list, chosen, strict=True)]
         logprobs = raw.log_softmax(dim=-1)  # [R, V]
         ranks = ((logprobs > logprobs.gather(1, tokens.unsqueeze(1))).sum(dim=-1) + 1).tolist()
-        top_vals, top_ids = logprobs.topk(max(max_k, 1), dim=-1)
-        top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        top_ids: list[list[int]] = [[] for _ in rows]
+        top_vals: list[list[float]] = [[] for _ in rows]
+        if max_k >= 0:
+            values, ids = logprobs.topk(max(max_k, 1), dim=-1)
+            top_vals, top_ids = values.tolist(), ids.tolist()
         out = []
         for i, r in enumerate(rows):
             k = r.params.logprobs
             top = None if k is None else list(zip(top_ids[i][:k], top_vals[i][:k], strict=True))
             if top is not None and r.params.processed_logprobs:  # what it could not draw is no candidate
                 top = [(t, v) for t, v in top if v != float("-inf")]
-            out.append(SampledToken(token_list[i], chosen[i], ranks[i], top))
+            sampled = SampledToken(token_list[i], chosen[i], ranks[i], top)
+            if r.params.logprob_token_ids:
+                sampled.listed_logprobs = listed_logprobs(logprobs[i], r.params.logprob_token_ids)
+            out.append(sampled)
         return out
+
+
+def listed_logprobs(logprobs: torch.Tensor, token_ids: list[int]) -> list[tuple[int, float, int]]:
+    """One position's log-probabilities [V] at these tokens: (id, logprob, rank), in the order given."""
+    ids = torch.tensor(token_ids, dtype=torch.int64, device=logprobs.device)
+    values = logprobs.index_select(0, ids)
+    ranks = ((logprobs.unsqueeze(0) > values.unsqueeze(1)).sum(dim=-1) + 1).tolist()
+    return list(zip(token_ids, values.tolist(), ranks, strict=True))
+
+
+def _token_mask(token_ids: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """bool [vocab]: True at these tokens."""
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    mask[torch.tensor(token_ids, dtype=torch.int64, device=device)] = True
+    return mask
 
 
 def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], k: int) -> list[tuple[float, int, list]]:

@@ -21,6 +21,7 @@ from tokenmill import __version__
 from tokenmill.server import schemas
 from tokenmill.server.anthropic import add_anthropic_routes
 from tokenmill.server.call_log import CallLog
+from tokenmill.server.chat import render_chat
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
 from tokenmill.server.infill import add_infill_routes
@@ -29,12 +30,13 @@ from tokenmill.server.llamacpp_metrics import llamacpp_metrics_text
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit, CanonicalHeaderNames, HostOriginGuard, JSONBodies
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.openai_routes import ROOT_PATHS, add_openai_routes
-from tokenmill.server.protocol import DetokenizeRequest, TokenizeRequest
 from tokenmill.server.responses import add_responses_routes
 from tokenmill.server.router_info import add_router_routes
 from tokenmill.server.schemas import error_responses
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
+from tokenmill.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
+from tokenmill.structured import tools
 
 # with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
 PROTECTED_PREFIXES = (
@@ -266,9 +268,11 @@ def _add_explorer(app: FastAPI, state: ServerState) -> None:
 def _tokenize(model: ServedModel, req: TokenizeRequest) -> bytes:
     """The /tokenize answer as JSON bytes (runs in a worker thread)."""
     tok = model.tokenizer
-    if req.messages is not None:
+    if req.messages is not None:  # as the chat endpoint renders them (its tools shown the same way)
         messages = [m.model_dump(exclude_unset=True) for m in req.messages]
-        tokens = model.encode_chat(messages, req.add_generation_prompt)
+        functions = tools.check_tools(req.tools) if req.tools is not None else []
+        args = (functions, req.add_generation_prompt, None, req.continue_final_message)
+        tokens = model.encode_rendered_chat(render_chat(model, messages, *args))
     else:
         tokens = tok.encode(req.prompt or "", req.add_special_tokens)
     strs = [tok.id_to_token(t) for t in tokens] if req.return_token_strs else None

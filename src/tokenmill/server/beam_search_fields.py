@@ -33,6 +33,12 @@ NOT_FOR_BEAMS: dict[str, tuple[Any, ...]] = {
     "grammar": (),
     "json_schema": (),
     "thinking_token_budget": (-1,),
+    # vLLM's request extensions that act on the sampled tokens or the prompt's (a beam ranks its own candidates)
+    "allowed_token_ids": (),
+    "logprob_token_ids": (),
+    "prompt_logprobs": (),
+    "truncate_prompt_tokens": (),
+    "return_tokens_as_token_ids": (False,),
 }
 
 

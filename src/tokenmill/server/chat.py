@@ -22,12 +22,12 @@ from tokenmill.sampling_params import SamplingParams, ThinkingBudget
 from tokenmill.server.beam_search_fields import beam_search_params
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
-from tokenmill.server.logprobs_format import chat_logprobs
+from tokenmill.server.logprobs_format import LogprobsShape, chat_logprobs, prompt_logprobs_json
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
-from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed
+from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed, usage_so_far
 from tokenmill.structured import StructuredOutputsParams, tools
 from tokenmill.tokenizer import Tokenizer
 
@@ -79,12 +79,14 @@ async def start_chat(
     http_request: Request | None = None,
     template_kwargs: dict | None = None,
     thinking_budget: int | None = None,
+    continue_final_message: bool = False,
 ) -> ChatCall:
     """Check the tools (OpenAI's shape), render the chat template and start generating; raises the 400s.
     `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx). `http_request`:
     its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
     other variables (enable_thinking, reasoning_effort); `thinking_budget`: at most this many tokens of thinking
-    (Anthropic's budget_tokens, vLLM's thinking_token_budget; <think> models), then the sampler closes the block."""
+    (Anthropic's budget_tokens, vLLM's thinking_token_budget; <think> models), then the sampler closes the block;
+    `continue_final_message`: the final message is left open for the reply to go on with (vLLM's)."""
     model = state.require_model()
     fmt = state.reply_format()
     functions = tools.check_tools(tool_list) if tool_list is not None else []
@@ -99,8 +101,17 @@ async def start_chat(
             param="tool_choice",
         )
     # rendering and tokenizing a long conversation takes a while: not on the event loop
+    # a chat too long for the context is cut, not refused (a beam search takes no truncation)
+    truncated = getattr(params, "truncate_prompt_tokens", None) is not None
     text = await asyncio.to_thread(
-        render_chat, model, messages, callable_functions, add_generation_prompt, template_kwargs
+        render_chat,
+        model,
+        messages,
+        callable_functions,
+        add_generation_prompt,
+        template_kwargs,
+        continue_final_message,
+        truncated,
     )
     prompt_ids = await asyncio.to_thread(model.encode_rendered_chat, text)
     tail = text[-PROMPT_TAIL_CHARS:]
@@ -184,21 +195,31 @@ def render_chat(
     functions: list[dict],
     add_generation_prompt: bool = True,
     template_kwargs: dict | None = None,
+    continue_final_message: bool = False,
+    truncated: bool = False,
 ) -> str:
     """The conversation's prompt text: the chat template over it, with the functions the model may call shown (by
     a template that takes tools, else in a system message), and earlier turns' thinking under the names the
-    templates read (Qwen3's reasoning_content, gpt-oss's thinking)."""
+    templates read (Qwen3's reasoning_content, gpt-oss's thinking). `continue_final_message`: the final message left
+    open; `truncated`: the request cuts its prompt, so a chat too long for the context is no 400."""
     takes_tools = model.template_takes_tools
     messages = [template_message(m) for m in tools.template_messages(messages, functions, takes_tools)]
     template_tools = [{"type": "function", "function": f} for f in functions] if takes_tools else None
-    return model.render_chat(messages, add_generation_prompt, template_tools, template_kwargs)
+    return model.render_chat(
+        messages, add_generation_prompt, template_tools, template_kwargs, continue_final_message, truncated
+    )
 
 
 def chat_prompt(
-    model: ServedModel, messages: list[dict], functions: list[dict], add_generation_prompt: bool = True
+    model: ServedModel,
+    messages: list[dict],
+    functions: list[dict],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
 ) -> list[int]:
     """The conversation's prompt tokens (render_chat, tokenized)."""
-    return model.encode_rendered_chat(render_chat(model, messages, functions, add_generation_prompt))
+    text = render_chat(model, messages, functions, add_generation_prompt, None, continue_final_message)
+    return model.encode_rendered_chat(text)
 
 
 THINKING_KEYS = ("reasoning_content", "reasoning", "thinking")
@@ -248,6 +269,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     k = (req.top_logprobs or 0) if req.logprobs else None
+    shape = LogprobsShape(k, bool(req.logprob_token_ids), req.return_tokens_as_token_ids) if k is not None else None
     max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
     if req.use_beam_search:  # vLLM's beam search: n beams, a stream sends them whole once found
         params = beam_search_params(req, max_tokens, k, model.sampling_defaults())
@@ -265,19 +287,23 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         http_request=http_request,
         template_kwargs=req.template_kwargs(),
         thinking_budget=req.thinking_budget(),
+        continue_final_message=req.continue_final_message,
     )
     created = int(time.time())
     tokenizer = model.tokenizer
     replies = Replies(chat, req.n)
     if req.stream:
-        events = _stream(chat.generation, req, tokenizer, state, request_id, created, k, replies)
+        events = _stream(chat.generation, req, tokenizer, state, request_id, created, shape, replies)
         return streamed(state, chat.generation, events, echo(client_id))
     (final,) = await collected(state, chat.generation, http_request, lambda _, out: replies.feed(out))
     choices = []
+    echoed = req.echoed()
     for o in final.outputs:
         reply = replies.parsers[o.index]
         # with calls: content null, as OpenAI's; "" for a call tool_choice required (vLLM's, which its suite reads)
         content = reply.text if reply.text or not reply.calls else ("" if chat.required else None)
+        if echoed:
+            content = echoed + (content or "")
         message: dict = {"role": "assistant", "content": content}
         if chat.format.reasoning and req.include_reasoning:
             message["reasoning_content"] = message["reasoning"] = reply.thinking or None
@@ -287,7 +313,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
             {
                 "index": o.index,
                 "message": message,
-                "logprobs": _logprobs(tokenizer, o, o.token_ids, 0, k),
+                "logprobs": _logprobs(tokenizer, o, o.token_ids, 0, shape),
                 "finish_reason": chat.finish_reason(o),
                 **({"token_ids": o.token_ids} if req.return_token_ids else {}),
             }
@@ -300,6 +326,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         "system_fingerprint": state.system_fingerprint,
         "choices": choices,
         "usage": replies.usage(final),
+        "prompt_logprobs": prompt_logprobs_json(final.prompt_logprobs),  # vLLM's (null unless asked)
     }
     if req.return_token_ids:
         response["prompt_token_ids"] = final.prompt_token_ids
@@ -335,10 +362,13 @@ class Replies:
         return usage
 
 
-def _logprobs(tokenizer: Tokenizer, o: CompletionOutput, token_ids: list[int], first: int, k: int | None):
-    if k is None:
+def _logprobs(
+    tokenizer: Tokenizer, o: CompletionOutput, token_ids: list[int], first: int, shape: LogprobsShape | None
+) -> dict | None:
+    if shape is None:
         return None
-    return {"content": chat_logprobs(tokenizer, token_ids, (o.logprobs or [])[first : first + len(token_ids)], k)}
+    positions = (o.logprobs or [])[first : first + len(token_ids)]
+    return {"content": chat_logprobs(tokenizer, token_ids, positions, shape)}
 
 
 def delta_of(reply: ReplyDelta, calls_before: int, reasoning: bool) -> dict:
@@ -360,7 +390,7 @@ async def _stream(
     state: ServerState,
     request_id: str,
     created: int,
-    k: int | None,
+    shape: LogprobsShape | None,
     replies: Replies,
 ) -> AsyncIterator[str]:
     """Each choice's thinking, text and calls as its reply parser lets them out: text that may still be a tag or
@@ -374,17 +404,24 @@ async def _stream(
     }
     extra = {"usage": None} if req.include_usage else {}
     reasoning = bool(replies.chat.format.reasoning) and req.include_reasoning
+    prompt_token_ids = generation.prompts[0]["prompt_token_ids"]
 
-    def chunk(choices: list[dict]) -> str:
-        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+    def chunk(choices: list[dict], completion_tokens: int = 0, top: dict | None = None) -> str:
+        # continuous_usage_stats: each chunk has the usage so far (of its choice: one choice per chunk)
+        usage = {"usage": usage_so_far(len(prompt_token_ids), completion_tokens)} if req.continuous_usage else extra
+        return f"data: {json.dumps({**head, 'choices': choices, **usage, **(top or {})})}\n\n"
 
     roles = [
         {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         for i in range(req.n)
     ]
     # return_token_ids: the prompt's ids at the top of the first chunk only, as vLLM's stream has them
-    prompt_ids = {"prompt_token_ids": generation.prompts[0]["prompt_token_ids"]} if req.return_token_ids else {}
-    yield f"data: {json.dumps({**head, 'choices': roles, **extra, **prompt_ids})}\n\n"
+    prompt_ids = {"prompt_token_ids": prompt_token_ids} if req.return_token_ids else {}
+    yield chunk(roles, top=prompt_ids)
+    echoed = req.echoed()
+    if echoed:  # echo: the final message's text first, as vLLM's stream sends it
+        for i in range(req.n):
+            yield chunk([{"index": i, "delta": {"content": echoed}, "logprobs": None, "finish_reason": None}])
     final: RequestOutput | None = None
     try:
         async for _, out in generation.stream():
@@ -399,18 +436,18 @@ async def _stream(
                 o = by_index[index]
                 finish_reason = replies.chat.finish_reason(o)
                 delta = delta_of(reply, calls_before[index], reasoning)
-                if not delta and finish_reason is None and not (req.return_token_ids or k is not None):
+                if not delta and finish_reason is None and not (req.return_token_ids or shape is not None):
                     continue  # nothing to show yet (held back)
                 first = len(o.token_ids) - len(o.delta_token_ids)
                 choice = {
                     "index": index,
                     "delta": delta,
-                    "logprobs": _logprobs(tokenizer, o, o.delta_token_ids, first, k),
+                    "logprobs": _logprobs(tokenizer, o, o.delta_token_ids, first, shape),
                     "finish_reason": finish_reason,
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = list(o.delta_token_ids)
-                yield chunk([choice])
+                yield chunk([choice], len(o.token_ids))
     except APIError as exc:
         yield exc.sse()
         yield "data: [DONE]\n\n"

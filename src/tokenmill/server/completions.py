@@ -12,12 +12,12 @@ from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.server.beam_search_fields import beam_search_params
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
-from tokenmill.server.logprobs_format import CompletionLogprobs
+from tokenmill.server.logprobs_format import CompletionLogprobs, LogprobsShape, prompt_logprobs_json
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.served_model import PromptInput
 from tokenmill.server.state import ServerState
-from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed
+from tokenmill.server.stream_or_collect import aborted_error, collected, openai_usage, streamed, usage_so_far
 from tokenmill.tokenizer import Tokenizer
 
 
@@ -43,6 +43,7 @@ class CompletionFormatter:
         self.tokenizer = tokenizer
         self.drop_generated = drop_generated  # max_tokens=0 with echo: one token is generated, then dropped
         self.k = req.logprobs
+        self.shape = LogprobsShape(req.logprobs or 0, bool(req.logprob_token_ids), req.return_tokens_as_token_ids)
         self.logprob_builders: dict[int, CompletionLogprobs] = {}
         self.started: set[int] = set()
 
@@ -59,7 +60,7 @@ class CompletionFormatter:
 
     def _builder(self, index: int) -> CompletionLogprobs:
         if index not in self.logprob_builders:
-            self.logprob_builders[index] = CompletionLogprobs(self.tokenizer, self.k or 0)
+            self.logprob_builders[index] = CompletionLogprobs(self.tokenizer, self.shape)
         return self.logprob_builders[index]
 
     def choice(self, prompt_index: int, out: RequestOutput, o: CompletionOutput, delta: bool) -> dict:
@@ -76,6 +77,8 @@ class CompletionFormatter:
             gen = self._builder(index).build(token_ids, list((o.logprobs or [])[first : first + len(token_ids)]))
             logprobs = gen if echo_logprobs is None else {k: echo_logprobs[k] + gen[k] for k in gen}
         choice = {"index": index, "text": echo_text + text, "logprobs": logprobs, "finish_reason": o.finish_reason}
+        if not delta:  # vLLM's: each prompt token's log-probabilities (null unless the request asked)
+            choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         if self.req.return_token_ids:
             choice["token_ids"] = list(token_ids)
             if not delta or first == 0:
@@ -83,7 +86,10 @@ class CompletionFormatter:
         return choice
 
     def completion_tokens(self, outs: list[RequestOutput]) -> int:
-        return 0 if self.drop_generated else sum(len(o.token_ids) for out in outs for o in out.outputs)
+        return sum(self.completion_tokens_of(o) for out in outs for o in out.outputs)
+
+    def completion_tokens_of(self, o: CompletionOutput) -> int:
+        return 0 if self.drop_generated else len(o.token_ids)
 
 
 async def create_completion(req: CompletionRequest, http_request: Request, state: ServerState):
@@ -170,7 +176,9 @@ async def _stream(
                 if fmt.drop_generated and o.finish_reason:
                     choice["finish_reason"] = "length"
                 chunk = {**head, "choices": [choice]}
-                if include_usage:
+                if fmt.req.continuous_usage:  # the usage so far: this prompt's tokens, this choice's output
+                    chunk["usage"] = usage_so_far(len(out.prompt_token_ids), fmt.completion_tokens_of(o))
+                elif include_usage:
                     chunk["usage"] = None
                 yield f"data: {json.dumps(chunk)}\n\n"
             if out.finished:

@@ -31,6 +31,10 @@ class EmbeddingRequest(APIRequest):
     user: str | None = None
     pooling: Literal["mean", "last"] = "mean"  # vLLM's and llama.cpp's servers take the model's: tokenmill's choice
     normalize: bool = True
+    # vLLM's: each input cut to this many tokens (-1: as many as the context allows), its end cut ("right", the
+    # default for embeddings) or its start ("left")
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] = "right"
 
     @field_validator("input", mode="before")
     @classmethod
@@ -45,7 +49,7 @@ async def create_embeddings(req: EmbeddingRequest, http_request: Request, state:
     client_id, request_id = call_id(http_request, "embd")
     state.check_model(req.model)
     state.require_engine()
-    params = PoolingParams(req.pooling, req.normalize, req.dimensions)
+    params = PoolingParams(req.pooling, req.normalize, req.dimensions, req.truncate_prompt_tokens, req.truncation_side)
     generation = Generation(state, split_prompts(req.input), params, request_id, "/v1/embeddings")
     await generation.start(http_request)
     finals = await generation.collect(http_request)  # a client that leaves: ClientDisconnected, answered 499

@@ -127,7 +127,8 @@ class Generation:
 
     async def _enter(self) -> None:
         engine = self.state.require_engine()
-        prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts)
+        prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts, self.params)
+        self.prompts = prompts  # as they run: tokenized, truncated where the request asks
         if isinstance(self.params, BeamSearchParams):
             return await self._enter_beams(engine, prompts, self.params)
         rids = await engine.add_requests(prompts, self.params, self._planned_ids(), self._outputs, group=self.api_id)
@@ -140,7 +141,7 @@ class Generation:
         """Start the beam search of the call's prompts (checked here: a bad one is a 400). Each round's requests
         are in `_pending` while they run, so that an abort (the client leaving, a shutdown's) reaches them."""
         model = self.state.require_model()
-        checked = await asyncio.to_thread(lambda: [model.tokenize_prompt(p) for p in prompts])
+        checked = [(p["prompt"], p["prompt_token_ids"]) for p in prompts]  # tokenized and checked by _enter
         search = BeamSearch(checked, params, model.tokenizer, model.max_model_len)
         rids = self._planned_ids()
         rounds = itertools.count()
@@ -169,9 +170,12 @@ class Generation:
         self._beams = asyncio.ensure_future(search_all())
 
     @staticmethod
-    def _tokenized(model: ServedModel, prompts: list[PromptInput]) -> list[PromptInput]:
-        """Text prompts as token ids (runs in a worker thread)."""
-        return [{"prompt": p, "prompt_token_ids": model.encode_prompt(p)} if isinstance(p, str) else p for p in prompts]
+    def _tokenized(
+        model: ServedModel, prompts: list[PromptInput], params: SamplingParams | PoolingParams | BeamSearchParams
+    ) -> list[dict]:
+        """The prompts as token ids, truncated where `params` ask (runs in a worker thread)."""
+        truncating = None if isinstance(params, BeamSearchParams) else params  # a beam search does not truncate
+        return [model.tokenize_prompt(p, truncating) for p in prompts]
 
     def close(self) -> None:
         """Abort what is still running and stop counting this call (idempotent); log its access line."""

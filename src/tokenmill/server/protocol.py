@@ -16,6 +16,7 @@ from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import (
     MAX_LENGTH_PENALTY,
     MAX_LOGIT_BIAS,
+    MAX_LOGPROB_TOKEN_IDS,
     MAX_LOGPROBS,
     MAX_N,
     MAX_PENALTY,
@@ -27,7 +28,6 @@ from tokenmill.sampling_params import (
 from tokenmill.server.prompt_shapes import MAX_PROMPTS_PER_REQUEST, prompt_problem
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
-from tokenmill.tokenizer.chat_template import ROLES
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs in one embeddings call, held on every API's
 
@@ -77,12 +77,6 @@ STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # JSON's types as the sch
 # (sent by clients that always send them): any other value is refused with a 400 naming the field, never ignored.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),  # OpenAI's completions and chat declare it (beam search); the other APIs refuse it
-    "allowed_token_ids": (),
-    "logprob_token_ids": (),
-    "return_tokens_as_token_ids": (False,),
-    "truncate_prompt_tokens": (),
-    "continue_final_message": (False,),
-    "prompt_logprobs": (),
 }
 # Where a request refuses unknown fields (OpenAI's completions, chat and embeddings: the README promises nothing is
 # ignored), the fields clients send that ask it for nothing, with the values that do so (None: any value). Any other
@@ -162,14 +156,8 @@ class StreamOptions(BaseModel):
     model_config = STRICT
 
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (refused when true: not implemented)
-
-    @field_validator("continuous_usage_stats")
-    @classmethod
-    def _not_continuous(cls, value: bool) -> bool:
-        if value:
-            raise unsupported_field_error("stream_options.continuous_usage_stats")
-        return value
+    # vLLM's: with include_usage, every chunk carries the usage so far (its prompt's tokens, its choice's output)
+    continuous_usage_stats: bool = False
 
 
 class JsonSchemaFormat(BaseModel):
@@ -252,6 +240,19 @@ class SamplingFields(APIRequest):
     # (server/beam_search_fields.py)
     use_beam_search: bool = False
     length_penalty: Annotated[float, Field(ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)] = 1.0
+    # vLLM's: each prompt token's log-probability and the top this many at its position (-1, the whole vocabulary,
+    # is refused: more than MAX_LOGPROBS), returned as `prompt_logprobs` (the first token's null); not streamed
+    prompt_logprobs: Annotated[int, Field(ge=-1, le=MAX_LOGPROBS)] | None = None
+    # vLLM's: the log-probabilities of these tokens at each generated position, listed with the sampled one's in
+    # place of the top ones (needs logprobs)
+    logprob_token_ids: Annotated[list[TokenId], Field(max_length=MAX_LOGPROB_TOKEN_IDS)] | None = None
+    # vLLM's: only these tokens may be sampled
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    # vLLM's: the log-probabilities' tokens written "token_id:N" (the bytes stay the token's own)
+    return_tokens_as_token_ids: bool = False
+    # vLLM's: the prompt cut to this many tokens (-1: to the context), its start ("left", the default) or its end
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> "SamplingFields":
@@ -263,6 +264,20 @@ class SamplingFields(APIRequest):
     def _length_penalty_with_beams(self) -> "SamplingFields":
         if self.length_penalty != 1.0 and not self.use_beam_search:
             raise unsupported_field_error("length_penalty", "applies only with use_beam_search: true")
+        return self
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_whole(self) -> "SamplingFields":
+        if self.prompt_logprobs is None:
+            return self
+        if self.prompt_logprobs < 0:
+            raise field_error(
+                "prompt_logprobs",
+                f"prompt_logprobs -1 asks for every token of the vocabulary at each position; this server returns "
+                f"at most {MAX_LOGPROBS}",
+            )
+        if self.stream:
+            raise field_error("prompt_logprobs", "prompt_logprobs are not available when stream is true")
         return self
 
     @model_validator(mode="after")
@@ -331,8 +346,13 @@ class SamplingFields(APIRequest):
             stop_token_ids=self.stop_token_ids,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
+            # with logprob_token_ids, each position lists the sampled token and those, not the top ones (vLLM's)
+            logprobs=None if self.logprob_token_ids else logprobs,
+            prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else prompt_logprobs,
+            logprob_token_ids=self.logprob_token_ids or None,
+            allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
+            **({"truncation_side": self.truncation_side} if self.truncation_side is not None else {}),
             structured_outputs=self.structured_outputs_params(),
             extra_args=self.vllm_xargs,
             **over_defaults(defaults, optional),
@@ -341,6 +361,11 @@ class SamplingFields(APIRequest):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: vLLM's continuous_usage_stats, which counts only with include_usage."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(SamplingFields):
@@ -366,6 +391,19 @@ class CompletionRequest(SamplingFields):
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # must equal n
     suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "not supported"})] = None
 
+    @model_validator(mode="after")
+    def _logprob_token_ids_need_logprobs(self) -> "CompletionRequest":
+        if self.logprob_token_ids:
+            if self.logprobs is None:
+                raise field_error(
+                    "logprob_token_ids", "logprob_token_ids needs logprobs (any number: they replace the top ones)"
+                )
+            if self.echo and self.max_tokens == 0:
+                raise field_error(
+                    "logprob_token_ids", "logprob_token_ids needs generated tokens: not with echo and max_tokens 0"
+                )
+        return self
+
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt_shape(cls, value: Any) -> Any:
@@ -385,12 +423,23 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message; fields beyond role and content (name, tool_call_id, ...) reach the chat template as sent."""
+    """One message; fields beyond role and content (name, tool_call_id, ...) reach the chat template as sent. The
+    role is any string (system, user, assistant, tool, developer, Llama 3.1's ipython, ...): the chat template
+    decides, and one that raises for a message is a 400 with its reason."""
 
     model_config = ConfigDict(**STRICT, extra="allow")
 
-    role: Literal[ROLES]
+    role: str
     content: str | list[TextPart] | None = None
+
+
+def check_continue_final_message(continue_final_message: bool, add_generation_prompt: bool) -> None:
+    if continue_final_message and add_generation_prompt:
+        raise field_error(
+            "continue_final_message",
+            "continue_final_message and add_generation_prompt cannot both be true (add_generation_prompt defaults to "
+            "true): the final message is continued, no new turn started; send add_generation_prompt: false",
+        )
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -411,6 +460,11 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # accepted; a reply may hold several calls either way
     add_generation_prompt: bool = True
+    # vLLM's: the final message left open for the reply to go on with (needs add_generation_prompt false)
+    continue_final_message: bool = False
+    # vLLM's: the reply's content starts with the final message's when that is the reply's role (assistant, or
+    # any with add_generation_prompt false): with continue_final_message, the whole message
+    echo: bool = False
     # reasoning models: gpt-oss's effort (its system message says it), vLLM's template variables (Qwen3's
     # enable_thinking) and whether the reply's thinking is returned (vLLM's include_reasoning)
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
@@ -419,8 +473,25 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's: at most this many tokens of thinking (<think> models), then the sampler closes the block; -1: no limit
     thinking_token_budget: Annotated[int, Field(ge=-1)] | None = None
 
+    @model_validator(mode="after")
+    def _chat_checks(self) -> "ChatCompletionRequest":
+        check_continue_final_message(self.continue_final_message, self.add_generation_prompt)
+        if self.logprob_token_ids and not self.logprobs:
+            raise field_error("logprob_token_ids", "logprob_token_ids needs logprobs: true")
+        return self
+
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_unset=True) for m in self.messages]
+
+    def echoed(self) -> str:
+        """What `echo` puts before the reply: the final message's text, where it has the reply's role (vLLM's)."""
+        last = self.messages[-1]
+        if not self.echo or (self.add_generation_prompt and last.role != "assistant"):
+            return ""
+        content = last.content
+        if isinstance(content, list):
+            return "\n".join(part.text for part in content)
+        return content or ""
 
     def thinking_budget(self) -> int | None:
         """thinking_token_budget with vLLM's -1 (unlimited) as no budget."""
@@ -434,34 +505,3 @@ class ChatCompletionRequest(SamplingFields):
         if self.reasoning_effort is not None:
             kwargs.setdefault("reasoning_effort", self.reasoning_effort)
         return kwargs
-
-
-class TokenizeRequest(APIRequest):
-    """Exactly one of prompt (text), messages (rendered with the chat template first) and content (llama.cpp's)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "oneOf": [
-                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
-                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
-                {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}},
-            ]
-        }
-    )
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False  # the vocabulary pieces (vLLM's field)
-    return_token_texts: bool = False  # each token decoded on its own (what the request explorer shows)
-    # llama.cpp's shape: content (text, or ids and texts mixed) -> {"tokens": ids, or [{"id", "piece"}]}
-    content: str | list[int | str] | None = None
-    add_special: bool = False  # llama.cpp's: BOS as the model wants (its default: none)
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(APIRequest):
-    model: str | None = None
-    tokens: list[TokenId] = Field(default_factory=list)

@@ -42,6 +42,17 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int  # 1: the most likely token there
+    decoded_token: str | None
+
+
+# vLLM's prompt_logprobs: per prompt token, null for the first, else {token id: its log-probability} for the token
+# there and the top ones
+PromptLogprobs = list[dict[str, PromptLogprob] | None] | None
+
+
 class CompletionChoice(BaseModel):
     model_config = ConfigDict(extra="allow")  # token_ids, prompt_token_ids with return_token_ids
 
@@ -49,6 +60,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
+    prompt_logprobs: PromptLogprobs = None  # null unless asked (prompt_logprobs, or echo with logprobs)
 
 
 class CompletionResponse(BaseModel):
@@ -125,6 +137,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs = None  # null unless asked
 
 
 class ModelCard(BaseModel):

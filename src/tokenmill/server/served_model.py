@@ -140,10 +140,15 @@ class ServedModel:
         """A text prompt's token ids (checked against the context first). Safe from any thread."""
         return self._engine.encode_prompt(text)
 
-    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
-        """A prompt's text (None for token ids) and token ids, checked as a request's are (ids in the vocabulary,
-        the length). Safe from any thread."""
-        return self._engine.tokenize_prompt(prompt)
+    def tokenize_prompt(
+        self, prompt: PromptInput, params: SamplingParams | PoolingParams | None = None
+    ) -> dict[str, Any]:
+        """A prompt as the engine takes it ({"prompt": its text or None, "prompt_token_ids"}): tokenized, checked
+        as a request's are (ids in the vocabulary, the length) and truncated as `params` ask
+        (truncate_prompt_tokens), as the engine's add_request does (which then has nothing more to cut). Safe from
+        any thread."""
+        text, ids = self._engine.tokenize_prompt(prompt, params)
+        return {"prompt": text, "prompt_token_ids": ids}
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self._engine.tokenizer.decode(token_ids)
@@ -169,17 +174,26 @@ class ServedModel:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
+        truncated: bool = False,
     ) -> str:
-        """The chat template's text for the conversation, checked against the context."""
+        """The chat template's text for the conversation, checked against the context unless the request
+        truncates its prompt (`truncated`)."""
         kwargs = {**self.template_defaults, **(template_kwargs or {})}
-        return self._engine.inputs.render_chat(messages, add_generation_prompt, tools, kwargs)
+        return self._engine.inputs.render_chat(
+            messages, add_generation_prompt, tools, kwargs, continue_final_message, truncated
+        )
 
     def encode_rendered_chat(self, text: str) -> list[int]:
         """A rendered chat's token ids (the template's special tokens read as special)."""
         return self._engine.inputs.encode_rendered_chat(text)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self._engine.encode_chat(messages, add_generation_prompt, None, self.template_defaults)
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, continue_final_message: bool = False
+    ) -> list[int]:
+        return self._engine.encode_chat(
+            messages, add_generation_prompt, None, self.template_defaults, continue_final_message
+        )
 
     def use_chat_template(self, source: str) -> None:
         """Render chats with this Jinja template instead of the model's (--chat-template-file)."""

@@ -65,3 +65,12 @@ def openai_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int 
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def usage_so_far(prompt_tokens: int, completion_tokens: int) -> dict:
+    """The usage a streamed chunk carries under vLLM's continuous_usage_stats (the counts so far, no details)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -21,7 +21,9 @@ FALLBACK_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-ROLES = ("system", "user", "assistant", "tool", "developer")
+# appended to the final message's content to find where it ends in the rendered text (continue_final_message), as
+# transformers does
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 # Gemma's turn format, for Gemma GGUF files that carry no template (as Google's template renders text: a system
 # message goes before the first user turn, the assistant is "model", turns alternate)
@@ -84,18 +86,51 @@ class ChatTemplate:
         # whether the template renders a `tools` list itself (else the server describes tools in a system message)
         self.takes_tools = "tools" in self.source
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
-        """Messages ({"role", "content"}) -> prompt text. Content may be a string or a list of text parts."""
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **extra: Any,
+    ) -> str:
+        """Messages ({"role", "content"}) -> prompt text. Content may be a string or a list of text parts; a role is
+        any string (the template decides what it takes: Llama 3.1's ipython, a tool's result, ...; one that raises
+        for a message is a 400 with its reason). `continue_final_message`: the text ends where the final message's
+        content ends (without what the template writes after it, such as the end of the turn), for the model to
+        go on with it, as transformers' apply_chat_template(continue_final_message=True) renders it."""
         normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
         if not normalized:
             raise InvalidParameterError("messages must not be empty", "messages")
+        if continue_final_message:
+            if add_generation_prompt:
+                raise InvalidParameterError(
+                    "continue_final_message and add_generation_prompt cannot both be true: the final message is "
+                    "continued, no new turn started (send add_generation_prompt: false)",
+                    "continue_final_message",
+                )
+            final = normalized[-1]["content"]
+            normalized[-1] = {**normalized[-1], "content": final + CONTINUE_TAG}
+        text = self._render(normalized, add_generation_prompt, **extra)
+        if not continue_final_message:
+            return text
+        at = text.rfind(CONTINUE_TAG.strip())
+        if at < 0 or final.strip() not in text:
+            raise InvalidParameterError(
+                "continue_final_message: the chat template does not write the final message's content as sent, so "
+                "it cannot be continued",
+                "continue_final_message",
+            )
+        # where the template trimmed the content's end (and so the tag's trailing space), the end is trimmed too
+        return text[:at] if text[at : at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, **extra: Any) -> str:
         now = datetime.now()
         # today's date, under the names Llama 3's and FireFunction's templates read (as llama.cpp passes them; a
         # template that finds none writes the date it was trained with), unless the request names its own
         variables = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), **extra}
         try:
             return self._template.render(
-                messages=normalized,
+                messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -103,16 +138,19 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise InvalidParameterError(f"the chat template rejected the messages: {exc}", "messages") from exc
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            # a template that meets a message it was not written for (a role or field it reads otherwise)
+            raise InvalidParameterError(
+                f"the chat template failed on the messages: {type(exc).__name__}: {exc}", "messages"
+            ) from exc
 
 
 def _normalize_message(message: Any, index: int) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise InvalidParameterError(f"messages[{index}] must be an object with 'role' and 'content'", "messages")
     role = message.get("role")
-    if role not in ROLES:
-        raise InvalidParameterError(
-            f"messages[{index}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages"
-        )
+    if not isinstance(role, str):
+        raise InvalidParameterError(f"messages[{index}].role must be a string, got {role!r}", "messages")
     content = message.get("content")
     if content is None:
         content = ""
