@@ -25,6 +25,7 @@ from tokenmill.sampling_params import (
     SEED_RANGE,
     SamplingParams,
 )
+from tokenmill.server.json_body import normalize_json
 from tokenmill.server.prompt_shapes import MAX_PROMPTS_PER_REQUEST, prompt_problem
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
@@ -35,40 +36,6 @@ TokenId = Annotated[int, Field(ge=0)]
 # a 64-bit seed, signed or not (as vLLM's int64 and llama.cpp's uint32/64 seeds); beyond it 400, as theirs
 Seed = Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 NonEmptyText = Annotated[str, Field(min_length=1)]
-
-
-def normalize_json(body: Any) -> str | None:
-    """Turn whole-number floats into ints in place (JSON's 3.0 is the integer 3), and return the path of the first
-    string that is not valid Unicode (a lone surrogate), else None. Iterative: a body may nest deeply."""
-    stack: list[tuple[Any, str]] = [(body, "")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                where = f"{path}.{key}" if path else str(key)
-                if not _is_unicode(key):
-                    return path or "the body"
-                if isinstance(item, float) and item.is_integer():
-                    value[key] = int(item)
-                stack.append((item, where))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, float) and item.is_integer():
-                    value[i] = int(item)
-                stack.append((item, f"{path}.{i}"))
-        elif isinstance(value, str) and not _is_unicode(value):
-            return path or "the body"
-    return None
-
-
-def _is_unicode(text: str) -> bool:
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # JSON's types as the schema states them: "1" is no integer
