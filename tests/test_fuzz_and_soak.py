@@ -63,7 +63,7 @@ def test_schemathesis_finds_no_failure(server: ServerProcess, tmp_path: Path) ->
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{server.url}/openapi.json",
         "--checks", ",".join(SCHEMATHESIS_CHECKS),
-        "--seed", "1", "--max-examples", "5", "--generation-database", "none",
+        "--seed", "1", "--max-examples", "10", "--generation-database", "none",
         "--exclude-path", "/explorer/events",  # an event stream that never ends
         "--request-timeout", "60", "--no-color",
     ]  # fmt: skip
