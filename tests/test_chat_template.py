@@ -164,3 +164,24 @@ def test_continue_final_message_refusals(smollm2_template: ChatTemplate) -> None
     hides = ChatTemplate("{% for m in messages %}{{ m['role'] }}{% endfor %}")  # writes no content at all
     with pytest.raises(InvalidParameterError, match="does not write the final message"):
         hides.render(conversation, add_generation_prompt=False, continue_final_message=True)
+
+
+def test_firefunction_reads_the_tools_as_functions_and_the_date() -> None:
+    """FireFunction v2's template (told by its " functools[" text, as llama.cpp tells it) reads the tools' JSON as
+    `functions` and today's date as `datetime`; without tools `functions` is "" (it was undefined: a 400 for every
+    request, llama.cpp's test_date_inside_prompt)."""
+    import datetime
+    import json
+
+    template = ChatTemplate(
+        "{{ 'prefix calls with functools[' }}{{ functions }}|Today is {{ datetime }}.|"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    today = datetime.date.today().strftime("%b %d %Y")
+    ask = [{"role": "user", "content": "What is today?"}]
+    assert template.render(ask) == f"prefix calls with functools[|Today is {today}.|What is today?"
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
+    assert json.dumps(tools, indent=2) in template.render(ask, tools=tools)
+    # a template without the mark gets no `functions` of the server's
+    plain = ChatTemplate("{{ functions is defined }}")
+    assert plain.render(ask, tools=tools) == "False"

@@ -24,6 +24,9 @@ FALLBACK_TEMPLATE = (
 # appended to the final message's content to find where it ends in the rendered text (continue_final_message), as
 # transformers does
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# FireFunction v2's template (which llama.cpp tells by this text) reads the tools as `functions`: their JSON, indented
+# by 2 ("" without tools), as llama.cpp passes it
+FIREFUNCTION_MARK = " functools["
 
 # Gemma's turn format, for Gemma GGUF files that carry no template (as Google's template renders text: a system
 # message goes before the first user turn, the assistant is "model", turns alternate)
@@ -128,6 +131,9 @@ class ChatTemplate:
         # today's date, under the names Llama 3's and FireFunction's templates read (as llama.cpp passes them; a
         # template that finds none writes the date it was trained with), unless the request names its own
         variables = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), **extra}
+        if FIREFUNCTION_MARK in self.source and "functions" not in variables:
+            tools = variables.get("tools")
+            variables["functions"] = json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""
         try:
             return self._template.render(
                 messages=messages,
