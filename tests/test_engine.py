@@ -319,7 +319,7 @@ def test_requests_that_cannot_fit_are_rejected(llm: LLM) -> None:
     small = LLM(num_kv_blocks=4, max_model_len=1024)
     with pytest.raises(PromptTooLongError, match="more than the whole cache"):
         small.generate({"prompt_token_ids": [100] * 60}, SamplingParams(max_tokens=10), use_tqdm=False)
-    with pytest.raises(InvalidParameterError, match="outside the vocabulary"):
+    with pytest.raises(InvalidParameterError, match="out of vocabulary"):
         llm.generate({"prompt_token_ids": [10**6]}, use_tqdm=False)
     with pytest.raises(InvalidParameterError, match="empty"):
         llm.generate({"prompt_token_ids": []}, use_tqdm=False)

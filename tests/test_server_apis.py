@@ -113,7 +113,7 @@ def test_chat_content_parts_are_the_text_they_hold(client: openai.OpenAI, model:
         ({"input": "hi", "dimensions": 100000}, "dimensions", "at most the model's 576"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format", "float"),
         ({"input": "hi", "pooling": "cls"}, "pooling", "mean"),
-        ({"input": [[10**6]]}, "prompt", "outside the vocabulary"),
+        ({"input": [[10**6]]}, "prompt", "out of vocabulary"),
         ({"input": "hi", "model": "gpt-4"}, "model", "does not exist"),
     ],
 )

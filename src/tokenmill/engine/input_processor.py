@@ -71,7 +71,7 @@ class InputProcessor:
             raise InvalidParameterError("prompt_token_ids must be a list of integers", "prompt")
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidParameterError(f"prompt token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", "prompt")
+            raise InvalidParameterError(f"prompt token id {bad[0]} is out of vocabulary (ids 0..{vocab - 1})", "prompt")
         return text, list(ids)
 
     def truncation(self, params: SamplingParams | PoolingParams | None) -> int | None:

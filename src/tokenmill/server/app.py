@@ -153,7 +153,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         vocab = model.shape.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary 0..{vocab - 1}", param="tokens")
+            raise APIError(400, f"token id {bad[0]} is out of vocabulary (ids 0..{vocab - 1})", param="tokens")
         text = await asyncio.to_thread(model.detokenize, req.tokens)
         return {"prompt": text, "content": text}  # vLLM's name, llama.cpp's
 
