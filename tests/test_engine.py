@@ -377,3 +377,21 @@ def test_a_prompt_of_the_wrong_type_and_a_closed_llm_get_typed_errors() -> None:
         llm.generate("Hi", SamplingParams(max_tokens=2), use_tqdm=False)
     with pytest.raises(EngineClosedError):
         next(llm.generate_stream("Hi"))
+
+
+def test_max_logprobs_bounds_requests_and_minus_one_is_the_whole_vocabulary(llm: LLM) -> None:
+    """max_logprobs (20 by default, vLLM's) bounds logprobs and prompt_logprobs; -1 asks for the whole vocabulary,
+    which an engine made with max_logprobs=-1 returns at every position."""
+    prompt = {"prompt_token_ids": [1, 2, 3]}
+    with pytest.raises(InvalidParameterError, match="max-logprobs") as info:
+        llm.generate(prompt, SamplingParams(max_tokens=1, logprobs=21), use_tqdm=False)
+    assert info.value.param == "logprobs"
+    with pytest.raises(InvalidParameterError, match="whole vocabulary"):
+        llm.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=-1), use_tqdm=False)
+    vocab = llm.engine.model_config.vocab_size
+    wide = LLM(quantization="auto", max_logprobs=-1)
+    out = wide.generate(prompt, SamplingParams(max_tokens=2, logprobs=-1, prompt_logprobs=-1), use_tqdm=False)[0]
+    assert [len(position) for position in out.outputs[0].logprobs] == [vocab, vocab]
+    assert out.prompt_logprobs[0] is None and all(len(p) == vocab for p in out.prompt_logprobs[1:])
+    ranks = sorted(lp.rank for lp in out.outputs[0].logprobs[0].values())
+    assert ranks == list(range(1, vocab + 1))

@@ -22,8 +22,8 @@ from tokenmill.errors import InvalidParameterError
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 1.5}, "max_tokens"),
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
-        ({"logprobs": 21}, "logprobs"),
-        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"logprobs": -2}, "logprobs"),  # -1: the whole vocabulary (the engine's max_logprobs bounds both)
+        ({"prompt_logprobs": -2}, "prompt_logprobs"),
         ({"stop": 5}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": ["a"]}, "stop_token_ids"),

@@ -83,7 +83,8 @@ def test_prompt_logprobs_on_completions(client: openai.OpenAI, model: str, offli
     assert plain.choices[0].prompt_logprobs is None
     echoed = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, echo=True, logprobs=1)
     assert len(echoed.choices[0].prompt_logprobs) == len(want.prompt_token_ids)
-    # streamed prompt log-probabilities and -1 (the whole vocabulary at each position) are refused, as vLLM's
+    # streamed prompt log-probabilities are refused, as vLLM's; -1 (the whole vocabulary at each position) too,
+    # beyond the default --max-logprobs of 20 (test_the_whole_vocabulary_with_max_logprobs_unlimited)
     stream = {"stream": True}
     message = refused(
         lambda: client.completions.create(model=model, prompt=PROMPT, extra_body={"prompt_logprobs": 1}, **stream),
@@ -303,10 +304,10 @@ def test_any_role_reaches_the_template(client: openai.OpenAI, model: str, server
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> ServerProcess:
     """A tiny random model (the bundled tokenizer, a 256-token context) whose chat template takes roles as Llama
-    3.1's does (ipython yes, others raise)."""
+    3.1's does (ipython yes, others raise), started with --max-logprobs -1 (no limit)."""
     path = tmp_path_factory.mktemp("roles") / "roles.gguf"
     write_tiny_gguf(path, TinyModel(vocab_size=49152), tokenizer_from=bundled_model_path(), chat_template=LLAMA31_ROLES)
-    proc = start_server("--model", str(path))
+    proc = start_server("--model", str(path), "--max-logprobs", "-1")
     yield proc
     assert proc.stop() == 0
 
@@ -320,3 +321,35 @@ def test_a_role_the_template_refuses_is_a_400(tiny: ServerProcess) -> None:
         lambda: small.chat.completions.create(model=name, messages=[{"role": "narrator", "content": "x"}]), "messages"
     )
     assert "Unknown role: narrator" in message
+
+
+def test_the_whole_vocabulary_with_max_logprobs_unlimited(tiny: ServerProcess) -> None:
+    """--max-logprobs -1: a request's -1 (top_logprobs, prompt_logprobs) returns every token of the vocabulary at a
+    position, as vLLM's suite asks of a server started with --max-logprobs at the vocabulary's size."""
+    small = openai.OpenAI(base_url=f"{tiny.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    name = small.models.list().data[0].id
+    chat = small.chat.completions.create(
+        model=name, messages=ASK, max_tokens=1, logprobs=True, extra_body={"top_logprobs": -1}
+    )
+    top = chat.choices[0].logprobs.content[0].top_logprobs
+    assert len(top) == 49152 and len({t.token for t in top}) > 40000
+    assert [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+    assert math.isclose(sum(math.exp(t.logprob) for t in top), 1.0, rel_tol=1e-3)
+    prompt = small.completions.create(model=name, prompt=[1, 2], max_tokens=1, extra_body={"prompt_logprobs": -1})
+    positions = prompt.choices[0].prompt_logprobs
+    assert positions[0] is None and len(positions[1]) == 49152
+
+
+def test_more_log_probabilities_than_max_logprobs_are_refused(client: openai.OpenAI, model: str) -> None:
+    """The default --max-logprobs is 20: more, or -1 (the whole vocabulary), is a 400 naming the option."""
+    message = refused(
+        lambda: client.chat.completions.create(
+            model=model, messages=ASK, max_tokens=1, logprobs=True, extra_body={"top_logprobs": 21}
+        ),
+        "logprobs",
+    )
+    assert "--max-logprobs" in message and "20" in message
+    message = refused(
+        lambda: client.completions.create(model=model, prompt=PROMPT, max_tokens=1, logprobs=-1), "logprobs"
+    )
+    assert "whole vocabulary" in message

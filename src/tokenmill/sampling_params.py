@@ -8,7 +8,7 @@ from tokenmill.structured.params import StructuredOutputsParams
 
 # the ranges every parameter is checked against (the server's OpenAPI schema states the same ones)
 MAX_N = 128
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the default of the engine's max_logprobs, and a beam search's
 # each beam of a beam search asks for 2 * beam_width log-probabilities a round, at most MAX_LOGPROBS (as vLLM's
 # max_logprobs bounds its beam width)
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
@@ -50,7 +50,9 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: int | None = 16  # None: up to the model's length limit
     min_tokens: int = 0  # EOS and stop tokens are banned until this many tokens were generated
-    logprobs: int | None = None  # top-k log-probabilities per generated token (the sampled one always included)
+    # top-k log-probabilities per generated token (the sampled one always included); -1: the whole vocabulary. At
+    # most the engine's max_logprobs (20 by default)
+    logprobs: int | None = None
     # logprobs of the distribution the token is drawn from (after penalties, bias, temperature, top-k, top-p and
     # min-p; a greedy token's is 1; tokens it cannot draw are left out): vLLM's processed_logprobs, llama.cpp's
     # post_sampling_probs. False: the model's own distribution
@@ -97,10 +99,10 @@ class SamplingParams:
             )
         if self.seed is not None:
             _int_range("seed", self.seed, *SEED_RANGE)
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs"):  # -1: the whole vocabulary; the engine's max_logprobs bounds both
             value = getattr(self, name)
             if value is not None:
-                _int_range(name, value, 0, MAX_LOGPROBS)
+                _int_range(name, value, -1, None)
         for name in ("logprob_token_ids", "allowed_token_ids"):
             ids = getattr(self, name)
             if ids is not None:

@@ -79,6 +79,12 @@ class EngineConfig:
     max_model_len: int | None = option(
         None, "prompt + output limit (default: the model's context, capped by the cache)", int
     )
+    max_logprobs: int = option(
+        20,  # OpenAI's top_logprobs limit (sampling_params.MAX_LOGPROBS)
+        "the most log-probabilities a request may ask for at a position (logprobs, top_logprobs, prompt_logprobs; "
+        "a request's -1 asks for the whole vocabulary); -1: no limit (default 20, vLLM's --max-logprobs)",
+        int,
+    )
     device: str | None = option(None, "cpu, cuda or cuda:N (default: CUDA if available, else CPU)", str, group="model")
     seed: int = option(0, "seed of requests that have none", int)
     tensor_parallel_size: int = option(
@@ -145,6 +151,11 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             _positive_int(name, getattr(self, name))
         _positive_int("max_constraint_bytes", self.max_constraint_bytes)
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise InvalidParameterError(
+                f"max_logprobs must be -1 (no limit) or an integer of 0 or more, not {self.max_logprobs!r}",
+                "max_logprobs",
+            )
         _positive_number("max_constraint_compile_seconds", self.max_constraint_compile_seconds)
         for name in ("num_kv_blocks", "max_model_len"):
             if getattr(self, name) is not None:

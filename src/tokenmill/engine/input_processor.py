@@ -2,6 +2,7 @@
 vocabulary, max_model_len and KV cache. Every check raises a typed error that names the parameter (the server's
 400). Safe from any thread: it reads the engine's fixed settings only."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ class InputProcessor:
         max_model_len: int,
         kv: KVCacheManager,
         grammars: Callable[[], "GrammarCompiler"],
+        max_logprobs: int = 20,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -44,6 +46,8 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.kv = kv  # for how many blocks a request may take (read only)
         self._grammars = grammars  # the engine's compiler, made at first use
+        # the most log-probabilities a request may ask for at a position (-1: the whole vocabulary)
+        self.max_logprobs = vocab_size if max_logprobs < 0 else max_logprobs
 
     def tokenize_prompt(
         self, prompt: PromptInput, params: SamplingParams | PoolingParams | None = None
@@ -170,8 +174,31 @@ class InputProcessor:
                 "n",
             )
         params.validate_token_ids(self.vocab_size)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and self.logprobs_count(asked) > self.max_logprobs:
+                whole = " (-1: the whole vocabulary)" if asked < 0 else ""
+                raise InvalidParameterError(
+                    f"{name} {asked}{whole} asks for {self.logprobs_count(asked)} log-probabilities a position; this "
+                    f"engine returns at most {self.max_logprobs} (--max-logprobs)",
+                    name,
+                )
         if params.structured_outputs is not None:
             self._grammars().compile(params.structured_outputs)  # a constraint that cannot compile: 400 now
+
+    def logprobs_count(self, asked: int) -> int:
+        """How many log-probabilities a request's logprobs or prompt_logprobs asks for (-1: the vocabulary)."""
+        return self.vocab_size if asked < 0 else asked
+
+    def whole_vocabulary_resolved(self, params: SamplingParams) -> SamplingParams:
+        """`params` with a -1 in logprobs or prompt_logprobs (the whole vocabulary) as the vocabulary's size."""
+        if (params.logprobs or 0) >= 0 and (params.prompt_logprobs or 0) >= 0:
+            return params
+        return dataclasses.replace(
+            params,
+            logprobs=None if params.logprobs is None else self.logprobs_count(params.logprobs),
+            prompt_logprobs=None if params.prompt_logprobs is None else self.logprobs_count(params.prompt_logprobs),
+        )
 
     def check_fits(self, prompt_len: int, params: SamplingParams) -> int:
         """The request's max_tokens, once its prompt and output fit max_model_len and the whole KV cache."""

@@ -162,6 +162,7 @@ class LLMEngine(EngineCore):
             self.max_model_len,
             kv,
             lambda: self.grammars,
+            self.config.max_logprobs,
         )
         self._request_ids = itertools.count()
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
@@ -283,6 +284,8 @@ class LLMEngine(EngineCore):
         pooling = params if isinstance(params, PoolingParams) else None
         if pooling is not None:  # scheduled as a one-token request whose token is never sampled
             params = SamplingParams(max_tokens=1)
+        else:
+            params = self.inputs.whole_vocabulary_resolved(params)  # logprobs -1: the vocabulary's size
         request_id = request_id if request_id is not None else self.new_request_id()
         if request_id in self.requests:
             raise InvalidParameterError(f"request id {request_id!r} is already in use", "request_id")

@@ -16,7 +16,7 @@ LOWEST_LOGPROB = -9999.0  # what -inf is written as
 
 @dataclass(frozen=True)
 class LogprobsShape:
-    k: int  # the top tokens shown at each position
+    k: int  # the top tokens shown at each position (-1: every one the position holds, the whole vocabulary)
     listed: bool = False  # every token the position holds (logprob_token_ids'), not the top k
     as_ids: bool = False  # tokens written "token_id:N" (return_tokens_as_token_ids)
 
@@ -29,7 +29,7 @@ def _shown(position: PositionLogprobs, shape: LogprobsShape) -> list[tuple[int, 
     if shape.listed:
         return [(tid, _finite(lp.logprob)) for tid, lp in position.items()]
     ranked = sorted(position.items(), key=lambda item: item[1].rank)
-    return [(tid, _finite(lp.logprob)) for tid, lp in ranked if lp.rank <= shape.k]
+    return [(tid, _finite(lp.logprob)) for tid, lp in ranked if shape.k < 0 or lp.rank <= shape.k]
 
 
 def token_name(tokenizer: Tokenizer, token: int, as_ids: bool) -> str:

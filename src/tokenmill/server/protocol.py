@@ -17,7 +17,6 @@ from tokenmill.sampling_params import (
     MAX_LENGTH_PENALTY,
     MAX_LOGIT_BIAS,
     MAX_LOGPROB_TOKEN_IDS,
-    MAX_LOGPROBS,
     MAX_N,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
@@ -207,9 +206,9 @@ class SamplingFields(APIRequest):
     # (server/beam_search_fields.py)
     use_beam_search: bool = False
     length_penalty: Annotated[float, Field(ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY)] = 1.0
-    # vLLM's: each prompt token's log-probability and the top this many at its position (-1, the whole vocabulary,
-    # is refused: more than MAX_LOGPROBS), returned as `prompt_logprobs` (the first token's null); not streamed
-    prompt_logprobs: Annotated[int, Field(ge=-1, le=MAX_LOGPROBS)] | None = None
+    # vLLM's: each prompt token's log-probability and the top this many at its position (-1: the whole vocabulary;
+    # the engine's --max-logprobs bounds it), returned as `prompt_logprobs` (the first token's null); not streamed
+    prompt_logprobs: Annotated[int, Field(ge=-1)] | None = None
     # vLLM's: the log-probabilities of these tokens at each generated position, listed with the sampled one's in
     # place of the top ones (needs logprobs)
     logprob_token_ids: Annotated[list[TokenId], Field(max_length=MAX_LOGPROB_TOKEN_IDS)] | None = None
@@ -234,15 +233,9 @@ class SamplingFields(APIRequest):
         return self
 
     @model_validator(mode="after")
-    def _prompt_logprobs_whole(self) -> "SamplingFields":
+    def _prompt_logprobs_not_streamed(self) -> "SamplingFields":
         if self.prompt_logprobs is None:
             return self
-        if self.prompt_logprobs < 0:
-            raise field_error(
-                "prompt_logprobs",
-                f"prompt_logprobs -1 asks for every token of the vocabulary at each position; this server returns "
-                f"at most {MAX_LOGPROBS}",
-            )
         if self.stream:
             raise field_error("prompt_logprobs", "prompt_logprobs are not available when stream is true")
         return self
@@ -353,7 +346,7 @@ class CompletionRequest(SamplingFields):
         ]
     )
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: Annotated[int, Field(ge=-1)] | None = None
     echo: bool = False
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # must equal n
     suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "not supported"})] = None
@@ -422,7 +415,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[int, Field(ge=-1)] | None = None
     tools: list[dict[str, Any]] | None = None  # checked by tokenmill.structured.tools.check_tools
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # accepted; a reply may hold several calls either way
