@@ -68,6 +68,9 @@ DEFAULT_TESTS = (
     "tests/entrypoints/pooling/basic/test_truncation.py",
 )
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the bundled model, under the name the tests use
+# other checkpoints the tests read a tokenizer or config of, which the bundled model stands in for (test_chat_echo's
+# vocabulary size)
+SMOLLM2_STANDS_FOR = ("Qwen/Qwen2-1.5B-Instruct",)
 
 
 def vllm_source(cache: Path) -> Path:
@@ -171,7 +174,12 @@ def main() -> None:
     bundled = GGUFFile(bundled_model_path())
     smollm2 = Tokenizer.from_gguf(bundled)
     write_hf_cache(
-        work / "hf" / "hub", (SMOLLM2_NAME,), smollm2, bundled.get("tokenizer.chat_template"), "llama", "<|im_end|>"
+        work / "hf" / "hub",
+        (SMOLLM2_NAME, *SMOLLM2_STANDS_FOR),
+        smollm2,
+        bundled.get("tokenizer.chat_template"),
+        "llama",
+        "<|im_end|>",
     )
     script = {
         "think": tokenizer.encode(STANDIN_THINKING),
