@@ -768,6 +768,10 @@ def test_llamacpp_tokenize_detokenize_and_template(server: ServerProcess) -> Non
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": ids}).json()["content"] == content
     both = httpx.post(f"{server.url}/tokenize", json={"content": "x", "prompt": "x"})
     assert both.status_code == 400
+    for bad in (2**70, -3, 10**6):  # ids mixed into content, outside the vocabulary (2**70 was a 500)
+        for with_pieces in (False, True):
+            r = httpx.post(f"{server.url}/tokenize", json={"content": ["a", bad], "with_pieces": with_pieces})
+            assert r.status_code == 400 and "out of vocabulary" in r.json()["error"]["message"], r.text
     messages = [{"role": "user", "content": "What is today?"}]
     prompt = httpx.post(f"{server.url}/apply-template", json={"messages": messages}).json()["prompt"]
     assert "What is today?" in prompt and prompt.endswith("<|im_start|>assistant\n")

@@ -130,6 +130,9 @@ def llama_tokenize(model: ServedModel, content: Any, add_special: bool, with_pie
     whole UTF-8 text is its list of bytes). Runs in a worker thread."""
     tokenizer = model.tokenizer
     ids = prompt_tokens(tokenizer, content, add_special)
+    bad = next((t for t in ids if not 0 <= t < tokenizer.vocab_size), None)  # ids come mixed into content too
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is out of vocabulary (ids 0..{tokenizer.vocab_size - 1})", param="content")
     if not with_pieces:
         return {"tokens": ids}
     pieces = []
