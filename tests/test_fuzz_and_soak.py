@@ -147,7 +147,7 @@ def test_a_bounded_soak_keeps_every_answer_right_and_memory_flat(default_server:
     was after the first 7 s, when the first requests have brought in what the later ones reuse."""
     result = run_soak(default_server.url, duration_s=15, concurrency=6, sample_s=1.0, warmup_s=7)
     assert result["unexpected"] == 0, result["unexpected_examples"]
-    assert result["requests"] > 30 and result["internal_errors"] == 0  # about 3 a second on 2 quiet cores
+    assert result["requests"] > 30 and result["internal_errors"] == 0  # (40 while it ran 20 s)
     assert abs(result["rss_drift_pct"]) <= 5, result["rss_samples_mib"]
     server = default_server
     deadline = time.monotonic() + 30
