@@ -19,6 +19,31 @@ def load_reference(name: str) -> dict:
     return json.loads((DATA / f"{name}.json").read_text())
 
 
+# A server test module defines its own `server` fixture (a ServerProcess, started with the options it needs); these
+# build on it, once per module.
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client for the module's server."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    """The id the module's server serves its model under."""
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """The servers' engine as `tokenmill serve` builds it (`auto`), offline: the same kernels, so the same tokens,
+    log-probabilities and vectors."""
+    from tokenmill import LLM
+
+    return LLM(quantization="auto")
+
+
 @pytest.fixture(scope="session")
 def smollm2_reference() -> dict:
     return load_reference("smollm2")

@@ -25,22 +25,6 @@ def server():
     assert proc.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def offline() -> LLM:
-    """The server's engine, offline (the same kernels: its greedy tokens and log-probabilities are the server's)."""
-    return LLM(quantization="auto")
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
 def metrics(server: ServerProcess) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics").text
     values = {}

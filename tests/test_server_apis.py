@@ -31,22 +31,6 @@ def server():
     assert proc.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def offline() -> LLM:
-    """The server's engine, offline: the same kernels, so the same vectors."""
-    return LLM(quantization="auto")
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
-
-
 def test_the_name_the_server_was_started_with_is_an_alias(
     server: ServerProcess, client: openai.OpenAI, ollama_client, anthropic_client
 ) -> None:

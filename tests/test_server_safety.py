@@ -42,11 +42,6 @@ def server():
     assert proc.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
 def metric(server: ServerProcess, name: str) -> float:
     text = httpx.get(f"{server.url}/metrics").text
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]

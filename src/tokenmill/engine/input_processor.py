@@ -36,7 +36,7 @@ class InputProcessor:
         max_model_len: int,
         kv: KVCacheManager,
         grammars: Callable[[], "GrammarCompiler"],
-        max_logprobs: int = 20,
+        max_logprobs: int,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template

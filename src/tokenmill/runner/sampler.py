@@ -168,18 +168,18 @@ class Sampler:
                 keep = logits[i, forced].clone()
                 logits[i].fill_(float("-inf"))
                 logits[i, forced] = keep if bool(torch.isfinite(keep)) else 0.0
-        constrained = {i: r.allowed for i, r in enumerate(rows) if r.allowed is not None}
-        for i, r in enumerate(rows):  # allowed_token_ids: only these (within a constraint's, where that leaves any)
-            if r.params.allowed_token_ids is not None and i not in forcing:  # (a spent thinking budget's tag wins)
+        # the masks: a structured output's constraint, and allowed_token_ids (within the constraint's, where that
+        # leaves any; a spent thinking budget's tag wins over it)
+        constrained = {i: r.allowed.to(logits.device) for i, r in enumerate(rows) if r.allowed is not None}
+        for i, r in enumerate(rows):
+            if r.params.allowed_token_ids is not None and i not in forcing:
                 listed = _token_mask(r.params.allowed_token_ids, logits.shape[-1], logits.device)
-                if i not in constrained:
-                    logits[i].masked_fill_(~listed, float("-inf"))
-                elif bool((listed & constrained[i].to(logits.device)).any()):
-                    constrained[i] = listed & constrained[i].to(logits.device)
-        for i, allowed in constrained.items():  # a structured output: only what its constraint allows
-            logits[i].masked_fill_(~allowed.to(logits.device), float("-inf"))
-        masked = set(constrained) | {i for i, r in enumerate(rows) if r.params.allowed_token_ids and i not in forcing}
-        before_bans = {i: logits[i].clone() for i in masked if rows[i].banned_token_ids}
+                both = listed & constrained[i] if i in constrained else listed
+                if i not in constrained or bool(both.any()):
+                    constrained[i] = both
+        for i, allowed in constrained.items():
+            logits[i].masked_fill_(~allowed, float("-inf"))
+        before_bans = {i: logits[i].clone() for i in constrained if rows[i].banned_token_ids}
         ban_rows = [i for i, r in enumerate(rows) for _ in r.banned_token_ids]
         ban_cols = [t for r in rows for t in r.banned_token_ids]
         if ban_rows:

@@ -278,16 +278,7 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; its blocks become free or stay cached for reuse."""
-        # the tail first, so that a sequence's last blocks are evicted before its first ones
-        for block_id in reversed(self.table(seq)):
-            if block_id == NULL_BLOCK:
-                continue
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count < 0:
-                raise AssertionError(f"block {block_id} freed twice")
-            if block.ref_count == 0:
-                self._unused(block)
+        self._drop_references(self.table(seq), "freed")
         self._set_table(seq, [])
         seq.num_computed_tokens = 0
         self._seq_state.pop(seq.seq_id, None)
@@ -365,11 +356,18 @@ class BlockManager:
     def release_blocks(self, block_ids: list[int]) -> None:
         """Drop the hold restore_chain took: the blocks stay in the prefix cache, unused (evictable; the last ones
         first, as `free` leaves a sequence's blocks)."""
+        self._drop_references(block_ids, "released")
+
+    def _drop_references(self, block_ids: list[int], verb: str) -> None:
+        """One reference less on each block; a block no one holds becomes free, or stays cached for reuse. The tail
+        first, so that a chain's last blocks are evicted before its first ones."""
         for block_id in reversed(block_ids):
+            if block_id == NULL_BLOCK:
+                continue
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count < 0:
-                raise AssertionError(f"block {block_id} released twice")
+                raise AssertionError(f"block {block_id} {verb} twice")
             if block.ref_count == 0:
                 self._unused(block)
 
