@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from tokenmill.layers import kv_quant
+from tokenmill.layers import kv_quant, native_attention
 
 
 @dataclass
@@ -39,6 +39,7 @@ class PrefillChunk:
     # [1, 1, q_len, context_len] bool causal mask aligned to the end; None when fresh (plain causal), except in
     # a sliding-window layer's copy of the step (windowed), where a long fresh prompt has its band here
     mask: torch.Tensor | None
+    window: int = 0  # a sliding-window layer's copy: the keys each query sees (the native kernel's form of mask)
 
 
 @dataclass
@@ -87,6 +88,16 @@ def paged_attention(
         values = _read(v_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
         out = _attend(q_dec, keys.transpose(1, 2), values.transpose(1, 2), d.mask, scale, sinks)  # [S, H, 1, D]
         outputs.append(out.view(d.num_seqs, heads, dim))
+    if meta.prefills and native_attention.available(q, k_cache, sinks):
+        chunks = [
+            (c.token_start, c.token_end - c.token_start, meta.slot_mapping[c.token_start : c.token_end])
+            if c.kv_index is None
+            else (c.token_start, c.token_end - c.token_start, c.kv_index)
+            for c in meta.prefills
+        ]
+        window = meta.prefills[0].window
+        outputs.append(native_attention.prefill_attention(q, k_cache, v_cache, chunks, scale, window, sinks))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
     for chunk in meta.prefills:
         q_c = q[chunk.token_start : chunk.token_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
         if chunk.kv_index is None:  # a fresh prompt: its own new K/V are the whole context
@@ -222,11 +233,11 @@ def windowed(meta: AttentionMetadata, window: int) -> AttentionMetadata:
         q_len = chunk.token_end - chunk.token_start
         context = q_len if chunk.kv_index is None else chunk.kv_index.shape[0]
         if context <= window:  # nothing falls out of the window
-            prefills.append(chunk)
+            prefills.append(replace(chunk, window=window))
             continue
         device = meta.slot_mapping.device
         query_positions = torch.arange(context - q_len, context, device=device).unsqueeze(1)  # [q_len, 1]
         keys = torch.arange(context, device=device)  # [context]
         band = (keys <= query_positions) & (keys > query_positions - window)  # [q_len, context]
-        prefills.append(replace(chunk, mask=band.view(1, 1, q_len, context)))
+        prefills.append(replace(chunk, mask=band.view(1, 1, q_len, context), window=window))
     return replace(meta, decode=d, prefills=prefills)

@@ -37,6 +37,7 @@ _SOURCES = [
         "products.c",
         "dequantize.c",
         "decoder.c",
+        "attention.c",
         "shm_reduce.c",
     )
 ]
@@ -133,6 +134,8 @@ def load() -> ctypes.CDLL | None:
     lib.tm_llama_decode.restype = ctypes.c_int
     lib.tm_pool_stalls.argtypes = []
     lib.tm_pool_stalls.restype = i64
+    lib.tm_prefill_attention.argtypes = [p]  # const tm_prefill_attention_args *
+    lib.tm_prefill_attention.restype = ctypes.c_int
     lib.tm_kv_store.argtypes = [p, p, i64, i64]
     lib.tm_kv_store.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):

@@ -267,6 +267,29 @@ typedef struct {
 int tm_llama_check(const tm_llama_model *model);
 int tm_llama_decode(const tm_llama_model *model, const tm_decode_step *step);
 
+/* ---- prompt attention (attention.c) ----------------------------------------------------------------------- */
+/* A prompt chunk: q_len query rows from token_start of the step's rows, the last q_len positions of a context of
+ * ctx_len positions whose cache slots are slots [ctx_len] (its own K/V already written there) */
+typedef struct {
+    int64_t token_start, q_len, ctx_len;
+    const int64_t *slots;
+} tm_attn_chunk;
+
+/* One layer's prompt attention: q, out [T, heads, dim] float32 (the step's rows); the caches [slots, kv_heads,
+ * head] of kv_elements.h's type kv_dtype; window > 0: a sliding window of that many keys; sinks [heads] or NULL */
+typedef struct {
+    const float *q;
+    float *out;
+    const void *k_cache, *v_cache;
+    int64_t kv_dtype, heads, kv_heads, dim, window;
+    float scale;
+    const float *sinks;
+    const tm_attn_chunk *chunks;
+    int64_t n_chunks;
+} tm_prefill_attention_args;
+
+int tm_prefill_attention(const tm_prefill_attention_args *args);
+
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
 void tm_qx_free(tm_qx *a);
 /* the activations' group for a product with w: 8 (a scale per 256) with one pass into a weight with a K-quant

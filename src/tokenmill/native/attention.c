@@ -1,0 +1,298 @@
+/* Prompt attention over the paged KV cache (flash attention): each prompt chunk's queries against every key of
+ * their context up to their own position, read from the cache in place through the chunk's slot list (no gathered
+ * copy of the context), in blocks of keys with an online softmax, float32 throughout.
+ *
+ * A job is a tile of TILE_ROWS query rows of one chunk and one KV head (all query heads that share it). Its rows
+ * are the lanes of the vectors: the queries are transposed once per job (Qt [dim][TILE_ROWS]) and the scores of a
+ * block come out transposed (St [key][TILE_ROWS]), so the softmax's maxima, exponentials and sums run along the
+ * lanes and a row never needs a horizontal reduction. Per block of BLOCK_KEYS keys (blocks begin at positions that
+ * are multiples of BLOCK_KEYS):
+ *     St = K_block . Qt * scale                     (8 keys x 3 vectors of rows of fused multiply-adds)
+ *     m' = max(m, the row's valid scores); a = exp(m - m'); P = exp(St - m') where valid, else 0; l = l * a + sum P
+ *     Ot = Ot * a + V_block^T . P                   (8 columns x 3 vectors of rows)
+ * and at the end out = Ot / l (gpt-oss's sink joins l as one more logit with no value).
+ *
+ * Batch invariance: a row's arithmetic runs in its own lane, over the blocks in position order and the keys and
+ * dimensions in order, so its bits do not depend on which rows share its tile or how the prompt was chunked. A
+ * block where the row has no valid key (processed for its tile-mates) leaves its state as it was: its maximum
+ * stays, the factor is exp(0) = 1 and every P is 0. Keys a row may see: position <= its own, and with a sliding
+ * window, position > its own - window.
+ *
+ * Speed (SmolLM2-1.7B's 32 heads of 64, one layer, 512 queries at the end of an 8,192-token context, 2 threads):
+ * benchmarks/README.md (torch's fused kernel over 128-query blocks with masks ran at 37 GMAC/s). */
+#include "kernels.h"
+#include "kv_elements.h"
+
+#define BLOCK_KEYS 64 /* keys per block */
+#define TILE_ROWS 48  /* query rows per job: 3 vectors of 16 lanes */
+#define ROW_VECS (TILE_ROWS / 16)
+#define KEY_STEP 8 /* keys per step of the scores' kernel; columns per step of the values' kernel */
+#define FLOOR (-FLT_MAX) /* a row's maximum before its first valid key */
+
+typedef struct {
+    const tm_prefill_attention_args *a;
+    int64_t group, jobs;
+    int64_t *tiles_before; /* [n_chunks + 1]: the tiles of the chunks before each */
+    int failed;            /* a job found no memory for its scratch */
+} attn_ctx;
+
+/* one job's scratch: per head of the group Qt, Ot [dim][TILE_ROWS] and m, l [TILE_ROWS]; the block's keys and
+ * values as floats [BLOCK_KEYS][dim]; the scores and probabilities St, P [BLOCK_KEYS][TILE_ROWS] */
+typedef struct {
+    float *qt, *ot, *m, *l;
+    float *keys, *values, *st, *alpha;
+    const float *key_rows[BLOCK_KEYS], *value_rows[BLOCK_KEYS];
+    int64_t pos[TILE_ROWS];
+} job_scratch;
+
+/* one cache head of type T as dim floats (int8: times the head's scale) */
+ALWAYS_INLINE void head_floats(const char *head, int64_t dim, float *row, const int T) {
+    const float s = kv_scale(head, dim, T);
+#if defined(__AVX512F__)
+    if (dim % 16 == 0) {
+        const __m512 sv = _mm512_set1_ps(s);
+        for (int64_t i = 0; i < dim; i += 16)
+            _mm512_storeu_ps(row + i, _mm512_mul_ps(kv_load16(head + i * tm_kv_element_bytes(T), T), sv));
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < dim; ++i) row[i] = kv_get(head, i, T) * s;
+}
+
+/* the block's n keys (or values) of one KV head as float rows: the cache's own (float32) or converted into `buf`
+ * (16-bit; int8 times each head's scale); rows past n repeat the last (computed, then masked) */
+static void block_rows(const tm_prefill_attention_args *a, const void *cache, const int64_t *slots, int64_t kvh,
+                       int64_t n, float *buf, const float **rows) {
+    const int64_t dim = a->dim, head_bytes = tm_kv_head_bytes(a->kv_dtype, dim);
+    const int64_t slot_bytes = a->kv_heads * head_bytes;
+    for (int64_t j = 0; j < n; ++j) {
+        const char *head = (const char *)cache + slots[j] * slot_bytes + kvh * head_bytes;
+        float *row = buf + j * dim;
+        switch (a->kv_dtype) {
+        case TM_KV_F32: row = (float *)head; break; /* read in place */
+        case TM_KV_F16: head_floats(head, dim, row, TM_KV_F16); break;
+        case TM_KV_BF16: head_floats(head, dim, row, TM_KV_BF16); break;
+        default: head_floats(head, dim, row, TM_KV_I8); break;
+        }
+        rows[j] = row;
+    }
+    for (int64_t j = n; j < BLOCK_KEYS; ++j) rows[j] = rows[n - 1];
+}
+
+/* St [BLOCK_KEYS][TILE_ROWS] = the n keys' rows . Qt [dim][TILE_ROWS] * scale */
+static void block_scores(const float *const *key_rows, int64_t n, const float *qt, int64_t dim, float scale,
+                         float *st) {
+#if defined(__AVX512F__)
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < n; j0 += KEY_STEP) {
+        __m512 acc[KEY_STEP][ROW_VECS];
+        for (int j = 0; j < KEY_STEP; ++j)
+            for (int r = 0; r < ROW_VECS; ++r) acc[j][r] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < dim; ++d) {
+            __m512 q[ROW_VECS];
+            for (int r = 0; r < ROW_VECS; ++r) q[r] = _mm512_loadu_ps(qt + d * TILE_ROWS + 16 * r);
+            for (int j = 0; j < KEY_STEP; ++j) {
+                const __m512 k = _mm512_set1_ps(key_rows[j0 + j][d]);
+                for (int r = 0; r < ROW_VECS; ++r) acc[j][r] = _mm512_fmadd_ps(k, q[r], acc[j][r]);
+            }
+        }
+        for (int j = 0; j < KEY_STEP; ++j)
+            for (int r = 0; r < ROW_VECS; ++r)
+                _mm512_storeu_ps(st + (j0 + j) * TILE_ROWS + 16 * r, _mm512_mul_ps(acc[j][r], sv));
+    }
+#else
+    for (int64_t j = 0; j < n; ++j) {
+        float acc[TILE_ROWS] = {0};
+        for (int64_t d = 0; d < dim; ++d) {
+            const float k = key_rows[j][d];
+#pragma omp simd
+            for (int r = 0; r < TILE_ROWS; ++r) acc[r] += k * qt[d * TILE_ROWS + r];
+        }
+#pragma omp simd
+        for (int r = 0; r < TILE_ROWS; ++r) st[j * TILE_ROWS + r] = acc[r] * scale;
+    }
+#endif
+}
+
+/* Ot [dim][TILE_ROWS] = Ot * alpha + the n values' rows^T . P [BLOCK_KEYS][TILE_ROWS] */
+static void block_values(const float *const *value_rows, int64_t n, const float *p, const float *alpha,
+                         int64_t dim, float *ot) {
+#if defined(__AVX512F__)
+    __m512 av[ROW_VECS];
+    for (int r = 0; r < ROW_VECS; ++r) av[r] = _mm512_loadu_ps(alpha + 16 * r);
+    for (int64_t d0 = 0; d0 < dim; d0 += KEY_STEP) {
+        __m512 acc[KEY_STEP][ROW_VECS];
+        for (int c = 0; c < KEY_STEP; ++c)
+            for (int r = 0; r < ROW_VECS; ++r)
+                acc[c][r] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d0 + c) * TILE_ROWS + 16 * r), av[r]);
+        for (int64_t j = 0; j < n; ++j) {
+            __m512 pv[ROW_VECS];
+            for (int r = 0; r < ROW_VECS; ++r) pv[r] = _mm512_loadu_ps(p + j * TILE_ROWS + 16 * r);
+            for (int c = 0; c < KEY_STEP; ++c) {
+                const __m512 v = _mm512_set1_ps(value_rows[j][d0 + c]);
+                for (int r = 0; r < ROW_VECS; ++r) acc[c][r] = _mm512_fmadd_ps(v, pv[r], acc[c][r]);
+            }
+        }
+        for (int c = 0; c < KEY_STEP; ++c)
+            for (int r = 0; r < ROW_VECS; ++r) _mm512_storeu_ps(ot + (d0 + c) * TILE_ROWS + 16 * r, acc[c][r]);
+    }
+#else
+    for (int64_t d = 0; d < dim; ++d) {
+        float *o = ot + d * TILE_ROWS;
+#pragma omp simd
+        for (int r = 0; r < TILE_ROWS; ++r) o[r] *= alpha[r];
+        for (int64_t j = 0; j < n; ++j) {
+            const float v = value_rows[j][d];
+#pragma omp simd
+            for (int r = 0; r < TILE_ROWS; ++r) o[r] += v * p[j * TILE_ROWS + r];
+        }
+    }
+#endif
+}
+
+/* St's scores a row may not see (a key past its position, or out of its window) set to FLOOR */
+static void mask_scores(float *st, int64_t n, int64_t k0, const int64_t *pos, int64_t window) {
+    for (int64_t j = 0; j < n; ++j) {
+        const int64_t key = k0 + j;
+        for (int r = 0; r < TILE_ROWS; ++r)
+            if (key > pos[r] || (window > 0 && key <= pos[r] - window)) st[j * TILE_ROWS + r] = FLOOR;
+    }
+}
+
+/* The online softmax's step for one block of n keys beginning at position k0: m, l [TILE_ROWS] updated, St turned
+ * into P in place (0 where a row may not see the key), alpha [TILE_ROWS] the factor of the rows' earlier sums.
+ * `all_seen`: every row may see every key of the block, nothing to mask. The exponentials run in one loop whatever
+ * the mask (a compiler may vectorize two loops differently, and a scalar expf and a vector one differ in the last
+ * bit): a row's bits do not depend on its tile-mates. */
+static void block_softmax(float *st, int64_t n, int64_t k0, const int64_t *pos, int64_t window, float *m, float *l,
+                          float *alpha, int all_seen) {
+    if (!all_seen) mask_scores(st, n, k0, pos, window);
+    float best[TILE_ROWS], total[TILE_ROWS];
+#pragma omp simd
+    for (int r = 0; r < TILE_ROWS; ++r) best[r] = m[r];
+    for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+        for (int r = 0; r < TILE_ROWS; ++r) best[r] = st[j * TILE_ROWS + r] > best[r] ? st[j * TILE_ROWS + r] : best[r];
+    }
+#pragma omp simd
+    for (int r = 0; r < TILE_ROWS; ++r) {
+        alpha[r] = m[r] == FLOOR ? 0.0f : expf(m[r] - best[r]); /* the first valid key: nothing earlier to keep */
+        total[r] = 0.0f;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+#pragma omp simd
+        for (int r = 0; r < TILE_ROWS; ++r) {
+            const float p = st[j * TILE_ROWS + r] > FLOOR ? expf(st[j * TILE_ROWS + r] - best[r]) : 0.0f;
+            st[j * TILE_ROWS + r] = p;
+            total[r] += p;
+        }
+    }
+#pragma omp simd
+    for (int r = 0; r < TILE_ROWS; ++r) {
+        const int seen = best[r] != FLOOR; /* rows with no valid key yet keep m = FLOOR, l = 0, Ot = 0 */
+        alpha[r] = seen ? alpha[r] : 1.0f;
+        l[r] = seen ? l[r] * alpha[r] + total[r] : 0.0f;
+        m[r] = best[r];
+    }
+}
+
+/* jobs [j0, j1): (chunk, KV head, tile of query rows), the largest (last) tiles first */
+static void attention_jobs(void *p, int64_t j0, int64_t j1) {
+    attn_ctx *c = p;
+    const tm_prefill_attention_args *a = c->a;
+    const int64_t dim = a->dim, group = c->group, heads = a->heads, row_stride = heads * dim;
+    const int64_t tiles_per_head = c->tiles_before[a->n_chunks];
+    job_scratch s;
+    const size_t plane = (size_t)dim * TILE_ROWS;
+    float *mem = malloc(sizeof(float) * (2 * group * plane + 2 * group * TILE_ROWS + 2 * BLOCK_KEYS * dim +
+                                         BLOCK_KEYS * TILE_ROWS + TILE_ROWS));
+    if (!mem) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    s.qt = mem;
+    s.ot = s.qt + group * plane;
+    s.m = s.ot + group * plane;
+    s.l = s.m + group * TILE_ROWS;
+    s.keys = s.l + group * TILE_ROWS;
+    s.values = s.keys + BLOCK_KEYS * dim;
+    s.st = s.values + BLOCK_KEYS * dim;
+    s.alpha = s.st + BLOCK_KEYS * TILE_ROWS;
+    for (int64_t job = j0; job < j1; ++job) {
+        const int64_t inverse = c->jobs - 1 - job; /* the last tiles (the most keys) first */
+        const int64_t kvh = inverse / tiles_per_head, tile = inverse % tiles_per_head;
+        int64_t ci = 0;
+        while (c->tiles_before[ci + 1] <= tile) ++ci;
+        const tm_attn_chunk *ch = &a->chunks[ci];
+        const int64_t r0 = (tile - c->tiles_before[ci]) * TILE_ROWS;
+        const int64_t rows = ch->q_len - r0 < TILE_ROWS ? ch->q_len - r0 : TILE_ROWS;
+        const int64_t first_pos = ch->ctx_len - ch->q_len; /* the chunk's first query's position */
+        int64_t last = 0;
+        for (int64_t r = 0; r < TILE_ROWS; ++r) {
+            s.pos[r] = r < rows ? first_pos + r0 + r : -1; /* padding rows see no key */
+            last = s.pos[r] > last ? s.pos[r] : last;
+        }
+        const int64_t lowest = a->window > 0 && first_pos + r0 - a->window + 1 > 0 ? first_pos + r0 - a->window + 1 : 0;
+        for (int64_t g = 0; g < group; ++g) {
+            const int64_t hd = kvh * group + g;
+            float *qt = s.qt + g * plane;
+            for (int64_t d = 0; d < dim; ++d)
+                for (int64_t r = 0; r < TILE_ROWS; ++r)
+                    qt[d * TILE_ROWS + r] = r < rows ? a->q[(ch->token_start + r0 + r) * row_stride + hd * dim + d] : 0.0f;
+            memset(s.ot + g * plane, 0, sizeof(float) * plane);
+            for (int64_t r = 0; r < TILE_ROWS; ++r) {
+                s.m[g * TILE_ROWS + r] = FLOOR;
+                s.l[g * TILE_ROWS + r] = 0.0f;
+            }
+        }
+        for (int64_t k0 = lowest / BLOCK_KEYS * BLOCK_KEYS; k0 <= last; k0 += BLOCK_KEYS) {
+            const int64_t n = last + 1 - k0 < BLOCK_KEYS ? last + 1 - k0 : BLOCK_KEYS;
+            block_rows(a, a->k_cache, ch->slots + k0, kvh, n, s.keys, s.key_rows);
+            block_rows(a, a->v_cache, ch->slots + k0, kvh, n, s.values, s.value_rows);
+            /* every row of the tile (padding rows too: their results are dropped) sees every key of the block */
+            const int all_seen = k0 + n - 1 <= first_pos + r0 &&
+                                 (a->window <= 0 || k0 > last - a->window);
+            for (int64_t g = 0; g < group; ++g) {
+                block_scores(s.key_rows, n, s.qt + g * plane, dim, a->scale, s.st);
+                block_softmax(s.st, n, k0, s.pos, a->window, s.m + g * TILE_ROWS, s.l + g * TILE_ROWS, s.alpha,
+                              all_seen);
+                block_values(s.value_rows, n, s.st, s.alpha, dim, s.ot + g * plane);
+            }
+        }
+        for (int64_t g = 0; g < group; ++g) {
+            const int64_t hd = kvh * group + g;
+            const float *ot = s.ot + g * plane, *m = s.m + g * TILE_ROWS, *l = s.l + g * TILE_ROWS;
+            for (int64_t r = 0; r < rows; ++r) {
+                float factor = 1.0f, total = l[r];
+                if (a->sinks) { /* one more logit, no value: the total grows, the sums are rescaled if it leads */
+                    const float sink = a->sinks[hd], best = sink > m[r] ? sink : m[r];
+                    factor = expf(m[r] - best);
+                    total = l[r] * factor + expf(sink - best);
+                }
+                const float inv = factor / total;
+                float *out = a->out + (ch->token_start + r0 + r) * row_stride + hd * dim;
+                for (int64_t d = 0; d < dim; ++d) out[d] = ot[d * TILE_ROWS + r] * inv;
+            }
+        }
+    }
+    free(mem);
+}
+
+/* 0 on success; 1 for shapes it does not take, 2 for a chunk's bad lengths, 3 without memory */
+int tm_prefill_attention(const tm_prefill_attention_args *a) {
+    if (a->n_chunks < 1 || a->kv_heads < 1 || a->heads % a->kv_heads || a->dim % KEY_STEP ||
+        !tm_kv_dtype_ok(a->kv_dtype))
+        return 1;
+    for (int64_t i = 0; i < a->n_chunks; ++i)
+        if (a->chunks[i].q_len < 1 || a->chunks[i].ctx_len < a->chunks[i].q_len) return 2;
+    attn_ctx c = {.a = a, .group = a->heads / a->kv_heads, .failed = 0};
+    c.tiles_before = malloc(sizeof(int64_t) * (a->n_chunks + 1));
+    if (!c.tiles_before) return 3;
+    c.tiles_before[0] = 0;
+    for (int64_t i = 0; i < a->n_chunks; ++i)
+        c.tiles_before[i + 1] = c.tiles_before[i] + (a->chunks[i].q_len + TILE_ROWS - 1) / TILE_ROWS;
+    c.jobs = a->kv_heads * c.tiles_before[a->n_chunks];
+    tm_pool_for(attention_jobs, &c, c.jobs, c.jobs);
+    free(c.tiles_before);
+    return c.failed ? 3 : 0;
+}
