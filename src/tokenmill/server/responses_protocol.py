@@ -67,6 +67,7 @@ class ResponsesRequest(APIRequest):
     background: bool = False  # refused when true: a response is made while its request waits
     include: list[str] | None = None  # only message.output_text.logprobs is served
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # with that include: the top k as well
+    watermarking: bool | None = None  # vLLM's: false opts out of the server's --watermark-config
     enable_response_messages: bool = False  # vLLM's: the raw prompt and output (text and token ids) in the response
     conversation: None = None  # the Conversations API is not served
     prompt: None = None  # nor stored prompt templates
@@ -191,6 +192,7 @@ class ResponsesRequest(APIRequest):
         return SamplingParams(
             max_tokens=max_tokens,
             logprobs=self.logprobs_top(),
+            watermarking=self.watermarking,
             structured_outputs=self.structured_outputs(),
             extra_args=self.vllm_xargs,
             **over_defaults(defaults, optional),
