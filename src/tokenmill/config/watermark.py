@@ -4,7 +4,7 @@
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tokenmill.errors import InvalidParameterError
@@ -23,7 +23,7 @@ def derive_watermark_key(key: int, domain: bytes) -> int:
 
 @dataclass(frozen=True)
 class WatermarkConfig:
-    key: int  # the secret: whoever holds it can detect the watermark
+    key: int = field(repr=False)  # the secret: whoever holds it can detect the watermark (kept out of logs)
     algorithm: str = "gumbel"
     alpha: float = 0.1  # dual_key_gumbel: the chance that a token takes key B
     context_width: int = 4  # the generated tokens before a token that seed its pseudo-random draw

@@ -253,9 +253,10 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
 
     def feed(output: RequestOutput) -> ReplyDelta:
         """The reply's next delta; the text's log-probabilities follow it."""
+        read_thinking = reply.thinking_now
         delta = reply.feed_output(output.outputs[0])
         if turn.logprobs is not None:
-            turn.logprobs.feed(output.outputs[0], delta)
+            turn.logprobs.feed(output.outputs[0], delta, read_thinking)
         return delta
 
     if req.stream:
