@@ -4,8 +4,9 @@ each as chat's `logprobs.content` entries are ({token, logprob, bytes, top_logpr
 
 A reply's tokens are not all text: its thinking and its calls are parsed out of the same tokens, and text may be held
 back a while (it could be a tag or the start of a call). So tokens read while the reply thinks (the tag that closes
-the thinking included) are never the text's; the entries of the others wait until a delta shows what they made: a
-text delta takes them, a thinking or call delta drops them. A final end token makes no text and has none.
+the thinking included) are not the text's, unless the same output shows text (a token that ends the tag and starts
+the answer); the entries of the others wait until a delta shows what they made: a text delta takes them, a thinking
+or call delta drops them. A final end token makes no text and has none.
 """
 
 from tokenmill.outputs import CompletionOutput
@@ -26,7 +27,7 @@ class TextLogprobs:
     def feed(self, output: CompletionOutput, delta: ReplyDelta, read_thinking: bool) -> list[dict]:
         """The entries the text delta of this output carries ([] when it has none); `read_thinking`: the reply was
         inside its thinking when this output's tokens came."""
-        if not read_thinking:
+        if not read_thinking or delta.text:
             first = len(output.token_ids) - len(output.delta_token_ids)
             positions = (output.logprobs or [])[first : first + len(output.delta_token_ids)]
             self._waiting += chat_logprobs(self.tokenizer, list(output.delta_token_ids), positions, self.shape)
