@@ -294,6 +294,20 @@ def test_responses_reasoning_items_and_a_continued_turn(client: openai.OpenAI, t
     assert second.output_text == "Still here."
 
 
+def test_responses_logprobs_are_the_answers_tokens(client: openai.OpenAI, tokenizer: Tokenizer) -> None:
+    """With include's output_text.logprobs, the message's entries and the text deltas' are those of the answer's
+    tokens: none of the thinking's or of its tags (which arrive split: tokens that make nothing yet)."""
+    model = model_of(client)
+    asked = {"model": model, "input": "Hi", "max_output_tokens": 100, "include": ["message.output_text.logprobs"]}
+    xargs = {"vllm_xargs": script(tokenizer, THOUGHT)}
+    whole = client.responses.create(**asked, extra_body=xargs)
+    entries = whole.output[1].content[0].logprobs
+    assert "".join(e.token for e in entries).strip() == "Hello there."  # (after the blank line the tag leaves)
+    events = list(client.responses.create(**asked, stream=True, extra_body=xargs))
+    streamed = [e for event in events if event.type == "response.output_text.delta" for e in event.logprobs]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+
+
 def test_r1_distill_starts_inside_its_thinking(tmp_path_factory, tokenizer: Tokenizer) -> None:
     proc = serve(tmp_path_factory, "deepseek-r1-distill-qwen")
     try:

@@ -66,6 +66,9 @@ class SamplingParams:
     logprob_token_ids: list[int] | None = None
     # vLLM's: only these tokens can be sampled (every other one is masked, as a structured output masks)
     allowed_token_ids: list[int] | None = None
+    # vLLM's: False opts this request out of the engine's watermark (watermark_config); None or True: watermarked
+    # where the engine has one (greedy requests never are)
+    watermarking: bool | None = None
     # vLLM's: the prompt cut to this many tokens before it runs (-1: as many as the context allows, max_model_len - 1),
     # keeping its end ("left": the start is cut, the default for generation) or its start ("right")
     truncate_prompt_tokens: int | None = None

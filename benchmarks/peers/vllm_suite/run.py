@@ -194,7 +194,9 @@ def main() -> None:
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
         "HF_HOME": str(work / "hf"),
-        "PYTHONPATH": str(HERE),
+        # the plugin and the stand-in's logits processor; then this checkout's tokenmill, ahead of the one the venv
+        # installed (a git worktree runs its own code)
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO / "src")]),
         "TOKENMILL_BIN": str(Path(sys.executable).parent / "tokenmill"),
         "TOKENMILL_SUITE_MODELS": json.dumps(models),
         "TOKENMILL_STANDIN_SCRIPT": json.dumps(script),

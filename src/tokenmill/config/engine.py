@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tokenmill.config.speculative import SpeculativeConfig
+from tokenmill.config.watermark import WatermarkConfig
 from tokenmill.errors import InvalidParameterError
 
 KV_CACHE_DTYPE_NAMES = ("auto", "float32", "float16", "bfloat16", "int8")  # runner/kv_cache.py resolves them
@@ -121,6 +122,16 @@ class EngineConfig:
         "one pass; the output is what it would be without them",
         str,
     )
+    # runner/watermark.py: a WatermarkConfig, a dict of its fields or their JSON
+    watermark_config: Any = option(
+        None,
+        'watermark the text sampled at a temperature above 0, as vLLM does: {"key": K} (a secret below 2**64; '
+        'optional: "algorithm" gumbel or dual_key_gumbel, "alpha" 0.1, "context_width" 4, "deduplicate_contexts" '
+        'none, single_turn or all, "deduplicate_contexts_max_history" 8192, "prf" philox). Each token is Gumbel-max '
+        "sampled with noise keyed by the tokens before it, so the key's holder can detect the text; a request's "
+        "watermarking: false opts out, greedy requests are never watermarked",
+        str,
+    )
     # structured outputs (tokenmill/structured/grammars.py)
     max_constraint_bytes: int = option(
         1024 * 1024,
@@ -182,6 +193,12 @@ class EngineConfig:
                 "generation_config",
             )
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.watermark_config = WatermarkConfig.parse(self.watermark_config)
+        if self.watermark_config is not None and self.speculative_config is not None:
+            raise InvalidParameterError(
+                "watermark_config cannot be combined with speculative_config: accepted proposals would go unmarked",
+                "watermark_config",
+            )
         if not isinstance(self.enable_prefix_caching, bool):
             raise InvalidParameterError("enable_prefix_caching must be true or false", "enable_prefix_caching")
         if not isinstance(self.weight_cache, bool):

@@ -26,6 +26,7 @@ from tokenmill.pooling_params import PoolingParams
 from tokenmill.runner.logits_processors import load_logits_processors
 from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow
+from tokenmill.runner.watermark import Watermarker
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
@@ -60,7 +61,8 @@ class EngineCore:
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, max_model_len), kv
         )
-        self.sampler = Sampler(runner.device, load_logits_processors(config.logits_processors))
+        watermarker = Watermarker(config.watermark_config) if config.watermark_config is not None else None
+        self.sampler = Sampler(runner.device, load_logits_processors(config.logits_processors), watermarker)
         self.outputs = OutputProcessor(tokenizer, max_model_len, self._finish)
         self.requests: dict[str, Request] = {}
         self.structured = StructuredOutputManager(  # a stage of the step for constrained requests

@@ -5,15 +5,18 @@ logit bias, allowed_token_ids, a structured output's mask and the min_tokens ban
 presence penalties; greedy
 rows take the argmax; the others are divided by their temperature, cut by top-k, top-p and min-p, and sampled
 with the exponential-race trick (argmax of p / q, q ~ Exp(1)), where a seeded row draws q from its own
-generator, so its tokens do not depend on what else is in the batch. Log-probabilities are those of the raw
+generator, so its tokens do not depend on what else is in the batch; or, with the engine's watermark
+(watermark.py), by Gumbel-max with keyed noise from the same processed logits. Log-probabilities are those of the raw
 model distribution, or, for a row that asks (processed_logprobs), of the distribution its token was drawn from.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from tokenmill.runner.watermark import Watermarker, reply_context
 from tokenmill.sampling_params import SamplingParams, ThinkingBudget
 
 
@@ -92,15 +95,20 @@ def budget_token(budget: ThinkingBudget, output: list[int]) -> int | None:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, processors: list[Any] | None = None):
+    def __init__(
+        self, device: torch.device, processors: list[Any] | None = None, watermarker: Watermarker | None = None
+    ):
         self.device = device
         self.processors = processors or []  # custom logits processors (logits_processors.py)
+        self.watermarker = watermarker  # the engine's watermark_config, a stage of the random draws
         self._generators: dict[int, torch.Generator] = {}
         self._unseeded = torch.Generator(device=device)
         self._unseeded.seed()
 
     def release(self, seq_id: int) -> None:
         self._generators.pop(seq_id, None)
+        if self.watermarker is not None:
+            self.watermarker.release(seq_id)
 
     def _generator(self, row: SamplingRow) -> torch.Generator:
         if row.seed is None:
@@ -237,7 +245,10 @@ class Sampler:
         noise = torch.empty_like(probs)
         for i, r in enumerate(rows):
             noise[i].exponential_(generator=self._generator(r))
-        return argmax_rows(probs / noise), probs
+        tokens = argmax_rows(probs / noise)
+        if self.watermarker is not None:
+            _watermark(self.watermarker, tokens, logits.masked_fill(probs == 0, float("-inf")), rows, self._generator)
+        return tokens, probs
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # the sampled token's log-probability always (for cumulative_logprob); ranks, top-k and the listed tokens'
@@ -266,6 +277,31 @@ class Sampler:
                 sampled.listed_logprobs = listed_logprobs(logprobs[i], r.params.logprob_token_ids)
             out.append(sampled)
         return out
+
+
+def _watermark(
+    marker: Watermarker,
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    generator: Callable[[SamplingRow], torch.Generator],
+) -> None:
+    """Redraw the watermarked rows' tokens from their processed logits [R, V] (-inf: cannot be drawn) with the
+    watermark's keyed noise; the others (opted out, or a context seen before) keep their ordinary draw."""
+    marked = [
+        i
+        for i, r in enumerate(rows)
+        if marker.marks(r.params) and not marker.repeated(r.seq_id, r.prompt_token_ids, r.output_token_ids)
+    ]
+    if not marked:
+        return
+    width = marker.config.context_width
+    contexts = torch.tensor(
+        [reply_context(rows[i].output_token_ids, width) for i in marked], dtype=torch.int64, device=logits.device
+    )
+    keys = [marker.key_for(generator(rows[i]), logits.device) for i in marked]
+    index = torch.tensor(marked, device=logits.device)
+    tokens[index] = marker.sample(logits[index], contexts, keys)
 
 
 def listed_logprobs(logprobs: torch.Tensor, token_ids: list[int]) -> list[tuple[int, float, int]]:

@@ -219,6 +219,8 @@ class SamplingFields(APIRequest):
     # vLLM's: the prompt cut to this many tokens (-1: to the context), its start ("left", the default) or its end
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: false opts out of the server's --watermark-config
+    watermarking: bool | None = None
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> "SamplingFields":
@@ -311,6 +313,7 @@ class SamplingFields(APIRequest):
             prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else prompt_logprobs,
             logprob_token_ids=self.logprob_token_ids or None,
             allowed_token_ids=self.allowed_token_ids,
+            watermarking=self.watermarking,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             **({"truncation_side": self.truncation_side} if self.truncation_side is not None else {}),
             structured_outputs=self.structured_outputs_params(),

@@ -11,18 +11,19 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.outputs import RequestOutput
-from tokenmill.parsers.reply import ReplyParser
+from tokenmill.parsers.reply import ReplyDelta, ReplyParser
 from tokenmill.server.chat import require_thinking, start_chat
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
 from tokenmill.server.request_ids import call_id, echo
+from tokenmill.server.responses_logprobs import TextLogprobs
 from tokenmill.server.responses_protocol import ResponsesRequest
 from tokenmill.server.schemas import answers, error_responses
 from tokenmill.server.state import ServerState
@@ -130,6 +131,9 @@ class _Turn:
         self.message_id = "msg_" + uuid.uuid4().hex[:24]
         self.reasoning_id = "rs_" + uuid.uuid4().hex[:24]
         self.settled = False  # finished, or stored as cancelled or failed
+        top = req.logprobs_top()
+        tokenizer = state.require_model().tokenizer
+        self.logprobs = TextLogprobs(tokenizer, top) if top is not None else None  # include's output_text.logprobs
 
     def body(
         self, status: str, output: list[dict], final: RequestOutput | None = None, error: dict | None = None
@@ -160,10 +164,12 @@ class _Turn:
             "usage": _usage(final) if final is not None else None,
         }
 
+    def text_logprobs(self) -> list[dict]:
+        return self.logprobs.content if self.logprobs is not None else []
+
     def message_item(self, text: str, status: str = "completed") -> dict:
-        content = (
-            [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
-        )
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": self.text_logprobs()}
+        content = [part] if status == "completed" else []
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
 
     def reasoning_item(self, thinking: str, status: str = "completed") -> dict:
@@ -175,6 +181,16 @@ class _Turn:
         items = [self.reasoning_item(reply.thinking)] if reply.thinking else []
         items += [self.message_item(reply.text)] if reply.text or not reply.calls else []
         return items + [_call_item(c) for c in reply.calls]
+
+    def raw_messages(self, final: RequestOutput) -> dict:
+        """vLLM's enable_response_messages: the prompt as the model read it and the reply as it wrote it, each as
+        text and token ids."""
+        tokenizer = self.state.require_model().tokenizer
+        prompt, reply = final.prompt_token_ids, final.outputs[0]
+        return {
+            "input_messages": [raw_message(tokenizer.decode(prompt), prompt)],
+            "output_messages": [raw_message(tokenizer.decode(reply.token_ids), reply.token_ids)],
+        }
 
     def begin(self) -> None:
         """Stored (when the request asks) as in_progress while it is made: GET answers so meanwhile."""
@@ -197,6 +213,8 @@ class _Turn:
         self.settled = True
         body = self.body("completed", self.output(reply), final)
         body["usage"]["output_tokens_details"]["reasoning_tokens"] = reply.thinking_tokens
+        if self.req.enable_response_messages:
+            body.update(self.raw_messages(final))
         if self.req.store:
             message: dict[str, Any] = {"role": "assistant", "content": reply.text}
             if reply.thinking:
@@ -232,20 +250,31 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     turn = _Turn(req, state, store, history)
     turn.begin()
     reply = chat.reply_parser()
+
+    def feed(output: RequestOutput) -> ReplyDelta:
+        """The reply's next delta; the text's log-probabilities follow it."""
+        read_thinking = reply.thinking_now
+        delta = reply.feed_output(output.outputs[0])
+        if turn.logprobs is not None:
+            turn.logprobs.feed(output.outputs[0], delta, read_thinking)
+        return delta
+
     if req.stream:
         seq = _Sequence()
-        events = _events(chat.generation, reply, turn, seq)
+        events = _events(chat.generation, reply, feed, turn, seq)
         return streamed(state, chat.generation, events, echo(client_id), seq.error, on_close=turn.settle)
     try:
-        (final,) = await collected(
-            state, chat.generation, http_request, lambda _, out: reply.feed_output(out.outputs[0])
-        )
+        (final,) = await collected(state, chat.generation, http_request, lambda _, out: feed(out))
         return JSONResponse(turn.finish(final, reply), headers=echo(client_id))
     except APIError as exc:  # failed (an engine abort too); a client that leaves: cancelled (finally)
         turn.settle(exc)
         raise
     finally:
         turn.settle()
+
+
+def raw_message(text: str, token_ids: list[int]) -> dict:
+    return {"type": "raw_message_tokens", "message": text, "tokens": list(token_ids)}
 
 
 def _call_item(call: ToolCall) -> dict:
@@ -285,7 +314,13 @@ class _Sequence:
         return self.event("error", {"code": error.code or error.type, "message": error.message, "param": error.param})
 
 
-async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: _Sequence) -> AsyncIterator[str]:
+async def _events(
+    generation: Generation,
+    reply: ReplyParser,
+    feed: Callable[[RequestOutput], ReplyDelta],
+    turn: _Turn,
+    seq: _Sequence,
+) -> AsyncIterator[str]:
     """response.created and in_progress; a reasoning item's text deltas while the reply thinks, then the message
     item's (held back while the reply may be a call); function_call items as they complete; response.completed
     (or incomplete)."""
@@ -310,7 +345,8 @@ async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: 
             events.append(seq.event("response.output_item.done", {"output_index": open_at, "item": item}))
         elif open_item == "message":
             item = turn.message_item(reply.text)
-            events.append(seq.event("response.output_text.done", {**where(), "text": reply.text, "logprobs": []}))
+            done = {**where(), "text": reply.text, "logprobs": turn.text_logprobs()}
+            events.append(seq.event("response.output_text.done", done))
             events.append(seq.event("response.content_part.done", {**where(), "part": item["content"][0]}))
             events.append(seq.event("response.output_item.done", {"output_index": open_at, "item": item}))
         open_item = kind
@@ -332,7 +368,8 @@ async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: 
                 state = turn.state
                 yield seq.error(aborted_error(state, "aborted"))
                 return
-            delta = reply.feed_output(o)
+            taken = len(turn.text_logprobs())
+            delta = feed(out)
             if delta.thinking:
                 for event in switch("reasoning"):
                     yield event
@@ -340,7 +377,8 @@ async def _events(generation: Generation, reply: ReplyParser, turn: _Turn, seq: 
             if delta.text:
                 for event in switch("message"):
                     yield event
-                yield seq.event("response.output_text.delta", {**where(), "delta": delta.text, "logprobs": []})
+                logprobs = turn.text_logprobs()[taken:]  # those of the tokens that made this text
+                yield seq.event("response.output_text.delta", {**where(), "delta": delta.text, "logprobs": logprobs})
             if delta.calls or o.finish_reason is not None:
                 for event in switch(""):
                     yield event

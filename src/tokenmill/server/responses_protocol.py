@@ -8,12 +8,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.errors import InvalidParameterError
-from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
+from tokenmill.sampling_params import MAX_LOGPROBS, MAX_TEMPERATURE, SamplingParams
 from tokenmill.server.protocol import STRICT, APIRequest, field_error, unsupported_field_error
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
 
 ROLES = ("user", "system", "developer", "assistant")
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the one `include` served
 TEXT_PARTS = ("input_text", "output_text", "text")
 # OpenAI's limits on a response's metadata: what a stored response may carry
 MAX_METADATA_PAIRS = 16
@@ -64,8 +65,10 @@ class ResponsesRequest(APIRequest):
     vllm_xargs: dict[str, Any] | None = None  # vLLM's: arguments for the server's --logits-processors
     truncation: Literal["disabled"] | None = None  # "auto" (dropping the conversation's start) is refused
     background: bool = False  # refused when true: a response is made while its request waits
-    include: Annotated[list[str], Field(max_length=0)] | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=0)] | None = None  # log-probabilities: not served here
+    include: list[str] | None = None  # only message.output_text.logprobs is served
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # with that include: the top k as well
+    watermarking: bool | None = None  # vLLM's: false opts out of the server's --watermark-config
+    enable_response_messages: bool = False  # vLLM's: the raw prompt and output (text and token ids) in the response
     conversation: None = None  # the Conversations API is not served
     prompt: None = None  # nor stored prompt templates
 
@@ -95,6 +98,14 @@ class ResponsesRequest(APIRequest):
                     "metadata",
                     f"metadata[{key!r}] has {len(item)} characters; at most {MAX_METADATA_VALUE_CHARS} are allowed",
                 )
+        return value
+
+    @field_validator("include")
+    @classmethod
+    def _served_includes(cls, value: list[str] | None) -> list[str] | None:
+        other = [item for item in value or [] if item != OUTPUT_LOGPROBS]
+        if other:
+            raise unsupported_field_error("include", f"{other[0]!r} is not served (only {OUTPUT_LOGPROBS!r})")
         return value
 
     @field_validator("background")
@@ -171,10 +182,17 @@ class ResponsesRequest(APIRequest):
             return {"type": "function", "function": {"name": choice["name"]}}
         return choice
 
+    def logprobs_top(self) -> int | None:
+        """The top tokens each output position shows when the request includes the text's log-probabilities (0:
+        only the chosen one), else None."""
+        return (self.top_logprobs or 0) if OUTPUT_LOGPROBS in (self.include or []) else None
+
     def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
         optional = {"temperature": self.temperature, "top_p": self.top_p}
         return SamplingParams(
             max_tokens=max_tokens,
+            logprobs=self.logprobs_top(),
+            watermarking=self.watermarking,
             structured_outputs=self.structured_outputs(),
             extra_args=self.vllm_xargs,
             **over_defaults(defaults, optional),
