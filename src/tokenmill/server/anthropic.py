@@ -53,13 +53,13 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
     model = state.require_model()
     require_thinking(state, req.thinking is not None and req.thinking.type in ("enabled", "between_tools"), "thinking")
     require_thinking(state, req.output_config is not None and req.output_config.effort is not None, "effort")
-    request = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
+    neutral = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
     chat = await start_chat(
         state,
         request_id,
         "/v1/messages",
         req.chat_messages(),
-        request,
+        neutral,
         req.openai_tools(),
         req.openai_tool_choice(),
         http_request=http_request,

@@ -80,12 +80,12 @@ async def start_chat(
     thinking_budget: int | None = None,
     continue_final_message: bool = False,
 ) -> ChatCall:
-    """Check the tools (OpenAI's shape), render the chat template and start generating `request` (whose
-    max_tokens Generation settles, as every API's); raises the 400s. `http_request`:
-    its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
-    other variables (enable_thinking, reasoning_effort); `thinking_budget`: at most this many tokens of thinking
-    (Anthropic's budget_tokens, vLLM's thinking_token_budget; <think> models), then the sampler closes the block;
-    `continue_final_message`: the final message is left open for the reply to go on with (vLLM's)."""
+    """Check the tools (OpenAI's shape), render the chat template and start generating `request` (Generation
+    settles its max_tokens, as every API's); raises the 400s. `http_request`: its client leaving while the call
+    starts aborts it (ClientDisconnected). `template_kwargs`: the template's other variables (enable_thinking,
+    reasoning_effort); `thinking_budget`: at most this many tokens of thinking (Anthropic's budget_tokens, vLLM's
+    thinking_token_budget; <think> models), then the sampler closes the block; `continue_final_message`: the final
+    message is left open for the reply to go on with (vLLM's)."""
     model = state.require_model()
     fmt = state.reply_format()
     params = request.params

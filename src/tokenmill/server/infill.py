@@ -112,8 +112,8 @@ def add_infill_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(req.model)
         model = state.require_model()
         ids = await asyncio.to_thread(infill_prompt, model, req)
-        request = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
-        generation = Generation(state, [{"prompt_token_ids": ids}], request, request_id, "/infill")
+        neutral = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
+        generation = Generation(state, [{"prompt_token_ids": ids}], neutral, request_id, "/infill")
         await generation.start(request)
         if req.stream:
             return streamed(state, generation, _events(generation, state), echo(client_id), _error_event)

@@ -81,8 +81,8 @@ async def create_llama_completion(
     run = SlotRun(taken, ids, settings.as_json())
     prompt_only = settings.output.prompt_only
     try:
-        request = NeutralRequest(settings.params, settings.output)
-        generation = Generation(state, [{"prompt_token_ids": i} for i in ids], request, request_id, endpoint)
+        neutral = NeutralRequest(settings.params, settings.output)
+        generation = Generation(state, [{"prompt_token_ids": i} for i in ids], neutral, request_id, endpoint)
         await generation.start(http_request)
     except BaseException:
         run.end(slots)

@@ -217,13 +217,13 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     effort = req.reasoning.effort if req.reasoning is not None else None
     require_thinking(state, effort not in (None, "none") or bool(req.reasoning and req.reasoning.summary), "reasoning")
-    request = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
+    neutral = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
     chat = await start_chat(
         state,
         request_id,
         "/v1/responses",
         messages,
-        request,
+        neutral,
         req.chat_tools(),
         req.chat_tool_choice(),
         http_request=http_request,
