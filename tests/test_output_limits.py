@@ -134,3 +134,18 @@ def test_the_context_rule_is_written_once() -> None:
     src = SERVER.parent
     holders = [p.relative_to(src).as_posix() for p in src.rglob("*.py") if "lower max_tokens to" in p.read_text()]
     assert holders == ["engine/input_processor.py"]
+
+
+def test_an_engine_error_names_the_field_the_user_sent() -> None:
+    """Chat sends the engine's logprobs as top_logprobs: a 400 about it says top_logprobs; others stay as they are."""
+    from tokenmill.errors import InvalidParameterError
+    from tokenmill.sampling_params import SamplingParams
+    from tokenmill.server.neutral_request import NeutralRequest
+
+    chat = NeutralRequest(SamplingParams(), field_names={"logprobs": "top_logprobs"})
+    renamed = chat.in_api_terms(InvalidParameterError("logprobs 21 asks for 21 log-probabilities", "logprobs"))
+    assert (str(renamed), renamed.param) == ("top_logprobs 21 asks for 21 log-probabilities", "top_logprobs")
+    other = InvalidParameterError("n=9 samples run together", "n")
+    assert chat.in_api_terms(other) is other
+    too_long = PromptTooLongError("prompt (9 tokens) + ...", "max_tokens")
+    assert NeutralRequest(SamplingParams()).in_api_terms(too_long) is too_long

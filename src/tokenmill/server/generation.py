@@ -112,8 +112,8 @@ class Generation:
         checked = round_params(self.params) if isinstance(self.params, BeamSearchParams) else self.params
         try:
             await asyncio.to_thread(model.check_params, checked)
-        except InvalidParameterError as exc:
-            raise self._in_api_terms(exc) from exc.__cause__
+        except InvalidParameterError as exc:  # named as the user sent it (chat's top_logprobs is the engine's logprobs)
+            raise self.request.in_api_terms(exc) from exc.__cause__
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
@@ -130,15 +130,11 @@ class Generation:
                 await _unless_disconnected(entering, http_request)
         except InvalidParameterError as exc:
             self.close()
-            raise self._in_api_terms(exc) from exc.__cause__
+            raise self.request.in_api_terms(exc) from exc.__cause__
         except BaseException:
             entering.cancel()
             self.close()
             raise
-
-    def _in_api_terms(self, exc: InvalidParameterError) -> InvalidParameterError:
-        """An engine's 400 naming the field the user sent (chat's top_logprobs for the engine's logprobs)."""
-        return self.request.in_api_terms(exc)
 
     async def _enter(self) -> None:
         engine = self.state.require_engine()
