@@ -76,9 +76,9 @@ def test_modes_tokenmill_and_a_file(tmp_path) -> None:
 def test_a_request_keeps_what_it_names_and_takes_the_rest() -> None:
     defaults = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
     req = CompletionRequest(prompt="hi", temperature=0.0, top_k=3)
-    params = req.sampling_params(16, None, defaults=defaults)
+    params = req.sampling_params(defaults)
     assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.0, 0.9, 3, 1.1)
-    plain = CompletionRequest(prompt="hi").sampling_params(16, None)
+    plain = CompletionRequest(prompt="hi").sampling_params()
     assert (plain.temperature, plain.top_p, plain.repetition_penalty) == (1.0, 1.0, 1.0)
 
 
@@ -107,12 +107,14 @@ def test_llm_uses_the_models_settings_without_sampling_params(llm) -> None:
 
 def test_the_servers_output_length_order() -> None:
     """asked, else --max-tokens-default, else the model's max_new_tokens, else the API's; --max-tokens-limit caps."""
+    from tokenmill.server.neutral_request import OutputLength
     from tokenmill.server.state import ServerSettings, ServerState
 
     def limit(asked, api_default, **settings) -> int | None:
         state = ServerState(ServerSettings(**settings))
-        state.model = SimpleNamespace(default_max_tokens=GenerationDefaults({"max_tokens": 7}, "a test").max_tokens)
-        return state.output_limit(asked, api_default)
+        max_tokens = GenerationDefaults({"max_tokens": 7}, "a test").max_tokens
+        state.model = SimpleNamespace(default_max_tokens=max_tokens, max_model_len=2048)
+        return state.output_limits().settle(OutputLength(asked, api_default))
 
     assert limit(None, 16) == 7 and limit(3, 16) == 3
     assert limit(None, 16, max_tokens_default=5) == 5

@@ -5,6 +5,7 @@ Responses API; bad input on each gets that API's own error shape."""
 import base64
 import datetime
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -797,6 +798,65 @@ def test_llamacpp_completion_without_seed_takes_the_servers(server: ServerProces
     assert llama(server, "/completion", {**body, "seed": 7}).json()["generation_settings"]["seed"] == 7
     biased = llama(server, "/completion", {**body, "logit_bias": [[42, -5.0]]}).json()["generation_settings"]
     assert biased["logit_bias"] == [{"bias": -5.0, "token": 42}]  # llama-server's shape
+
+
+# ---- every API alike --------------------------------------------------------------------------------------------
+
+TOO_LONG = re.compile(
+    r"prompt \((\d+) tokens\) \+ max_tokens \(100000\) = (\d+) is more than max_model_len (\d+); lower max_tokens "
+    r"to at most (\d+)"
+)
+
+
+def test_the_same_over_long_request_is_refused_alike_on_every_api(
+    server: ServerProcess, client: openai.OpenAI, model: str, ollama_client, anthropic_client
+) -> None:
+    """max_tokens is settled in one place for every API (server/output_limits.py, then the engine's fit_output):
+    asking beyond the context in any API's own field is a 400 with one message, in that API's error shape; the same
+    conversation (or text) gives the same words, numbers included."""
+    import anthropic
+    import ollama
+
+    many, hi = 100_000, [{"role": "user", "content": "Hi"}]
+
+    def openai_error(call) -> str:
+        with pytest.raises(openai.BadRequestError) as info:
+            call()
+        body = info.value.body
+        assert body["param"] == "max_tokens" and body["code"] == "context_length_exceeded", body  # type: ignore[index]
+        return body["message"]  # type: ignore[index]
+
+    def ollama_error(call) -> str:
+        with pytest.raises(ollama.ResponseError) as info:
+            call()
+        assert info.value.status_code == 400
+        return info.value.error
+
+    with pytest.raises(anthropic.BadRequestError) as anthropic_info:
+        anthropic_client.messages.create(model=model, max_tokens=many, messages=hi)
+    chats = {
+        "chat": openai_error(lambda: client.chat.completions.create(model=model, messages=hi, max_tokens=many)),
+        "chat max_completion_tokens": openai_error(
+            lambda: client.chat.completions.create(model=model, messages=hi, max_completion_tokens=many)
+        ),
+        "responses": openai_error(lambda: client.responses.create(model=model, input="Hi", max_output_tokens=many)),
+        "anthropic": anthropic_info.value.body["error"]["message"],  # type: ignore[index]
+        "ollama chat": ollama_error(lambda: ollama_client.chat(model, hi, options={"num_predict": many})),
+    }
+    llama_answer = llama(server, "/completion", {"prompt": "Hi", "n_predict": many})
+    assert llama_answer.status_code == 400, llama_answer.text
+    texts = {
+        "completions": openai_error(lambda: client.completions.create(model=model, prompt="Hi", max_tokens=many)),
+        "ollama generate raw": ollama_error(
+            lambda: ollama_client.generate(model, "Hi", raw=True, options={"num_predict": many})
+        ),
+        "llama.cpp": llama_answer.json()["error"]["message"],
+    }
+    assert len(set(chats.values())) == 1, chats
+    assert len(set(texts.values())) == 1, texts
+    for message in (*chats.values(), *texts.values()):
+        prompt, total, context, room = map(int, TOO_LONG.fullmatch(message).groups())  # type: ignore[union-attr]
+        assert total == prompt + many and room == context - prompt
 
 
 # ---- llama-server's options: slot files, names and tags, a chat template file, --reasoning, --no-metrics, hosts --

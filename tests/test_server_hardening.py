@@ -269,17 +269,21 @@ def test_output_length_default_and_limit() -> None:
     """--max-tokens-default fills in a request that names none; --max-tokens-limit refuses more (400) and caps the
     default: a chat request with no max_tokens can no longer run to the end of the context."""
     from tokenmill.server.errors import APIError
+    from tokenmill.server.neutral_request import OutputLength
     from tokenmill.server.state import ServerSettings, ServerState
 
-    plain = ServerState(ServerSettings())
-    assert plain.output_limit(None, None) is None and plain.output_limit(None, 16) == 16
-    assert plain.output_limit(5000, 16) == 5000
-    bounded = ServerState(ServerSettings(max_tokens_default=256, max_tokens_limit=1024))
-    assert bounded.output_limit(None, None) == 256 and bounded.output_limit(None, 16) == 256
-    assert bounded.output_limit(1024, None) == 1024
+    def settled(settings: ServerSettings, asked: int | None, api_default: int | None) -> int | None:
+        return ServerState(settings).output_limits().settle(OutputLength(asked, api_default))
+
+    plain = ServerSettings()
+    assert settled(plain, None, None) is None and settled(plain, None, 16) == 16
+    assert settled(plain, 5000, 16) == 5000
+    bounded = ServerSettings(max_tokens_default=256, max_tokens_limit=1024)
+    assert settled(bounded, None, None) == 256 and settled(bounded, None, 16) == 256
+    assert settled(bounded, 1024, None) == 1024
     with pytest.raises(APIError, match="above this server's limit of 1024"):
-        bounded.output_limit(1025, None)
-    assert ServerState(ServerSettings(max_tokens_limit=100)).output_limit(None, None) == 100
+        settled(bounded, 1025, None)
+    assert settled(ServerSettings(max_tokens_limit=100), None, None) == 100
 
 
 def test_output_length_flags_reach_both_endpoints() -> None:

@@ -325,14 +325,13 @@ def test_the_whole_vocabulary_with_max_logprobs_unlimited(tiny: ServerProcess) -
 
 
 def test_more_log_probabilities_than_max_logprobs_are_refused(client: openai.OpenAI, model: str) -> None:
-    """The default --max-logprobs is 20: more, or -1 (the whole vocabulary), is a 400 naming the option."""
+    """The default --max-logprobs is 20: more, or -1 (the whole vocabulary), is a 400 naming the option, and the
+    field the request sent (chat's top_logprobs, which the engine runs as its logprobs)."""
     message = refused(
-        lambda: client.chat.completions.create(
-            model=model, messages=ASK, max_tokens=1, logprobs=True, extra_body={"top_logprobs": 21}
-        ),
-        "logprobs",
+        lambda: client.chat.completions.create(model=model, messages=ASK, max_tokens=1, logprobs=True, top_logprobs=21),
+        "top_logprobs",
     )
-    assert "--max-logprobs" in message and "20" in message
+    assert message.startswith("top_logprobs 21 ") and "--max-logprobs" in message and "20" in message
     message = refused(
         lambda: client.completions.create(model=model, prompt=PROMPT, max_tokens=1, logprobs=-1), "logprobs"
     )

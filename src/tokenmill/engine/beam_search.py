@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from tokenmill.errors import InvalidParameterError, PromptTooLongError
+from tokenmill.engine.input_processor import fit_output
+from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from tokenmill.sampling_params import BeamSearchParams, SamplingParams
 from tokenmill.tokenizer import Tokenizer
@@ -112,14 +113,7 @@ class BeamSearch:
         for text, ids in prompts:
             if not ids:
                 raise InvalidParameterError("the prompt is empty", "prompt")
-            room = max_model_len - len(ids)
-            max_tokens = params.max_tokens if params.max_tokens is not None else room
-            if max_tokens > room or max_tokens < 1:
-                raise PromptTooLongError(
-                    f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} is more than "
-                    f"max_model_len {max_model_len}; lower max_tokens to at most {room}",
-                    "max_tokens",
-                )
+            max_tokens = fit_output(len(ids), params.max_tokens, max_model_len)
             self.searches.append(_PromptSearch(text, list(ids), max_tokens, [BeamSearchSequence(list(ids), [])]))
         self.arrival_time = time.monotonic()
         self.round_times: list[float] = []  # when each round ended

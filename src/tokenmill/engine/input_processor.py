@@ -201,16 +201,9 @@ class InputProcessor:
         )
 
     def check_fits(self, prompt_len: int, params: SamplingParams) -> int:
-        """The request's max_tokens, once its prompt and output fit max_model_len and the whole KV cache."""
-        limit = self.max_model_len
+        """The request's max_tokens (fit_output), once its prompt and output also fit the whole KV cache."""
         self.check_prompt_length(prompt_len)
-        max_tokens = params.max_tokens if params.max_tokens is not None else limit - prompt_len
-        if prompt_len + max_tokens > limit:
-            raise PromptTooLongError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} is more "
-                f"than max_model_len {limit}; lower max_tokens to at most {limit - prompt_len}",
-                "max_tokens",
-            )
+        max_tokens = fit_output(prompt_len, params.max_tokens, self.max_model_len)
         blocks = self.kv.blocks_needed(prompt_len + max_tokens)
         if blocks > self.kv.num_blocks:
             raise PromptTooLongError(
@@ -218,3 +211,18 @@ class InputProcessor:
                 "max_tokens",
             )
         return max_tokens
+
+
+def fit_output(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The one rule for a request's output against the context: None is what is left of it after the prompt; more
+    than that (or a prompt that leaves none) is a PromptTooLongError naming max_tokens. Every path that runs a
+    request uses it (add_request, beam search), and so does every API of the server (through the engine)."""
+    room = max_model_len - prompt_len
+    settled = max_tokens if max_tokens is not None else room
+    if settled > room or settled < 1:
+        raise PromptTooLongError(
+            f"prompt ({prompt_len} tokens) + max_tokens ({settled}) = {prompt_len + settled} is more than "
+            f"max_model_len {max_model_len}; lower max_tokens to at most {room}",
+            "max_tokens",
+        )
+    return settled

@@ -19,6 +19,7 @@ from tokenmill.parsers.reply import ReplyParser
 from tokenmill.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from tokenmill.server.chat import chat_prompt, require_thinking, start_chat
 from tokenmill.server.errors import ANTHROPIC_PREFIX, APIError
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.schemas import AnthropicError, answers, error_responses
 from tokenmill.server.state import ServerState
@@ -52,13 +53,13 @@ async def _messages(req: MessagesRequest, http_request: Request, state: ServerSt
     model = state.require_model()
     require_thinking(state, req.thinking is not None and req.thinking.type in ("enabled", "between_tools"), "thinking")
     require_thinking(state, req.output_config is not None and req.output_config.effort is not None, "effort")
-    params = req.sampling_params(model.sampling_defaults(), state.output_limit(req.max_tokens, None))
+    neutral = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
     chat = await start_chat(
         state,
         request_id,
         "/v1/messages",
         req.chat_messages(),
-        params,
+        neutral,
         req.openai_tools(),
         req.openai_tool_choice(),
         http_request=http_request,

@@ -10,6 +10,7 @@ from pydantic_core import PydanticCustomError
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.neutral_request import OutputLength
 from tokenmill.server.protocol import STRICT, APIRequest, NonEmptyText
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
@@ -213,15 +214,19 @@ class MessagesRequest(CountTokensRequest):
         """Whether the reply's thinking goes out as thinking blocks (not when the request disabled it)."""
         return self.thinking is None or self.thinking.type != "disabled"
 
-    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
-        """temperature, top_p and top_k: older clients send them (today's Messages API has none of them)."""
+    def output_length(self) -> OutputLength:
+        return OutputLength(self.max_tokens)
+
+    def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        """temperature, top_p and top_k: older clients send them (today's Messages API has none of them).
+        max_tokens is left unset: Generation settles it from output_length() (output_limits.py)."""
         config = self.output_config or OutputConfig()
         structured = None
         if config.format is not None:
             structured = StructuredOutputsParams(json=config.format.schema_, source="output_config.format")
         optional = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         return SamplingParams(
-            max_tokens=max_tokens,
+            max_tokens=None,
             stop=self.stop_sequences,
             structured_outputs=structured,
             extra_args=self.vllm_xargs,

@@ -42,12 +42,10 @@ NOT_FOR_BEAMS: dict[str, tuple[Any, ...]] = {
 }
 
 
-def beam_search_params(
-    req: SamplingFields, max_tokens: int | None, logprobs: int | None, defaults: dict[str, Any] | None = None
-) -> BeamSearchParams:
+def beam_search_params(req: SamplingFields, defaults: dict[str, Any] | None = None) -> BeamSearchParams:
     """The request's beam search (it has use_beam_search: true); raises InvalidParameterError (a 400 naming the
     field) for a field the search would not follow. `defaults`: the model's sampling defaults (its temperature,
-    when the request names none, as vLLM's)."""
+    when the request names none, as vLLM's). max_tokens is left unset, as sampling_params leaves it."""
     for name, neutral in NOT_FOR_BEAMS.items():
         value = getattr(req, name, None)
         if value is not None and value not in neutral:
@@ -73,11 +71,11 @@ def beam_search_params(
     temperature = req.temperature if req.temperature is not None else (defaults or {}).get("temperature", 1.0)
     return BeamSearchParams(
         beam_width=req.n,
-        max_tokens=max_tokens,
+        max_tokens=None,
         ignore_eos=req.ignore_eos,
         temperature=temperature,
         length_penalty=req.length_penalty,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
-        logprobs=logprobs,
+        logprobs=req.sampled_logprobs(),
     )

@@ -12,17 +12,17 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from tokenmill.errors import PromptTooLongError
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.parsers.think import ANSWER, BEFORE, start_state
 from tokenmill.parsers.think import END as THINK_END
 from tokenmill.parsers.think import START as THINK_START
-from tokenmill.sampling_params import SamplingParams, ThinkingBudget
+from tokenmill.sampling_params import ThinkingBudget
 from tokenmill.server.beam_search_fields import beam_search_params
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import LogprobsShape, chat_logprobs, prompt_logprobs_json
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.protocol import ChatCompletionRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.served_model import ServedModel
@@ -71,24 +71,24 @@ async def start_chat(
     request_id: str,
     endpoint: str,
     messages: list[dict],
-    params: SamplingParams,
+    request: NeutralRequest,
     tool_list: list[dict] | None = None,
     tool_choice: str | dict | None = None,
     add_generation_prompt: bool = True,
-    context_limit: int | None = None,
     http_request: Request | None = None,
     template_kwargs: dict | None = None,
     thinking_budget: int | None = None,
     continue_final_message: bool = False,
 ) -> ChatCall:
-    """Check the tools (OpenAI's shape), render the chat template and start generating; raises the 400s.
-    `context_limit`: prompt and output together stay within this many tokens (Ollama's num_ctx). `http_request`:
-    its client leaving while the call starts aborts it (ClientDisconnected). `template_kwargs`: the template's
-    other variables (enable_thinking, reasoning_effort); `thinking_budget`: at most this many tokens of thinking
-    (Anthropic's budget_tokens, vLLM's thinking_token_budget; <think> models), then the sampler closes the block;
-    `continue_final_message`: the final message is left open for the reply to go on with (vLLM's)."""
+    """Check the tools (OpenAI's shape), render the chat template and start generating `request` (Generation
+    settles its max_tokens, as every API's); raises the 400s. `http_request`: its client leaving while the call
+    starts aborts it (ClientDisconnected). `template_kwargs`: the template's other variables (enable_thinking,
+    reasoning_effort); `thinking_budget`: at most this many tokens of thinking (Anthropic's budget_tokens, vLLM's
+    thinking_token_budget; <think> models), then the sampler closes the block; `continue_final_message`: the final
+    message is left open for the reply to go on with (vLLM's)."""
     model = state.require_model()
     fmt = state.reply_format()
+    params = request.params
     functions = tools.check_tools(tool_list) if tool_list is not None else []
     mode, callable_functions = tools.chosen_functions(functions, tool_choice)
     if functions:  # every function's parameters must compile, whatever tool_choice says
@@ -132,9 +132,8 @@ async def start_chat(
         )
     if fmt.keeps_special_tokens:  # harmony's markers are special tokens: its parser reads them
         params = dataclasses.replace(params, skip_special_tokens=False)
-    if context_limit is not None:
-        params = within_context(params, len(prompt_ids), context_limit)
-    generation = Generation(state, [{"prompt_token_ids": prompt_ids}], params, request_id, endpoint)
+    prompt = [{"prompt_token_ids": prompt_ids}]
+    generation = Generation(state, prompt, request.with_params(params), request_id, endpoint)
     await generation.start(http_request)
     return ChatCall(generation, callable_functions, fmt, tail, mode == "required")
 
@@ -251,15 +250,8 @@ def _call_for_template(call: Any) -> Any:
     return {**call, "function": {**function, "arguments": parsed}}
 
 
-def within_context(params: SamplingParams, prompt_len: int, context_limit: int) -> SamplingParams:
-    """`params` with max_tokens cut so that the prompt and the output fit `context_limit` tokens (Ollama's num_ctx);
-    400 naming num_ctx when the prompt alone does not."""
-    room = context_limit - prompt_len
-    if room < 1:
-        raise PromptTooLongError(
-            f"the prompt has {prompt_len} tokens; num_ctx {context_limit} leaves no room for the output", "num_ctx"
-        )
-    return dataclasses.replace(params, max_tokens=min(params.max_tokens or room, room))
+# the engine's parameters chat sends under other names, for its 400s (the engine's logprobs is chat's top_logprobs)
+CHAT_FIELD_NAMES = {"logprobs": "top_logprobs"}
 
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
@@ -268,19 +260,18 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
     model = state.require_model()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    k = (req.top_logprobs or 0) if req.logprobs else None
+    k = req.sampled_logprobs()
     shape = LogprobsShape(k, bool(req.logprob_token_ids), req.return_tokens_as_token_ids) if k is not None else None
-    max_tokens = state.output_limit(req.max_completion_tokens or req.max_tokens, None)
     if req.use_beam_search:  # vLLM's beam search: n beams, a stream sends them whole once found
-        params = beam_search_params(req, max_tokens, k, model.sampling_defaults())
+        params = beam_search_params(req, model.sampling_defaults())
     else:
-        params = req.sampling_params(max_tokens, k, defaults=model.sampling_defaults())
+        params = req.sampling_params(model.sampling_defaults())
     chat = await start_chat(
         state,
         request_id,
         "/v1/chat/completions",
         req.message_dicts(),
-        params,
+        NeutralRequest(params, req.output_length(), CHAT_FIELD_NAMES),
         req.tools,
         req.tool_choice,
         req.add_generation_prompt,

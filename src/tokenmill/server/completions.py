@@ -13,6 +13,7 @@ from tokenmill.server.beam_search_fields import beam_search_params
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
 from tokenmill.server.logprobs_format import CompletionLogprobs, LogprobsShape, prompt_logprobs_json
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.served_model import PromptInput
@@ -100,20 +101,17 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of must equal n (other values are not supported)", param="best_of")
-    drop_generated = req.max_tokens == 0
+    output = req.output_length()
+    drop_generated = output.prompt_only
     if drop_generated and not req.echo:
         raise APIError(400, "max_tokens must be at least 1 (0 is allowed only with echo)", param="max_tokens")
-    prompt_logprobs = req.logprobs if (req.echo and req.logprobs is not None) else None
-    named = "max_tokens" in req.model_fields_set  # not named: OpenAI's default, 16; null: up to the context
-    asked = req.max_tokens if named else None
-    max_tokens = 1 if drop_generated else state.output_limit(asked, None if named else 16)
     defaults = model.sampling_defaults()
     if req.use_beam_search:  # vLLM's beam search: one finished output per prompt, n beams (never streamed)
-        params = beam_search_params(req, max_tokens, req.logprobs, defaults)
+        params = beam_search_params(req, defaults)
     else:
-        params = req.sampling_params(max_tokens, req.logprobs, prompt_logprobs, defaults)
+        params = req.sampling_params(defaults)
     prompts = split_prompts(req.prompt)
-    generation = Generation(state, prompts, params, request_id, "/v1/completions", drop_generated)
+    generation = Generation(state, prompts, NeutralRequest(params, output), request_id, "/v1/completions")
     await generation.start(http_request)
     tokenizer = model.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)

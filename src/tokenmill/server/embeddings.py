@@ -14,6 +14,7 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.server.completions import split_prompts
 from tokenmill.server.generation import Generation
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.prompt_shapes import prompt_problem
 from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest
 from tokenmill.server.request_ids import call_id, echo
@@ -50,7 +51,7 @@ async def create_embeddings(req: EmbeddingRequest, http_request: Request, state:
     state.check_model(req.model)
     state.require_engine()
     params = PoolingParams(req.pooling, req.normalize, req.dimensions, req.truncate_prompt_tokens, req.truncation_side)
-    generation = Generation(state, split_prompts(req.input), params, request_id, "/v1/embeddings")
+    generation = Generation(state, split_prompts(req.input), NeutralRequest(params), request_id, "/v1/embeddings")
     await generation.start(http_request)
     finals = await generation.collect(http_request)  # a client that leaves: ClientDisconnected, answered 499
     tokens = sum(len(f.prompt_token_ids) for f in finals)

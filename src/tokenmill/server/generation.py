@@ -1,7 +1,8 @@
 """One API call's engine requests (one per prompt), merged into a single stream of (prompt index, output).
 
-The call is admitted (or refused with 503, --max-queue) before anything else; text prompts are tokenized in a
-worker thread, never on the event loop or the engine's thread, so a long prompt stalls no other client. Every
+The call is a NeutralRequest, whichever API made it. It is admitted (or refused with 503, --max-queue) before
+anything else; text prompts are tokenized in a worker thread, never on the event loop or the engine's thread, so a
+long prompt stalls no other client; then its max_tokens is settled, here for every API (output_limits.py). Every
 request is added in one engine command before anything is returned, so a bad prompt fails the whole call with a
 400 and leaves nothing running; the call's requests form one group, which takes its turns at admission beside the
 other calls (scheduler/waiting_queue.py). Work follows its client: a disconnect while the call is being started,
@@ -11,6 +12,7 @@ as the call's while they run, and its answer, one finished output per prompt, co
 """
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -24,11 +26,13 @@ from starlette.types import Receive, Scope, Send
 from tokenmill.engine.async_engine import AsyncEngine, EngineDeadError
 from tokenmill.engine.beam_search import BeamSearch, round_params
 from tokenmill.engine.output_collector import OutputCollector
+from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import BeamSearchParams, SamplingParams
 from tokenmill.server.call_log import mark_logged
 from tokenmill.server.errors import APIError, ClientDisconnected
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.served_model import PromptInput, ServedModel
 from tokenmill.server.state import ServerState
 
@@ -69,20 +73,21 @@ class Generation:
         self,
         state: ServerState,
         prompts: list[PromptInput],
-        params: SamplingParams | PoolingParams | BeamSearchParams,
+        request: NeutralRequest,
         api_id: str,
         endpoint: str = "",
-        drop_generated: bool = False,
     ):
         self.state = state
-        self.drop_generated = drop_generated  # echo with max_tokens 0: the one token generated is not output
+        self.request = request
+        # echo with max_tokens 0, n_predict 0: the one token generated is not output
+        self.drop_generated = request.output.prompt_only
         self.endpoint = endpoint  # for the access line
         self.started = time.monotonic()
         self._latest: dict[str, RequestOutput] = {}  # each request's last output seen (the access line's counts)
         self._logged = False
         self.api_id = api_id  # engine request ids are "<api id>-<prompt index>", so step events name the call
         self.prompts = prompts
-        self.params = params
+        self.params = request.params  # its max_tokens settled once the prompts are tokenized (_settled)
         self.call_id = f"call-{next(_call_ids)}"
         self.request_ids: list[str] = []
         self._index: dict[str, int] = {}
@@ -105,7 +110,10 @@ class Generation:
         # a request that can never run is a 400, not a 503; in a worker thread, as its constraint may take a while
         # to compile (bounded by max_constraint_compile_seconds), which must stall no other client
         checked = round_params(self.params) if isinstance(self.params, BeamSearchParams) else self.params
-        await asyncio.to_thread(model.check_params, checked)
+        try:
+            await asyncio.to_thread(model.check_params, checked)
+        except InvalidParameterError as exc:  # named as the user sent it (chat's top_logprobs is the engine's logprobs)
+            raise self.request.in_api_terms(exc) from exc.__cause__
         self.state.claim_api_id(self.api_id)
         self._claimed = True
         try:
@@ -120,6 +128,9 @@ class Generation:
                 await entering
             else:
                 await _unless_disconnected(entering, http_request)
+        except InvalidParameterError as exc:
+            self.close()
+            raise self.request.in_api_terms(exc) from exc.__cause__
         except BaseException:
             entering.cancel()
             self.close()
@@ -129,6 +140,7 @@ class Generation:
         engine = self.state.require_engine()
         prompts = await asyncio.to_thread(self._tokenized, self.state.require_model(), self.prompts, self.params)
         self.prompts = prompts  # as they run: tokenized, truncated where the request asks
+        self.params = self._settled(prompts)
         if isinstance(self.params, BeamSearchParams):
             return await self._enter_beams(engine, prompts, self.params)
         rids = await engine.add_requests(prompts, self.params, self._planned_ids(), self._outputs, group=self.api_id)
@@ -168,6 +180,15 @@ class Generation:
         self._pending.update(rids)
         self._entered = True
         self._beams = asyncio.ensure_future(search_all())
+
+    def _settled(self, prompts: list[dict]) -> SamplingParams | PoolingParams | BeamSearchParams:
+        """The call's params with max_tokens as the server's one rule settles it (output_limits.py), for every API
+        alike; the rest of the context, where that is what it leaves, is each prompt's (the engine's fit_output)."""
+        if isinstance(self.params, PoolingParams):
+            return self.params
+        longest = max(len(p["prompt_token_ids"]) for p in prompts)
+        max_tokens = self.state.output_limits().settle(self.request.output, longest)
+        return dataclasses.replace(self.params, max_tokens=max_tokens)
 
     @staticmethod
     def _tokenized(

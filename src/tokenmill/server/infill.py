@@ -17,6 +17,7 @@ from tokenmill.outputs import RequestOutput
 from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
+from tokenmill.server.neutral_request import NeutralRequest, OutputLength
 from tokenmill.server.protocol import STRICT, APIRequest, Seed
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.sampling_defaults import over_defaults
@@ -54,7 +55,11 @@ class InfillRequest(APIRequest):
     n_probs: Annotated[int, Field(le=0)] = 0  # token probabilities in the answer: not served here
     mirostat: Annotated[int, Field(le=0)] = 0
 
-    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
+    def output_length(self) -> OutputLength:
+        return OutputLength(self.n_predict if self.n_predict > 0 else None)  # -1: the server's default
+
+    def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        """max_tokens is left unset: Generation settles it from output_length() (output_limits.py)."""
         optional = {
             "temperature": self.temperature,
             "top_k": self.top_k,
@@ -65,7 +70,7 @@ class InfillRequest(APIRequest):
             "frequency_penalty": self.frequency_penalty,
         }
         return SamplingParams(
-            max_tokens=max_tokens,
+            max_tokens=None,
             seed=self.seed,
             stop=self.stop or None,
             **over_defaults(defaults, optional),
@@ -107,9 +112,8 @@ def add_infill_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(req.model)
         model = state.require_model()
         ids = await asyncio.to_thread(infill_prompt, model, req)
-        max_tokens = state.output_limit(req.n_predict if req.n_predict > 0 else None, None)
-        params = req.sampling_params(model.sampling_defaults(), max_tokens)
-        generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/infill")
+        neutral = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
+        generation = Generation(state, [{"prompt_token_ids": ids}], neutral, request_id, "/infill")
         await generation.start(request)
         if req.stream:
             return streamed(state, generation, _events(generation, state), echo(client_id), _error_event)

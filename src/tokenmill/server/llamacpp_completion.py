@@ -27,6 +27,7 @@ from tokenmill.server.llamacpp_format import (
 from tokenmill.server.llamacpp_prompts import logit_bias, prompt_tokens, split_prompts
 from tokenmill.server.llamacpp_protocol import LlamaCompletionRequest
 from tokenmill.server.llamacpp_slots import Slot, SlotTable
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.server.served_model import ServedModel
@@ -36,9 +37,7 @@ from tokenmill.server.stream_or_collect import aborted_error, collected, streame
 
 def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: ServedModel) -> CompletionSettings:
     """The request's sampling over the server's defaults (the model's recommended settings, or POST /props')."""
-    asked = req.n_predict if req.n_predict is not None else req.max_tokens
-    # -1 or none: the server's default (--max-tokens-default, llama-server's --n-predict), else up to the context
-    max_tokens = state.output_limit(asked if asked is not None and asked > 0 else None, None)
+    output = req.output_length()
     given = {
         "temperature": req.temperature,
         "top_k": req.top_k,
@@ -52,7 +51,7 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: 
     # a request without a seed takes the server's (--seed), as llama-server's: the same request, the same answer
     seed = req.seed if req.seed is not None else model.config.seed
     params = SamplingParams(
-        max_tokens=1 if asked == 0 else max_tokens,  # n_predict 0: the prompt only (one token made, not shown)
+        max_tokens=None,  # settled by Generation from `output` (output_limits.py)
         seed=seed,
         stop=req.stop or None,
         ignore_eos=req.ignore_eos,
@@ -63,8 +62,10 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: 
         skip_reading_prefix_cache=not req.cache_prompt,
         **over_defaults(defaults, given),
     )
-    n_predict = 0 if asked == 0 else (max_tokens if max_tokens is not None else -1)
-    return CompletionSettings(params, n_predict, req.stream, req.n_probs, seed)
+    # what Generation will settle it to, as the answer's generation_settings shows it (-1: up to the context)
+    max_tokens = state.output_limits().settle(output)
+    n_predict = 0 if output.prompt_only else (max_tokens if max_tokens is not None else -1)
+    return CompletionSettings(params, output, n_predict, req.stream, req.n_probs, seed)
 
 
 async def create_llama_completion(
@@ -78,11 +79,10 @@ async def create_llama_completion(
     ids = await asyncio.to_thread(lambda: [prompt_tokens(model.tokenizer, p) for p in prompts])
     taken = await slots.acquire(req.id_slot, ids)
     run = SlotRun(taken, ids, settings.as_json())
-    prompt_only = settings.n_predict == 0
+    prompt_only = settings.output.prompt_only
     try:
-        generation = Generation(
-            state, [{"prompt_token_ids": i} for i in ids], settings.params, request_id, endpoint, prompt_only
-        )
+        neutral = NeutralRequest(settings.params, settings.output)
+        generation = Generation(state, [{"prompt_token_ids": i} for i in ids], neutral, request_id, endpoint)
         await generation.start(http_request)
     except BaseException:
         run.end(slots)

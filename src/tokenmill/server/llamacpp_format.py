@@ -8,6 +8,7 @@ from typing import Any
 from tokenmill.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.llamacpp_prompts import BAN
+from tokenmill.server.neutral_request import OutputLength
 from tokenmill.tokenizer import Tokenizer
 
 
@@ -15,8 +16,9 @@ from tokenmill.tokenizer import Tokenizer
 class CompletionSettings:
     """What a /completion runs with, as its answer's generation_settings shows it."""
 
-    params: SamplingParams
-    n_predict: int  # -1: up to the context's end
+    params: SamplingParams  # max_tokens unset: Generation settles it from `output`
+    output: OutputLength
+    n_predict: int  # what it is settled to, before the prompt is known (-1: up to the context's end)
     stream: bool
     n_probs: int
     seed: int | None  # the request's, else the server's --seed

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.sampling_params import MAX_TEMPERATURE
+from tokenmill.server.neutral_request import OutputLength
 from tokenmill.server.protocol import STRICT, APIRequest, ChatMessage, Seed
 
 # a prompt: text, token ids, ids and text mixed in one list, {"prompt_string": text}, or a list of those (a batch)
@@ -46,6 +47,12 @@ class LlamaCompletionRequest(APIRequest):
     @classmethod
     def _one_stop(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    def output_length(self) -> OutputLength:
+        """n_predict, else max_tokens: -1 or none is the server's default (--max-tokens-default, llama-server's
+        --n-predict), else up to the context; 0 the prompt only (one token made, not shown)."""
+        asked = self.n_predict if self.n_predict is not None else self.max_tokens
+        return OutputLength(asked if asked is not None and asked > 0 else None, prompt_only=asked == 0)
 
 
 class ApplyTemplateRequest(APIRequest):

@@ -20,9 +20,10 @@ from tokenmill import __version__
 from tokenmill.outputs import CompletionOutput, RequestOutput
 from tokenmill.parsers.reply import PROMPT_TAIL_CHARS, ReplyDelta, ReplyFormat, ReplyParser
 from tokenmill.pooling_params import PoolingParams
-from tokenmill.server.chat import render_chat, require_thinking, start_chat, within_context
+from tokenmill.server.chat import render_chat, require_thinking, start_chat
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.ollama_protocol import (
     ChatRequest,
     EmbedRequest,
@@ -126,16 +127,14 @@ async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
         return _loaded(req, {"message": {"role": "assistant", "content": ""}})
     _, request_id = call_id(http_request, "ollama-chat")
     require_thinking(state, req.think not in (None, False), "think")
-    params = _params(req, state)
     chat = await start_chat(
         state,
         request_id,
         "/api/chat",
         [m.as_chat_message() for m in req.messages],
-        params,
+        _neutral(req, state),
         req.tools or None,  # the ollama client sends [] for none
         "auto" if req.tools else None,
-        context_limit=_context_limit(req, state),
         http_request=http_request,
         template_kwargs=req.template_kwargs(),
     )
@@ -161,11 +160,7 @@ async def _generate(req: GenerateRequest, http_request: Request, state: ServerSt
         ids = await asyncio.to_thread(model.encode_rendered_chat, text)
         tail = text[-PROMPT_TAIL_CHARS:]
     ids = list(req.context or []) + ids  # the previous exchange, continued
-    params = _params(req, state)
-    limit = _context_limit(req, state)
-    if limit is not None:
-        params = within_context(params, len(ids), limit)
-    generation = Generation(state, [{"prompt_token_ids": ids}], params, request_id, "/api/generate")
+    generation = Generation(state, [{"prompt_token_ids": ids}], _neutral(req, state), request_id, "/api/generate")
     await generation.start(http_request)
     parser = ReplyParser(ReplyFormat("", "constrained"))  # raw text: nothing to split
     if not req.raw:  # the chat template's reply: its thinking apart
@@ -182,22 +177,10 @@ def _loaded(req: GenerationRequest, body: dict) -> JSONResponse:
     return JSONResponse({"model": req.model, "created_at": _now(), **body, "done": True, "done_reason": "load"})
 
 
-def _params(req: GenerationRequest, state: ServerState):
-    model = state.require_model()
-    num_predict = req.num_predict()
-    max_tokens = state.output_limit(num_predict if num_predict > 0 else None, None)
-    return req.sampling_params(model.sampling_defaults(), max_tokens)
-
-
-def _context_limit(req: GenerationRequest, state: ServerState) -> int | None:
-    """num_ctx, when the request sets one: at most the engine's max_model_len."""
-    num_ctx = req.num_ctx()
-    max_model_len = state.require_model().max_model_len
-    if num_ctx is not None and num_ctx > max_model_len:
-        raise APIError(
-            400, f"num_ctx {num_ctx} is more than this server's context ({max_model_len} tokens)", param="num_ctx"
-        )
-    return num_ctx
+def _neutral(req: GenerationRequest, state: ServerState) -> NeutralRequest:
+    """The options over the model's defaults; num_predict and num_ctx as the output's length (Generation settles
+    it, num_ctx included, as every API's)."""
+    return NeutralRequest(req.sampling_params(state.require_model().sampling_defaults()), req.output_length())
 
 
 class _Reply:
@@ -308,7 +291,7 @@ async def _embeddings(
 
     start = time.monotonic()
     prompts = await asyncio.to_thread(tokenized)
-    generation = Generation(state, prompts, params, request_id, endpoint)
+    generation = Generation(state, prompts, NeutralRequest(params), request_id, endpoint)
     await generation.start(http_request)
     finals = await generation.collect(http_request)  # a client that leaves: ClientDisconnected, answered 499
     if any(f.embedding is None for f in finals):

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.server.neutral_request import OutputLength
 from tokenmill.server.protocol import MAX_EMBEDDING_INPUTS, APIRequest, field_error
 from tokenmill.structured.params import StructuredOutputsParams
 
@@ -60,8 +61,14 @@ class GenerationRequest(OllamaRequest):
             )
         return value
 
-    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
-        """The options over the model's defaults (`max_tokens`: from num_predict, as the server limits it)."""
+    def output_length(self) -> OutputLength:
+        """num_predict (-1 or -2: none named) and num_ctx, which the output is cut to fit."""
+        num_predict = self.num_predict()
+        return OutputLength(num_predict if num_predict > 0 else None, context_limit=self.num_ctx())
+
+    def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        """The options over the model's defaults. max_tokens is left unset: Generation settles it from
+        output_length() (output_limits.py)."""
         values = dict(defaults)
         options = dict(self.options or {})
         for name, value in options.items():
@@ -88,7 +95,7 @@ class GenerationRequest(OllamaRequest):
                 values["extra_args"] = value
             elif name not in ("num_predict", "num_ctx"):
                 raise InvalidParameterError(f"unknown option {name!r}", name)
-        values["max_tokens"] = max_tokens
+        values["max_tokens"] = None
         return SamplingParams(**values, structured_outputs=self.structured_outputs())
 
     def template_kwargs(self) -> dict[str, Any]:

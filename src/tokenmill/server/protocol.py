@@ -25,6 +25,7 @@ from tokenmill.sampling_params import (
     SamplingParams,
 )
 from tokenmill.server.json_body import normalize_json
+from tokenmill.server.neutral_request import OutputLength
 from tokenmill.server.prompt_shapes import MAX_PROMPTS_PER_REQUEST, prompt_problem
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
@@ -279,15 +280,23 @@ class SamplingFields(APIRequest):
         name, fields = given[0]
         return StructuredOutputsParams(**fields, source=name)
 
-    def sampling_params(
-        self,
-        max_tokens: int | None,
-        logprobs: int | None,
-        prompt_logprobs: int | None = None,
-        defaults: dict[str, Any] | None = None,
-    ) -> SamplingParams:
+    def sampled_logprobs(self) -> int | None:
+        """The log-probabilities asked at each generated position (completions' logprobs, chat's top_logprobs)."""
+        return None
+
+    def echoed_prompt_logprobs(self) -> int | None:
+        """The prompt's log-probabilities an echo shows (unless prompt_logprobs names another number)."""
+        return None
+
+    def output_length(self) -> OutputLength:
+        """What the request asks of its output's length (neutral_request.py)."""
+        raise NotImplementedError
+
+    def sampling_params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """`defaults`: the model's recommended settings (GenerationDefaults), for the fields the request leaves
-        unset."""
+        unset. max_tokens is left unset: Generation settles it from output_length() (output_limits.py)."""
+        logprobs = self.sampled_logprobs()
+        echoed = self.echoed_prompt_logprobs()
         optional = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -299,7 +308,7 @@ class SamplingFields(APIRequest):
         }
         return SamplingParams(
             n=self.n,
-            max_tokens=max_tokens,
+            max_tokens=None,
             seed=self.seed,
             stop=self.stop,
             logit_bias=self.logit_bias,
@@ -310,7 +319,7 @@ class SamplingFields(APIRequest):
             include_stop_str_in_output=self.include_stop_str_in_output,
             # with logprob_token_ids, each position lists the sampled token and those, not the top ones (vLLM's)
             logprobs=None if self.logprob_token_ids else logprobs,
-            prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else echoed,
             logprob_token_ids=self.logprob_token_ids or None,
             allowed_token_ids=self.allowed_token_ids,
             watermarking=self.watermarking,
@@ -353,6 +362,17 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # must equal n
     suffix: Annotated[str | None, WithJsonSchema({"type": "null", "description": "not supported"})] = None
+
+    def sampled_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def echoed_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
+
+    def output_length(self) -> OutputLength:
+        """max_tokens not named: OpenAI's default, 16; null: up to the context; 0 (echo only): the prompt only."""
+        named = "max_tokens" in self.model_fields_set
+        return OutputLength(self.max_tokens if named else None, None if named else 16, self.max_tokens == 0)
 
     @model_validator(mode="after")
     def _logprob_token_ids_need_logprobs(self) -> "CompletionRequest":
@@ -442,6 +462,12 @@ class ChatCompletionRequest(SamplingFields):
         if self.logprob_token_ids and not self.logprobs:
             raise field_error("logprob_token_ids", "logprob_token_ids needs logprobs: true")
         return self
+
+    def sampled_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def output_length(self) -> OutputLength:
+        return OutputLength(self.max_completion_tokens or self.max_tokens)
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_unset=True) for m in self.messages]

@@ -22,6 +22,7 @@ from tokenmill.parsers.reply import ReplyDelta, ReplyParser
 from tokenmill.server.chat import require_thinking, start_chat
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
+from tokenmill.server.neutral_request import NeutralRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.responses_logprobs import TextLogprobs
 from tokenmill.server.responses_protocol import ResponsesRequest
@@ -234,14 +235,13 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     effort = req.reasoning.effort if req.reasoning is not None else None
     require_thinking(state, effort not in (None, "none") or bool(req.reasoning and req.reasoning.summary), "reasoning")
-    max_tokens = state.output_limit(req.max_output_tokens, None)
-    params = req.sampling_params(model.sampling_defaults(), max_tokens)
+    neutral = NeutralRequest(req.sampling_params(model.sampling_defaults()), req.output_length())
     chat = await start_chat(
         state,
         request_id,
         "/v1/responses",
         messages,
-        params,
+        neutral,
         req.chat_tools(),
         req.chat_tool_choice(),
         http_request=http_request,

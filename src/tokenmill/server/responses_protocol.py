@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.sampling_params import MAX_LOGPROBS, MAX_TEMPERATURE, SamplingParams
+from tokenmill.server.neutral_request import OutputLength
 from tokenmill.server.protocol import STRICT, APIRequest, field_error, unsupported_field_error
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.structured.params import StructuredOutputsParams
@@ -187,10 +188,14 @@ class ResponsesRequest(APIRequest):
         only the chosen one), else None."""
         return (self.top_logprobs or 0) if OUTPUT_LOGPROBS in (self.include or []) else None
 
-    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None) -> SamplingParams:
+    def output_length(self) -> OutputLength:
+        return OutputLength(self.max_output_tokens)
+
+    def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
+        """max_tokens is left unset: Generation settles it from output_length() (output_limits.py)."""
         optional = {"temperature": self.temperature, "top_p": self.top_p}
         return SamplingParams(
-            max_tokens=max_tokens,
+            max_tokens=None,
             logprobs=self.logprobs_top(),
             watermarking=self.watermarking,
             structured_outputs=self.structured_outputs(),

@@ -20,6 +20,7 @@ from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
 from tokenmill.server.middleware import carries_key
 from tokenmill.server.origins import OriginPolicy
+from tokenmill.server.output_limits import OutputLimits
 from tokenmill.server.served_model import ServedModel, build_engine
 
 logger = logging.getLogger(__name__)
@@ -59,19 +60,16 @@ class ServerState:
             return self.model_path
         return Path(self.model_path).name
 
-    def output_limit(self, asked: int | None, api_default: int | None) -> int | None:
-        """The max_tokens a request runs with: what it asked, else the server's default, else the model's (its
-        generation config's max_new_tokens), else the API's; 400 above --max-tokens-limit (which also caps a
-        request that names none)."""
-        s = self.settings
-        model_default = self.model.default_max_tokens if self.model is not None else None
-        chosen = next((v for v in (asked, s.max_tokens_default, model_default) if v is not None), api_default)
-        limit = s.max_tokens_limit
-        if limit is not None and asked is not None and asked > limit:
-            raise APIError(400, f"max_tokens {asked} is above this server's limit of {limit}", param="max_tokens")
-        if limit is not None and (chosen is None or chosen > limit):
-            chosen = limit
-        return chosen
+    def output_limits(self) -> OutputLimits:
+        """The rules a request's max_tokens is settled by (output_limits.py): the server's options and the served
+        model's default and context (where it is loaded)."""
+        s, model = self.settings, self.model
+        return OutputLimits(
+            s.max_tokens_default,
+            s.max_tokens_limit,
+            model.default_max_tokens if model is not None else None,
+            model.max_model_len if model is not None else None,
+        )
 
     def load(self, prefetched=None) -> None:
         """Build the engine (runs in a thread while the server already answers /health with 503)."""
