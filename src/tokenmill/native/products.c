@@ -285,6 +285,15 @@ ALWAYS __m128i mxfp4_table(void) { return _mm_add_epi8(_mm_setr_epi8(TM_MXFP4_VA
 /* ---- AVX-512 VNNI ----------------------------------------------------------------------------------------------- */
 #if defined(TM_AVX512_VNNI)
 
+/* acc += the unsigned codes w . the 4 signed activation codes at p, broadcast to every lane: one vpdpbusd with the
+ * activation as its embedded-broadcast memory operand (one fused instruction). Written with the intrinsics, gcc
+ * loaded each broadcast into a register of its own and, in the steps' loop, copied every accumulator to another
+ * register and back around its vpdpbusd: four instructions per product where the dot ports take two a cycle. */
+ALWAYS __m512i dot_broadcast(__m512i acc, __m512i w, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
+
 /* step t of block b of chunk c: 4 unsigned codes for each of 16 rows (R: the tile's rows) */
 ALWAYS __m512i codes16(const int T, const int R, const uint8_t *qs, const uint8_t *qh, const int c, const int b,
                        const int t) {
@@ -434,8 +443,7 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
 #pragma GCC unroll 8
                         for (int r = 0; r < R; ++r) {
                             const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
-                            hi[r][chain] =
-                                _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
+                            hi[r][chain] = dot_broadcast(hi[r][chain], w, a->hi + at);
                         }
                     }
 #pragma GCC unroll 8
@@ -526,10 +534,10 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
                         const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
-                        hi[r][chain] = _mm512_dpbusd_epi32(hi[r][chain], w, _mm512_set1_epi32(four_codes(a->hi + at)));
+                        hi[r][chain] = dot_broadcast(hi[r][chain], w, a->hi + at);
                         if (P == 2)
                             lo[r][chain] =
-                                _mm512_dpbusd_epi32(lo[r][chain], w, _mm512_set1_epi32(four_codes(a->lo + at)));
+                                dot_broadcast(lo[r][chain], w, a->lo + at);
                     }
                 }
 #pragma GCC unroll 8
