@@ -96,7 +96,7 @@ def test_a_safetensors_repo_is_served_by_its_hub_name(hub, tmp_path, tokenizer_f
     folder = write_tiny("llama", tmp_path / "tiny-llama", tokenizer_files)
     files: dict[str, Path | bytes] = {f.name: f for f in folder.iterdir()}
     commit = hub.add_repo("org/tiny-llama", {**files, "pytorch_model.bin": b"not wanted", "onnx/model.onnx": b""})
-    server = start_server("--model", "org/tiny-llama", "--revision", commit, "--quantization", "none")
+    server = start_server("org/tiny-llama", "--revision", commit, "--quantization", "none")  # vLLM's spelling
     try:
         assert [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]] == ["org/tiny-llama"]
         body = {"model": "org/tiny-llama", "prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0}

@@ -17,6 +17,7 @@ from tokenmill.entrypoints.cli_parser import (
     model_options,
     model_to_load,
     server_settings,
+    settle_model_argument,
 )
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
@@ -380,7 +381,9 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settle_model_argument(parser, args)
     quiet = args.command != "serve" and not getattr(args, "verbose", False)
     setup_logging(logging.WARNING if quiet else logging.INFO)
     try:

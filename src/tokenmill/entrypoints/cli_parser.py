@@ -18,6 +18,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
+def settle_model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`tokenmill serve MODEL` is `--model MODEL`; both, naming different models, is an error."""
+    given = getattr(args, "model_positional", None)
+    if given is None:
+        return
+    if args.model is not None and args.model != given:
+        parser.error(f"serve was given two models: {given!r} and --model {args.model!r}")
+    args.model = given
+
+
 def model_options(args: argparse.Namespace) -> ModelOptions:
     """The model options of parsed arguments, validated (the quantization parsed: "none" -> None)."""
     given = {f.name: getattr(args, f.name) for f in fields(ModelOptions) if getattr(args, f.name) is not None}
@@ -115,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         "llama.cpp's /infill, the SGLang gateway's /server_info, /model_info and /get_load, with /health, /metrics "
         "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
         "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
+    )
+    serve.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as --model takes it (vLLM's `vllm serve ORG/NAME`)",
     )
     add_config_options(serve, "server", ServerSettings)  # listed first, under "options"
     add_model_args(serve)
