@@ -1,5 +1,6 @@
 """The `tokenmill` command as a user runs it."""
 
+import os
 import subprocess
 import sys
 import time
@@ -69,17 +70,23 @@ def test_bad_model_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_a_model_name_that_names_nothing_says_where_to_look() -> None:
-    """`--model llama3` or a Hub id was answered "no such file": the error names the models there are, the command
-    that lists them, and (for a Hub id) that tokenmill does not download; before anything loads."""
+def test_a_model_name_that_names_nothing_says_where_to_look(tmp_path: Path) -> None:
+    """`--model llama3` was answered "no such file": the error names the models there are, the command that lists
+    them and the other forms --model takes; a Hub id is looked up on the Hub (tests/test_hub.py), and where the Hub
+    cannot be reached, or HF_HUB_OFFLINE is set, and the cache lacks it, it says so; before anything loads."""
     guessed = run("serve", "--model", "llama3", "--port", "0", timeout=60)
     assert guessed.returncode == 2 and "Traceback" not in guessed.stderr
     assert "'llama3' is no model's name" in guessed.stderr and "`tokenmill models` lists them" in guessed.stderr
-    assert "smollm2-135m, gemma3-270m" in guessed.stderr and "Hub" not in guessed.stderr
-    hub = run("generate", "hi", "--model", "meta-llama/Llama-3.1-8B", timeout=60)
-    assert hub.returncode == 2 and "`tokenmill models`" in hub.stderr
-    assert "looks like a Hugging Face Hub id: tokenmill does not download models" in hub.stderr
-    assert "loading" not in hub.stderr  # refused before the loading line
+    assert "smollm2-135m, gemma3-270m" in guessed.stderr and "ORG/NAME-GGUF:QUANT" in guessed.stderr
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing listens
+    for extra, said in (
+        ({}, "cannot reach the Hub at http://127.0.0.1:9 and meta-llama/Llama-3.1-8B is not in its cache"),
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set and meta-llama/Llama-3.1-8B is not in the Hub cache"),
+    ):
+        command = [*TOKENMILL, "generate", "hi", "--model", "meta-llama/Llama-3.1-8B"]
+        hub = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**env, **extra})
+        assert hub.returncode == 2 and said in hub.stderr and "Traceback" not in hub.stderr
+        assert "loading" not in hub.stderr  # refused before the loading line
 
 
 @pytest.mark.server

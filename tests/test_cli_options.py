@@ -4,6 +4,8 @@ options or defaults to keep in step)."""
 
 from dataclasses import fields
 
+import pytest
+
 from tokenmill.config import EngineConfig
 from tokenmill.entrypoints.cli_parser import ENGINE_OPTIONS, build_parser, engine_options
 
@@ -77,7 +79,8 @@ def test_every_server_settings_field_is_a_flag_of_serve_or_filled_from_other_opt
     assert set(SERVER_OPTIONS) == flags and {"host", "port", "api_key", "slots_endpoint", "log_level"} <= flags
     dests = {action.dest for action in serve_parser()._actions}
     model = {f.name for f in fields(ModelOptions)} | {"device", "verbose"}
-    assert dests == flags | model | set(ENGINE_OPTIONS) | {"help"}
+    # beside --help, the one argument that is no field: `serve MODEL`, vLLM's spelling of --model
+    assert dests == flags | model | set(ENGINE_OPTIONS) | {"help", "model_positional"}
 
 
 def test_server_flags_parse_to_the_settings_and_unset_ones_keep_its_defaults() -> None:
@@ -103,3 +106,16 @@ def test_server_flags_parse_to_the_settings_and_unset_ones_keep_its_defaults() -
     options = {o for action in serve_parser()._actions for o in action.option_strings}
     assert {"--no-explorer", "--disable-log-requests", "--slots", "--no-slots", "--shutdown-grace"} <= options
     assert not {"--explorer", "--log-requests", "--no-access-log", "--slots-endpoint"} & options
+
+
+def test_serve_takes_the_model_as_its_argument_as_vllm_serve_does() -> None:
+    from tokenmill.entrypoints.cli_parser import model_options, settle_model_argument
+
+    parser = build_parser()
+    for argv in (["serve", "org/name"], ["serve", "org/name", "--model", "org/name"], ["serve", "--model", "org/name"]):
+        args = parser.parse_args(argv)
+        settle_model_argument(parser, args)
+        assert model_options(args).model == "org/name"
+    args = parser.parse_args(["serve", "org/one", "--model", "org/two"])
+    with pytest.raises(SystemExit):
+        settle_model_argument(parser, args)

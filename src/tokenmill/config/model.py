@@ -15,8 +15,10 @@ DTYPES = ("float32", "bfloat16", "float16")  # runner/device.py's parse_dtype ma
 class ModelOptions:
     model: str | None = option(
         None,
-        "a .gguf file, a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a "
-        "name from `tokenmill models` (smollm2-135m, gemma3-270m); default: the bundled SmolLM2-135M",
+        "a .gguf file, a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), a name "
+        "from `tokenmill models` (smollm2-135m, gemma3-270m), or a Hugging Face Hub repository, downloaded into "
+        "its cache: ORG/NAME (safetensors) or ORG/NAME-GGUF:QUANT (the GGUF file whose name holds QUANT, e.g. "
+        "Q4_K_M); default: the bundled SmolLM2-135M",
         str,
         group="model",
     )
@@ -33,6 +35,13 @@ class ModelOptions:
         group="model",
         choices=QUANTIZATIONS,
         cli_default="auto",
+    )
+    # a Hub repository's revision and file (entrypoints/model_names.py downloads it; the engine gets its path)
+    revision: str | None = option(
+        None, "the Hub repository's branch, tag or commit (default: main)", str, group="model"
+    )
+    hf_file: str | None = option(
+        None, "one .gguf file of the Hub repository, by its path there (instead of :QUANT)", str, group="model"
     )
 
     def __post_init__(self) -> None:

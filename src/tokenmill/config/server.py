@@ -37,6 +37,9 @@ class ServerSettings:
     model: str | None = filled(None, "--model")
     dtype: str = filled("float32", "--dtype")
     quantization: str | None = filled(None, "--quantization")
+    # a Hub model's: settled by the command line before the server starts (`model` is then its local path)
+    revision: str | None = filled(None, "--revision")
+    hf_file: str | None = filled(None, "--hf-file")
     engine_options: dict[str, Any] = filled({}, "the engine's options (EngineConfig)")
     # the server's flags, in the order of serve's help
     # where it listens: a Host header may name it (server/origins.py)

@@ -18,6 +18,7 @@ from tokenmill.engine.model_prefetch import ModelPrefetch
 from tokenmill.errors import EngineClosedError, InvalidParameterError
 from tokenmill.executor.launcher import RankSpec
 from tokenmill.executor.runner import TensorParallelRunner, start_tensor_parallel
+from tokenmill.loader.hub_cache import hub_repo_of
 from tokenmill.loader.model_facts import describe_model
 from tokenmill.loader.model_path import BUNDLED_NAME, NAMED_MODELS, bundled_model_path, resolve_model_path
 from tokenmill.loader.model_source import open_model_source
@@ -65,9 +66,10 @@ class LLMEngine(EngineCore):
         self.quantization = quantization
         path = resolve_model_path(model)
         self.model_path = path
-        # the bundled model has one name, given by default or by its name (not its file's "...Instruct.Q4_1")
+        # the bundled model has one name, given by default or by its name (not its file's "...Instruct.Q4_1"); a
+        # checkpoint from the Hub's cache its repository's (not its snapshot directory's, a commit hash)
         bundled = model is None or NAMED_MODELS.get(model.lower()) is bundled_model_path
-        self.model_name = BUNDLED_NAME if bundled else path.stem
+        self.model_name = BUNDLED_NAME if bundled else (hub_repo_of(path) or path.stem)
         if prefetched is not None and prefetched.path == path:
             gguf, self.tokenizer = prefetched.take()  # parsed while the caller was starting up
         else:

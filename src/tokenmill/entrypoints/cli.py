@@ -1,5 +1,5 @@
 """The `tokenmill` command: `serve` (OpenAI-compatible server), `generate` (one answer), `chat` (interactive),
-`bench` (measurements), `models` (what it can find)."""
+`bench` (measurements), `models` (what it can find), `pull` (download from the Hugging Face Hub)."""
 
 import argparse
 import dataclasses
@@ -17,6 +17,7 @@ from tokenmill.entrypoints.cli_parser import (
     model_options,
     model_to_load,
     server_settings,
+    settle_model_argument,
 )
 from tokenmill.errors import TokenmillError
 from tokenmill.log import setup_logging
@@ -256,7 +257,9 @@ def run_serve(args: argparse.Namespace) -> int:
         setup_logging(s.log_level.upper())
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
-    m = model_to_load(args)
+    m = model_to_load(args)  # a Hub model: downloaded now, before anything loads
+    if m.model != args.model and s.served_model_name is None:
+        s = replace(s, served_model_name=args.model)  # a Hub model is served by its Hub name, as vLLM serves it
     prefetched = EnginePrefetch(m.model)
     prefetched.start_engine(m.dtype, m.quantization, engine_options(args))
     from tokenmill.server.serve import serve
@@ -269,10 +272,13 @@ def run_torchrun_worker(args: argparse.Namespace) -> int:
     from tokenmill.config import EngineConfig
     from tokenmill.executor.launcher import RankSpec
     from tokenmill.executor.worker import run_torchrun_worker as run_worker
+    from tokenmill.loader.hub_reference import is_hub_reference
 
-    m = model_options(args)
+    # the model file is found after joining the ranks, except a Hub model's: each rank finds it in the Hub's cache
+    # (downloading it where the cache lacks it: huggingface_hub's file locks keep the ranks' copies apart)
+    m = model_to_load(args) if is_hub_reference(args.model) else model_options(args)
     config = EngineConfig.from_options(engine_options(args))
-    # the model file is found after joining the ranks: a rank that cannot load it is named in rank 0's error
+    # a rank that cannot load the model file is named in rank 0's error
     spec = RankSpec.for_engine(m.model, m.dtype, m.quantization, config)
     return run_worker(spec)
 
@@ -333,24 +339,51 @@ def run_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'name':<14} {'architecture':<12} {'params':<7} {'quant':<8} {'MiB':>7}  path; note")
+    width = max([14] + [len(r["name"] or "-") for r in rows])  # Hub names are long
+    print(f"{'name':<{width}} {'architecture':<12} {'params':<7} {'quant':<8} {'MiB':>7}  path; note")
     for r in rows:
         notes = [r["note"]] if r["note"] else []
         if r.get("chat_template") is False:
             notes.append("no chat template: a base model, give it text to continue (generate --raw)")
         where = "; ".join(([r["path"]] if r["path"] else []) + notes)
         print(
-            f"{r['name'] or '-':<14} {r.get('architecture') or '-':<12} {r.get('parameters') or '-':<7} "
+            f"{r['name'] or '-':<{width}} {r.get('architecture') or '-':<12} {r.get('parameters') or '-':<7} "
             f"{r.get('quantization') or '-':<8} {r.get('file_mib') or '-':>7}  {where}"
         )
     return 0
 
 
-COMMANDS = {"serve": run_serve, "generate": run_generate, "chat": run_chat, "bench": run_bench, "models": run_models}
+def run_pull(args: argparse.Namespace) -> int:
+    """Download a Hub model (or find it in the cache) and print its local path: on stdout alone, for scripts."""
+    from tokenmill.entrypoints.model_names import find_model
+    from tokenmill.loader.hub_reference import is_hub_reference
+
+    if not is_hub_reference(args.model):
+        print(f"tokenmill: error: {args.model!r} is no Hugging Face Hub repository (ORG/NAME)", file=sys.stderr)
+        return 2
+    path = find_model(args.model, args.revision, args.hf_file)
+    flags = "".join(
+        f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("revision", "hf_file") and v
+    )
+    print(f"{args.model}: in the Hub's cache; `--model {args.model}{flags}` loads it from there", file=sys.stderr)
+    print(path)
+    return 0
+
+
+COMMANDS = {
+    "serve": run_serve,
+    "generate": run_generate,
+    "chat": run_chat,
+    "bench": run_bench,
+    "models": run_models,
+    "pull": run_pull,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settle_model_argument(parser, args)
     quiet = args.command != "serve" and not getattr(args, "verbose", False)
     setup_logging(logging.WARNING if quiet else logging.INFO)
     try:

@@ -6,7 +6,7 @@ from dataclasses import fields
 from tokenmill import __version__
 from tokenmill.config import EngineConfig, ModelOptions
 from tokenmill.config.server import ServerSettings
-from tokenmill.entrypoints.model_names import check_model_name
+from tokenmill.entrypoints.model_names import find_model
 
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
@@ -18,6 +18,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
 
+def settle_model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`tokenmill serve MODEL` is `--model MODEL`; both, naming different models, is an error."""
+    given = getattr(args, "model_positional", None)
+    if given is None:
+        return
+    if args.model is not None and args.model != given:
+        parser.error(f"serve was given two models: {given!r} and --model {args.model!r}")
+    args.model = given
+
+
 def model_options(args: argparse.Namespace) -> ModelOptions:
     """The model options of parsed arguments, validated (the quantization parsed: "none" -> None)."""
     given = {f.name: getattr(args, f.name) for f in fields(ModelOptions) if getattr(args, f.name) is not None}
@@ -25,10 +35,12 @@ def model_options(args: argparse.Namespace) -> ModelOptions:
 
 
 def model_to_load(args: argparse.Namespace) -> ModelOptions:
-    """model_options, for a command about to load its model: a --model that names nothing there is is refused
-    first, with the names there are (entrypoints/model_names.py)."""
+    """model_options, for a command about to load its model: a Hub repository is downloaded (or found in the
+    cache) and becomes its local path; a --model that names nothing there is is refused first, with the names
+    there are (entrypoints/model_names.py)."""
     options = model_options(args)
-    check_model_name(options.model)
+    options.model = find_model(options.model, options.revision, options.hf_file)
+    options.revision = options.hf_file = None  # settled: `model` is a local path or a name now
     return options
 
 
@@ -114,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
         "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
     )
+    serve.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as --model takes it (vLLM's `vllm serve ORG/NAME`)",
+    )
     add_config_options(serve, "server", ServerSettings)  # listed first, under "options"
     add_model_args(serve)
     add_engine_args(serve)
@@ -147,12 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser(
         "models",
         help="list the models it can find",
-        description="The models --model NAME finds (bundled and installed packages) and the GGUF files and "
+        description="The models --model NAME finds (bundled and installed packages), the GGUF files and "
         "Hugging Face checkpoint directories in tokenmill's cache (~/.cache/tokenmill/models, or "
-        "$TOKENMILL_CACHE_DIR/models): architecture, "
+        "$TOKENMILL_CACHE_DIR/models) and the models in the Hugging Face Hub's cache (`tokenmill pull`; "
+        "~/.cache/huggingface/hub, or $HF_HUB_CACHE), by the name --model takes: architecture, "
         "parameters, quantization and size.",
     )
     models.add_argument("--json", action="store_true", help="print one JSON line")
+    pull = sub.add_parser(
+        "pull",
+        help="download a model from the Hugging Face Hub",
+        description="Download a model from the Hugging Face Hub into its cache (~/.cache/huggingface/hub, or "
+        "$HF_HUB_CACHE), resuming a download that was cut, and print where it is. MODEL: ORG/NAME (a safetensors "
+        "repository) or ORG/NAME-GGUF:QUANT (the GGUF file whose name holds QUANT; every shard of a split one). "
+        "HF_TOKEN reads gated and private repositories; HF_ENDPOINT names a mirror; with HF_HUB_OFFLINE=1 only the "
+        "cache is looked at. `--model` with the same name loads it without a network.",
+    )
+    pull.add_argument("model", help="ORG/NAME or ORG/NAME-GGUF:QUANT")
+    pull.add_argument("--revision", default=None, help="a branch, tag or commit (default: main)")
+    pull.add_argument("--hf-file", default=None, help="one .gguf file of the repository, by its path there")
     bench = sub.add_parser(
         "bench",
         help="measure throughput and latency",

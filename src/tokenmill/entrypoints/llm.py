@@ -9,7 +9,7 @@ from tqdm import tqdm
 from tokenmill.config import EngineConfig
 from tokenmill.engine.beam_search import BeamSearch, BeamSearchOutput
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
-from tokenmill.entrypoints.model_names import check_model_name
+from tokenmill.entrypoints.model_names import find_model
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
@@ -20,7 +20,8 @@ Conversation = list[dict[str, Any]]
 
 
 class LLM:
-    """An engine on one model. `model=None` is the bundled SmolLM2-135M-Instruct.
+    """An engine on one model. `model=None` is the bundled SmolLM2-135M-Instruct; "ORG/NAME" (with `revision`) or
+    "ORG/NAME-GGUF:QUANT" (or `hf_file`) a Hugging Face Hub model, downloaded into the Hub's cache first.
 
     dtype: compute dtype ("float32", "bfloat16", "float16"). quantization: None dequantizes the GGUF weights.
     options: engine options (block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching, max_num_seqs,
@@ -31,9 +32,17 @@ class LLM:
     torchrun started); `close()` stops them (they also stop when this process exits).
     """
 
-    def __init__(self, model: str | None = None, dtype: str = "float32", quantization: str | None = None, **options):
-        check_model_name(None if model is None else str(model))
-        self.engine = LLMEngine(model, dtype, quantization, EngineConfig.from_options(options))
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "float32",
+        quantization: str | None = None,
+        revision: str | None = None,
+        hf_file: str | None = None,
+        **options,
+    ):
+        local = find_model(None if model is None else str(model), revision, hf_file)  # a Hub model: downloaded
+        self.engine = LLMEngine(local, dtype, quantization, EngineConfig.from_options(options))
 
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel model; later calls to generate raise EngineClosedError."""

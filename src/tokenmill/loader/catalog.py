@@ -1,5 +1,5 @@
-"""The models tokenmill can find (`tokenmill models`): the named ones, and the GGUF files and Hugging Face
-checkpoint directories in its cache."""
+"""The models tokenmill can find (`tokenmill models`): the named ones, the GGUF files and Hugging Face checkpoint
+directories in its cache, and the models in the Hugging Face Hub's cache (loaded again by the name listed)."""
 
 import importlib
 import importlib.util
@@ -13,6 +13,8 @@ from tokenmill.cache import cache_dir
 from tokenmill.errors import ModelFileError, TokenmillError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint, is_hf_checkpoint
+from tokenmill.loader.hub_cache import cached_hub_models
+from tokenmill.loader.hub_download import HubSettings
 from tokenmill.loader.model_path import GEMMA3_PACKAGE, bundled_model_path
 
 
@@ -26,6 +28,8 @@ def _describe(name: str | None, path: Path | None, note: str = "") -> dict[str, 
         gguf = GGUFFile(path)
     except ModelFileError as exc:
         return {**row, "note": f"unreadable: {exc}"}
+    except TokenmillError as exc:  # a split GGUF's shard
+        return {**row, "note": f"not supported: {exc}"}
     file_type = gguf.get("general.file_type")
     try:
         quantization = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
@@ -84,4 +88,6 @@ def list_models() -> list[dict[str, Any]]:
     for path in cached:
         if path != assembled:
             rows.append(_describe(None, path, "in the cache"))
+    for model in cached_hub_models(HubSettings.from_environment().cache_dir):
+        rows.append(_describe(model.name, model.path, model.note))
     return rows

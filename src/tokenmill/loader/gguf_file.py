@@ -107,6 +107,7 @@ class GGUFFile:
                 self.metadata[name] = whole.values if isinstance(whole, _WholeArray) else field.contents()
             except (UnicodeDecodeError, ValueError) as exc:
                 raise ModelFileError(f"{self.path}: metadata key {name!r} cannot be decoded: {exc}") from exc
+        check_not_split(self.path, self.metadata)
         self.tensors: dict[str, GGUFTensor] = {}
         file_size = self.path.stat().st_size
         for t in reader.tensors:
@@ -145,6 +146,19 @@ class GGUFFile:
                 f"(supported: {supported})"
             )
         return tensor
+
+
+def check_not_split(path: Path, metadata: dict[str, Any]) -> None:
+    """A split GGUF (llama.cpp's gguf-split: name-00001-of-0000N.gguf, each shard holding some of the tensors) is
+    refused rather than loaded half: tokenmill reads one file."""
+    count = int(metadata.get("split.count") or 1)
+    if count > 1:
+        shard = int(metadata.get("split.no") or 0) + 1
+        raise UnsupportedModelError(
+            f"{path}: shard {shard} of a GGUF split into {count} files; tokenmill reads a model from one GGUF file. "
+            f"Merge the shards (all in one directory) with llama.cpp's `llama-gguf-split --merge "
+            f"{path.name.replace(f'-{shard:05d}-of-', '-00001-of-')} merged.gguf` and give merged.gguf"
+        )
 
 
 def check_gguf_magic(path: Path) -> None:
