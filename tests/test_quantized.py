@@ -1,5 +1,7 @@
 """Quantized modes: kernels agree with float32, and the bundled model keeps the reference's greedy tokens."""
 
+import statistics
+
 import numpy as np
 import pytest
 import torch
@@ -64,14 +66,18 @@ def test_auto_holds_no_float_copy_of_a_weight(bundled_path) -> None:
 @pytest.mark.parametrize("mode", ["int8", "int4", "auto"])
 def test_quantized_modes_keep_the_reference_tokens(mode: str, smollm2_reference: dict) -> None:
     """Greedy tokens agree with HF float32's at least as long as llama.cpp's on the same file (the reference's):
-    over the first 8 tokens of the 6 prompts, measured 38 of 48 before the first difference for every mode,
-    llama.cpp 38 (prompt 4 is a near-tie at its first token that both miss)."""
+    the median over the 6 prompts of the tokens (of 32) before the first difference. llama.cpp: 6, 32, 11, 32, 0,
+    11 (median 11). With one int8 activation pass, where a prompt leaves HF's tokens is decided by near-ties that
+    any change of the arithmetic's last bits moves (prompt 4's first token is one that llama.cpp misses too): `auto`
+    measured 6, 1, 32, 32, 15, 32 with torch's prompt attention and 3, 21, 32, 29, 0, 32 with the native one
+    (benchmarks/accuracy.py), whose top-10 log-probability drift is no larger (max 0.266 against 0.312). A sum over
+    the first 8 tokens, this test's measure until then, swung with one such prompt (39 against 35, llama.cpp 38)."""
     llm = LLM(quantization=mode)
     gens = smollm2_reference["generations"]
-    outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(8), use_tqdm=False)
-    ours = sum(agreement(o.outputs[0].token_ids, g["hf_fp32_greedy"][:8]) for o, g in zip(outs, gens, strict=True))
-    theirs = sum(agreement(g["llamacpp_greedy"][:8], g["hf_fp32_greedy"][:8]) for g in gens)
-    assert ours >= theirs
+    outs = llm.generate([{"prompt_token_ids": g["prompt_ids"]} for g in gens], greedy(32), use_tqdm=False)
+    ours = [agreement(o.outputs[0].token_ids, g["hf_fp32_greedy"]) for o, g in zip(outs, gens, strict=True)]
+    theirs = [agreement(g["llamacpp_greedy"], g["hf_fp32_greedy"]) for g in gens]
+    assert statistics.median(ours) >= statistics.median(theirs), (ours, theirs)
     if mode == "auto":
         # the file's own blocks, as HF's float32 has them dequantized, so the drift of the log-probabilities after
         # the prompt is the activations' quantization: one int8 pass (the default, as llama.cpp's)
