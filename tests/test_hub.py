@@ -18,6 +18,7 @@ from tests.hub_stand_in import HubStandIn
 from tests.server_utils import start_server
 from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 - tokenizer_files is a fixture
 from tokenmill import LLM, SamplingParams
+from tokenmill.cache import cache_dir
 from tokenmill.entrypoints.model_names import find_model
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.hub_files import pick_gguf, quant_of
@@ -32,7 +33,11 @@ def hub(tmp_path, monkeypatch):
     with HubStandIn() as stand_in:
         monkeypatch.setenv("HF_ENDPOINT", stand_in.url)
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-        monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "tokenmill-cache"))
+        own_cache = tmp_path / "tokenmill-cache"
+        own_cache.mkdir()
+        for kernels in cache_dir().glob("kernels-*.so"):  # built by `make install`: not compiled again per process
+            (own_cache / kernels.name).symlink_to(kernels)
+        monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(own_cache))
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.delenv("HF_TOKEN", raising=False)
         yield stand_in
