@@ -4,7 +4,8 @@ repack.c lays GGUF's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXF
 of 16 interleaved rows, as the file has them (no re-coding), and dequantizes rows back; products.c has the matrix
 products over them (integer dot products against int8 activations, one or two passes); decoder.c the decoder
 layers of a llama model for the tokens of a decode step (norms, projections, rope, the KV-cache write, attention
-over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; dequantize.c the
+over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; attention.c prompt
+chunks' attention over the paged cache (flash attention, layers/native_attention.py); dequantize.c the
 Q4_1/Q8_0 dequantization used at load; shm_reduce.c the tensor-parallel sums over shared memory; kernels.h is
 what they share, kv_elements.h the KV cache's element types (float32, float16, bfloat16). The library is built
 with the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without

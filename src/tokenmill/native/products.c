@@ -535,9 +535,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                     for (int r = 0; r < R; ++r) {
                         const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
                         hi[r][chain] = dot_broadcast(hi[r][chain], w, a->hi + at);
-                        if (P == 2)
-                            lo[r][chain] =
-                                dot_broadcast(lo[r][chain], w, a->lo + at);
+                        if (P == 2) lo[r][chain] = dot_broadcast(lo[r][chain], w, a->lo + at);
                     }
                 }
 #pragma GCC unroll 8
