@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType
 from tests.gguf_builder import TinyLlama, random_blocks, write_tiny_llama
 from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 (tokenizer_files: a fixture)
 from tests.test_quantized import q4_1_grid_weight
+from tests.vector_paths import OTHER_PATHS, rerun_on_path
 from tokenmill import native
 from tokenmill.config import EngineConfig
 from tokenmill.errors import InvalidParameterError
@@ -38,16 +39,12 @@ def test_native_kernels_are_built() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("march", "path"), [("haswell", "avx2"), ("x86-64", "portable")])
+@pytest.mark.parametrize(("march", "path"), OTHER_PATHS)
 def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> None:
     """This machine builds the AVX-512 path; older CPUs get the AVX2 or the plain C one: build those and run the
     kernel tests of this file against them."""
-    env = {**os.environ, "TOKENMILL_NATIVE_MARCH": march, "TOKENMILL_TEST_VECTOR_PATH": path}
-    kernel_tests = "built or q4_ or q8_ or decode_step or native_decoder"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", kernel_tests]
-    out = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stdout[-3000:]
-    assert "25 passed" in out.stdout, out.stdout[-500:]
+    out = rerun_on_path(__file__, march, path, "built or q4_ or q8_ or decode_step or native_decoder")
+    assert "25 passed" in out, out[-500:]
 
 
 def two_pass_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,13 +3,12 @@ reference's values for every cache type, GQA, sliding windows and sinks; a posit
 and whatever else shares the call; and torch's path where the kernel is switched off."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.vector_paths import OTHER_PATHS, rerun_on_path
 from tokenmill import native
 from tokenmill.layers import kv_quant, native_attention
 from tokenmill.layers.attention import AttentionMetadata, PrefillChunk, attention_with_sinks, paged_attention, windowed
@@ -131,14 +130,9 @@ def test_bad_shapes_are_refused() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("march", "path"), [("haswell", "avx2"), ("x86-64", "portable")])
+@pytest.mark.parametrize(("march", "path"), OTHER_PATHS)
 def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> None:
     """This machine builds the AVX-512 path; older CPUs get the plain loops: build them and run this file."""
     if os.environ.get("TOKENMILL_TEST_VECTOR_PATH"):
         pytest.skip("already under another path")
-    env = {**os.environ, "TOKENMILL_NATIVE_MARCH": march, "TOKENMILL_TEST_VECTOR_PATH": path}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not avx2_and_portable"]
-    out = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stdout[-3000:]
-    check = [sys.executable, "-c", "from tokenmill import native; print(native.load().tm_vector_path().decode())"]
-    assert subprocess.run(check, capture_output=True, text=True, env=env).stdout.strip() == path
+    rerun_on_path(__file__, march, path, "not avx2_and_portable")

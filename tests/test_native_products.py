@@ -3,8 +3,6 @@ file formats have, exact up to the activations' quantization, the same bits for 
 several parts, and the AVX2 and portable builds."""
 
 import os
-import subprocess
-import sys
 
 import gguf
 import numpy as np
@@ -13,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from tests.gguf_builder import BLOCK_HALVES, random_blocks
+from tests.vector_paths import OTHER_PATHS, rerun_on_path
 from tokenmill import native
 from tokenmill.layers.quantized_linear import NativeLinear, gguf_rows_from_float, q4_blocks
 from tokenmill.loader.dequantize import dequantize
@@ -204,16 +203,11 @@ def test_float_weights_become_q8_0_and_q4_1_rows() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("march", "path"), [("haswell", "avx2"), ("x86-64", "portable")])
+@pytest.mark.parametrize(("march", "path"), OTHER_PATHS)
 def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> None:
     """This machine builds the AVX-512 path; older CPUs get the AVX2 or the plain C one: build those and run this
     file's tests against them."""
     if os.environ.get("TOKENMILL_TEST_VECTOR_PATH"):
         pytest.skip("already under another path")
-    env = {**os.environ, "TOKENMILL_NATIVE_MARCH": march, "TOKENMILL_TEST_VECTOR_PATH": path}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not avx2_and_portable"]
-    out = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stdout[-3000:]
+    rerun_on_path(__file__, march, path, "not avx2_and_portable")
     assert lib is not None
-    check = [sys.executable, "-c", "from tokenmill import native; print(native.load().tm_vector_path().decode())"]
-    assert subprocess.run(check, capture_output=True, text=True, env=env).stdout.strip() == path

@@ -2,10 +2,10 @@
 "prompt_lookup_min": M, "disable_by_batch_size": B}, or {"method": "draft_model", "model": PATH_OR_NAME,
 "num_speculative_tokens": K, "quantization": Q}; and tokenmill's "verify_row_cost": C. No torch here."""
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.config.json_option import json_object_fields
 from tokenmill.config.quantization import QUANTIZATIONS
 from tokenmill.errors import InvalidParameterError
 
@@ -86,20 +86,7 @@ class SpeculativeConfig:
         """A SpeculativeConfig, a dict of its fields, or their JSON (the command line's form); None: none."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise InvalidParameterError(f"speculative_config is not JSON: {exc}", "speculative_config") from exc
-        if not isinstance(value, dict):
-            raise InvalidParameterError("speculative_config must be a JSON object", "speculative_config")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise InvalidParameterError(
-                f"speculative_config: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})",
-                "speculative_config",
-            )
+        value = json_object_fields(cls, value, "speculative_config")
         if "method" not in value or "num_speculative_tokens" not in value:
             raise InvalidParameterError(
                 "speculative_config needs method and num_speculative_tokens", "speculative_config"

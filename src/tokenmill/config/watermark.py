@@ -3,10 +3,10 @@
 "deduplicate_contexts_max_history" and "prf" ("philox"). The scheme itself: runner/watermark.py. No torch here."""
 
 import hashlib
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.config.json_option import json_object_fields
 from tokenmill.errors import InvalidParameterError
 
 ALGORITHMS = ("gumbel", "dual_key_gumbel")
@@ -56,17 +56,7 @@ class WatermarkConfig:
         """A WatermarkConfig, a dict of its fields, or their JSON (the command line's form); None: none."""
         if value is None or isinstance(value, WatermarkConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise _error(f"is not JSON: {exc}") from exc
-        if not isinstance(value, dict):
-            raise _error("must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise _error(f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        value = json_object_fields(cls, value, "watermark_config")
         if "key" not in value:
             raise _error('needs "key": the secret the watermark is drawn with')
         return cls(**value)

@@ -21,6 +21,7 @@ from torch import nn
 from tokenmill.errors import CollectiveError
 from tokenmill.layers.attention import AttentionMetadata
 from tokenmill.layers.moe import MixtureOfExperts
+from tokenmill.layers.native_attention import KV_DTYPE_CODES
 from tokenmill.layers.quantized_linear import NATIVE_GROUP, NativeLinear
 from tokenmill.native import REDUCE_FN, Weight
 
@@ -111,9 +112,6 @@ class DecodeStep(ctypes.Structure):
 
 
 ACTIVATION_CODES = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # decoder.c's TM_SILU, TM_GELU_TANH, TM_SWIGLU_OAI
-# kv_elements.h's TM_KV_F32, TM_KV_F16, TM_KV_BF16: the caches' element types the native attention reads
-# kv_elements.h's TM_KV_*; int8 rows carry a float32 scale per head (layers/kv_quant.py)
-KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 def _pointer(norm: torch.nn.Module | None) -> int | None:
