@@ -82,6 +82,8 @@ class SamplingParams:
     # vLLM's: arguments for the engine's custom logits processors (--logits-processors; the server's `vllm_xargs`)
     extra_args: dict[str, Any] | None = None
     thinking_budget: ThinkingBudget | None = None  # a reasoning model's thinking cut off at a number of tokens
+    # the LoRA adapter to generate with, by its served name (vLLM's lora_request); None: the base model
+    lora_name: str | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -146,6 +146,17 @@ class EngineConfig:
         float,
     )
 
+    # engine/lora_registry.py
+    lora_modules: Any = option(
+        None,
+        "a LoRA adapter served beside the model: NAME=PATH (a PEFT directory or a GGUF LoRA file), given once per "
+        "adapter; a request chooses it by NAME as its model (vLLM's --lora-modules)",
+        str,
+        flags=("--lora", "--lora-modules"),
+        action="append",
+        metavar="NAME=PATH",
+    )
+
     # runner/logits_processors.py
     logits_processors: list[str] | str | None = option(
         None,
@@ -155,6 +166,7 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        self.lora_modules = parse_lora_modules(self.lora_modules)
         if isinstance(self.logits_processors, str):
             self.logits_processors = [n.strip() for n in self.logits_processors.split(",") if n.strip()]
         if self.logits_processors is not None and not all(isinstance(n, str) for n in self.logits_processors):
@@ -213,6 +225,26 @@ class EngineConfig:
                 f"unknown engine option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})", unknown[0]
             )
         return cls(**options)
+
+
+def parse_lora_modules(value: Any) -> dict[str, str] | None:
+    """{name: path}, a list of "NAME=PATH" strings (the command line's), or one such string -> {name: path}."""
+    if value is None or isinstance(value, dict) and not value:
+        return None
+    items = value.items() if isinstance(value, dict) else None
+    if items is None:
+        entries = [value] if isinstance(value, str) else value
+        if not isinstance(entries, list | tuple) or not all(isinstance(e, str) and "=" in e for e in entries):
+            raise InvalidParameterError("lora_modules must be NAME=PATH entries (--lora NAME=PATH)", "lora_modules")
+        items = [tuple(part.strip() for part in e.split("=", 1)) for e in entries]
+    modules: dict[str, str] = {}
+    for name, path in items:
+        if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+            raise InvalidParameterError(f"lora_modules: {name!r}={path!r} needs a name and a path", "lora_modules")
+        if name in modules:
+            raise InvalidParameterError(f"lora_modules: the name {name!r} is given twice", "lora_modules")
+        modules[name] = path
+    return modules
 
 
 def _positive_int(name: str, value: object) -> None:

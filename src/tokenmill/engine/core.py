@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tokenmill.config import EngineConfig
+from tokenmill.engine.lora_registry import LoRARegistry
 from tokenmill.engine.output_processor import OutputProcessor
 from tokenmill.engine.request import Request, SampleState
 from tokenmill.engine.step_pacer import StepPacer
@@ -65,6 +66,7 @@ class EngineCore:
         self.sampler = Sampler(runner.device, load_logits_processors(config.logits_processors), watermarker)
         self.outputs = OutputProcessor(tokenizer, max_model_len, self._finish)
         self.requests: dict[str, Request] = {}
+        self.loras = LoRARegistry(runner)  # LoRA adapters by served name (engine/lora_registry.py)
         self.structured = StructuredOutputManager(  # a stage of the step for constrained requests
             tokenizer,
             runner.model_config.vocab_size,
@@ -123,6 +125,7 @@ class EngineCore:
             request.prompt_logprobs = [None]
         seq = Sequence(next(self._seq_ids), request_id, ids, params, 0, max_tokens, group)
         seq.pools = pooling is not None
+        seq.lora_id = self.loras.id_of(params.lora_name) if params.lora_name is not None else 0
         state = self.outputs.sample_state(seq, request)
         if params.structured_outputs is not None:
             state.grammar = self.structured.matcher(params.structured_outputs)
@@ -147,6 +150,10 @@ class EngineCore:
         output.finished = True
         return output
 
+    def lora_ids_in_use(self) -> set[int]:
+        """The LoRA adapters the requests in the engine use."""
+        return {s.seq.lora_id for r in self.requests.values() for s in r.samples}
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -156,6 +163,8 @@ class EngineCore:
         spec = self.config.speculative_config
         if spec is not None:
             self.speculator.plan(self.scheduler.running)
+        if self.loras.retiring:  # unloaded adapters' weights go once their last sequence has
+            self.loras.retire_unused(self.lora_ids_in_use())
         self.scheduler.prompt_tokens_when_shared = self.pacer.prompt_tokens_when_shared()
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -183,6 +192,7 @@ class EngineCore:
                     want_all_logits=bool(drafts) or self.outputs.collects_prompt_logprobs(request, s.seq, s.start),
                     prompt_len=s.seq.num_prompt_tokens,
                     want_hidden=s.seq.pools,
+                    lora_id=s.seq.lora_id,
                 )
             )
         if self.record_steps and self.on_step_start is not None:  # the explorer shows a step while it runs
@@ -332,6 +342,7 @@ class EngineCore:
                 parent.group,
             )
             child.num_prompt_tokens = parent.num_prompt_tokens
+            child.lora_id = parent.lora_id
             child.num_cached_tokens = parent.num_cached_tokens
             child.ever_scheduled = True
             self.kv.fork(parent, child, parent.num_prompt_tokens)  # the step computed the whole prompt

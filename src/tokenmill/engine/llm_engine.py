@@ -14,11 +14,13 @@ from tokenmill.config import EngineConfig, ModelOptions
 from tokenmill.config.quantization import quantization_on
 from tokenmill.engine.core import EngineCore
 from tokenmill.engine.input_processor import InputProcessor, PromptInput
+from tokenmill.engine.lora_registry import LoadedLoRA
 from tokenmill.engine.model_prefetch import ModelPrefetch
 from tokenmill.errors import EngineClosedError, InvalidParameterError
 from tokenmill.executor.launcher import RankSpec
 from tokenmill.executor.runner import TensorParallelRunner, start_tensor_parallel
 from tokenmill.loader.hub_cache import hub_repo_of
+from tokenmill.loader.lora_file import LoRAFile, read_lora
 from tokenmill.loader.model_facts import describe_model
 from tokenmill.loader.model_path import BUNDLED_NAME, NAMED_MODELS, bundled_model_path, resolve_model_path
 from tokenmill.loader.model_source import open_model_source
@@ -167,6 +169,12 @@ class LLMEngine(EngineCore):
             self.config.max_logprobs,
         )
         self._request_ids = itertools.count()
+        try:
+            for name, lora_path in (self.config.lora_modules or {}).items():  # --lora NAME=PATH
+                self.load_lora(name, lora_path)
+        except BaseException:
+            self.close()
+            raise
         release_free_memory()  # the float32 copies made while loading are gone: give their memory back
         self.load_seconds = time.monotonic() - start
         logger.info(
@@ -306,3 +314,16 @@ class LLMEngine(EngineCore):
     def check_params(self, params: SamplingParams | PoolingParams) -> None:
         """What a request's parameters must satisfy on this engine, whatever its prompt. Safe from any thread."""
         self.inputs.check_params(params)
+        if isinstance(params, SamplingParams) and params.lora_name is not None:
+            self.loras.id_of(params.lora_name)  # LoRANotFoundError
+
+    # ---- LoRA adapters (engine/lora_registry.py) ------------------------------------------------------------------
+
+    def load_lora(self, name: str, lora: "str | LoRAFile") -> LoadedLoRA:
+        """Serve adapter `lora` (a path, or a file read by loader/lora_file.read_lora) under `name`; on the engine's
+        thread. Raises LoRAError (a bad path or adapter) or LoRAExistsError."""
+        return self.loras.load(name, read_lora(lora) if isinstance(lora, str) else lora)
+
+    def unload_lora(self, name: str) -> LoadedLoRA:
+        """Stop serving adapter `name` (LoRANotFoundError when it is not loaded); on the engine's thread."""
+        return self.loras.unload(name, self.lora_ids_in_use())

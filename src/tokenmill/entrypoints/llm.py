@@ -48,6 +48,14 @@ class LLM:
         """Stop the other ranks of a tensor-parallel model; later calls to generate raise EngineClosedError."""
         self.engine.close()
 
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve a LoRA adapter (a PEFT directory or a GGUF LoRA file) as `name`: requests whose
+        SamplingParams.lora_name is `name` generate with it (as `lora_modules={name: path}` at construction)."""
+        self.engine.load_lora(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self.engine.unload_lora(name)
+
     def get_default_sampling_params(self, **overrides: Any) -> SamplingParams:
         """The model's recommended sampling settings (its generation config; see `generation_config`) with
         `overrides` on top: what `generate` and `chat` use when given no sampling params."""

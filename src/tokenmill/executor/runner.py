@@ -25,6 +25,8 @@ from tokenmill.executor.heartbeat import StartupWatch, process_stopped
 from tokenmill.executor.launcher import STOP_GRACE_S, RankSpec, RankStartupError, WorkerProcesses
 from tokenmill.executor.startup import load_and_collect, split_cpu_threads
 from tokenmill.executor.step_message import Kind, Message
+from tokenmill.layers.lora import AdapterWeights
+from tokenmill.loader.lora_file import LoRAFile
 from tokenmill.loader.model_path import resolve_model_path
 from tokenmill.loader.model_source import open_model_source
 from tokenmill.model.config_from_source import model_config_from_source
@@ -83,6 +85,17 @@ class TensorParallelRunner:
     def copy_blocks(self, copies: list[tuple[int, int]], local_copies: list[tuple[int, int]] = ()) -> None:
         self._pending_copies += copies  # sent with the next step's description
         self._pending_local_copies += local_copies
+
+    def add_lora(self, lora_id: int, lora: LoRAFile) -> AdapterWeights:
+        """Rank 0 builds its part first (a bad adapter fails here, before any rank is told), then every rank reads
+        its own part of the same file."""
+        adapter = self.runner.add_lora(lora_id, lora)
+        step_message.send(self.group, Message(Kind.LOAD_LORA, lora_id, text=str(lora.path)))
+        return adapter
+
+    def remove_lora(self, lora_id: int) -> None:
+        step_message.send(self.group, Message(Kind.UNLOAD_LORA, lora_id))
+        self.runner.remove_lora(lora_id)
 
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
         before = self.group.collective_seconds

@@ -1,7 +1,8 @@
 """Rank 0's messages to the other ranks, as one int32 buffer: a step's description (which tokens of which
 sequences at which positions, their block tables in each KV pool, the block copies before it), the KV cache's
-size, a ping or the end. A step is one broadcast of CAPACITY int32s (16 KiB) when its description fits, which a
-decode step of 64 sequences or a 512-token prefill does; a longer one sends its remainder in a second broadcast.
+size, a LoRA adapter to load (its id, and its path as UTF-8 bytes) or drop, a ping or the end. A step is one
+broadcast of CAPACITY int32s (16 KiB) when its description fits, which a decode step of 64 sequences or a
+512-token prefill does; a longer one sends its remainder in a second broadcast.
 """
 
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ class Kind(IntEnum):
     ALLOCATE = 2  # argument: the number of KV blocks; local_argument: those of the sliding-window layers' pool
     PING = 3  # a step with no tokens: rank 0 checks that every rank still answers
     SHUTDOWN = 4
+    LOAD_LORA = 5  # argument: the adapter's id; text: its path (every rank reads its own part of the file)
+    UNLOAD_LORA = 6  # argument: the adapter's id
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Message:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     local_argument: int = 0
     local_block_copies: list[tuple[int, int]] = field(default_factory=list)
+    text: str = ""  # LOAD_LORA's path
 
 
 def encode(message: Message) -> torch.Tensor:
@@ -48,10 +52,12 @@ def encode(message: Message) -> torch.Tensor:
             prompt_len = -1 if c.prompt_len is None else c.prompt_len
             local = c.local_block_table
             body += [len(c.token_ids), c.start_position, prompt_len, flags, len(c.block_table)]
-            body += [-1 if local is None else len(local)]
+            body += [-1 if local is None else len(local), c.lora_id]
             body += c.token_ids
             body += c.block_table
             body += local or []
+    elif message.kind == Kind.LOAD_LORA:
+        body += list(message.text.encode())
     length = HEADER + len(body)
     buffer = torch.zeros(max(CAPACITY, length), dtype=torch.int32)
     header = [int(message.kind), length, message.argument, message.local_argument]
@@ -68,6 +74,8 @@ def decode(buffer: torch.Tensor) -> Message:
     values = buffer[: total_length(buffer)].tolist()
     kind, _, argument, local_argument = values[:HEADER]
     message = Message(Kind(kind), argument, local_argument=local_argument)
+    if message.kind == Kind.LOAD_LORA:
+        message.text = bytes(values[HEADER:]).decode()
     if message.kind != Kind.STEP:
         return message
     num_chunks, num_copies, num_local_copies = values[HEADER : HEADER + 3]
@@ -76,8 +84,8 @@ def decode(buffer: torch.Tensor) -> Message:
     message.block_copies, message.local_block_copies = copies[:num_copies], copies[num_copies:]
     i += 2 * (num_copies + num_local_copies)
     for _ in range(num_chunks):
-        n, start, prompt_len, flags, num_blocks, num_local = values[i : i + 6]
-        i += 6
+        n, start, prompt_len, flags, num_blocks, num_local, lora_id = values[i : i + 7]
+        i += 7
         tokens, table = values[i : i + n], values[i + n : i + n + num_blocks]
         i += n + num_blocks
         local = values[i : i + num_local] if num_local >= 0 else None
@@ -92,6 +100,7 @@ def decode(buffer: torch.Tensor) -> Message:
                 want_all_logits=bool(flags & 2),
                 want_hidden=bool(flags & 4),
                 prompt_len=None if prompt_len < 0 else prompt_len,
+                lora_id=lora_id,
             )
         )
     return message

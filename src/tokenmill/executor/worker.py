@@ -28,6 +28,7 @@ from tokenmill.executor.heartbeat import Heartbeat
 from tokenmill.executor.launcher import RankSpec
 from tokenmill.executor.startup import load_and_report
 from tokenmill.executor.step_message import Kind
+from tokenmill.loader.lora_file import read_lora
 from tokenmill.runner.device import select_device
 from tokenmill.runner.memory import MemoryTrimmer, bound_onednn_cache
 from tokenmill.runner.model_runner import ModelRunner
@@ -49,6 +50,10 @@ def serve_steps(runner: ModelRunner, group: ParallelGroup) -> int:
             runner.execute(message.chunks)
         elif message.kind == Kind.ALLOCATE:
             runner.allocate_kv_cache(message.argument, message.local_argument)
+        elif message.kind == Kind.LOAD_LORA:  # rank 0 read and checked it first
+            runner.add_lora(message.argument, read_lora(message.text))
+        elif message.kind == Kind.UNLOAD_LORA:
+            runner.remove_lora(message.argument)
         elif message.kind == Kind.PING:
             group.all_reduce(torch.zeros(1))
         else:

@@ -19,6 +19,7 @@ from tokenmill.config.model_shape import ModelConfig
 from tokenmill.layers.activation import ACTIVATIONS
 from tokenmill.layers.attention import AttentionMetadata, paged_attention, windowed
 from tokenmill.layers.linear import Linear
+from tokenmill.layers.lora import LoRABatch
 from tokenmill.layers.moe import MixtureOfExperts
 from tokenmill.layers.norm import RMSNorm
 from tokenmill.layers.rotary import RopeTables, RotaryEmbedding
@@ -44,6 +45,7 @@ class StepContext(NamedTuple):
     local_rotary: RotaryEmbedding | None = None
     local_rope: RopeTables | None = None
     local_meta: AttentionMetadata | None = None
+    lora: LoRABatch | None = None  # the rows that use LoRA adapters, and which (layers/lora.py)
 
 
 def rms_norm(config: ModelConfig, size: int) -> RMSNorm:
@@ -51,8 +53,9 @@ def rms_norm(config: ModelConfig, size: int) -> RMSNorm:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False, layer: int = 0):
         super().__init__()
+        self.layer = layer  # its index: where LoRA adapters find their products for it
         self.local = local  # attends to its sliding window only, with the local rope base
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -83,6 +86,8 @@ class LlamaAttention(nn.Module):
         # submodules are called through .forward: the nn.Module call machinery costs ~1 ms per decoded token
         tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)  # [T, (H + 2 KVH) * D]
+        if step.lora is not None:
+            qkv = step.lora.apply(qkv, x, self.layer, "qkv_proj")
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         if self.qk_norm_whole:  # before rope, over all heads at once
@@ -97,7 +102,9 @@ class LlamaAttention(nn.Module):
         q, k = rotary.forward(rope, qk).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sinks)  # [T, H, D]
-        return self.o_proj.forward(out.reshape(tokens, self.q_size))  # o_bias: the layer's, after the ranks' sum
+        out = out.reshape(tokens, self.q_size)
+        o = self.o_proj.forward(out)  # o_bias: the layer's, after the ranks' sum
+        return o if step.lora is None else step.lora.apply(o, out, self.layer, "o_proj")
 
 
 # A prompt chunk's MLP runs over this many tokens at a time. Its intermediates are the step's largest tensors
@@ -108,16 +115,27 @@ MLP_ROWS = 128
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, layer: int = 0):
         super().__init__()
+        self.layer = layer  # its index: where LoRA adapters find their products for it
         self.gate_up_proj: nn.Module = Linear(config.hidden_size, 2 * config.intermediate_size, dtype, "meta")
         self.down_proj: nn.Module = Linear(config.intermediate_size, config.hidden_size, dtype, "meta")
         self.activation = ACTIVATIONS[config.activation]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]; on the CPU in pieces of MLP_ROWS tokens (a GPU wants all rows at once)."""
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; on the CPU in pieces of MLP_ROWS tokens (a GPU wants all rows at once).
+        `lora`: the rows' adapters (layers/lora.py)."""
         pieces = x.split(MLP_ROWS) if x.device.type == "cpu" else (x,)
-        outs = [self.down_proj.forward(self.activation(self.gate_up_proj.forward(piece))) for piece in pieces]
+        if lora is None:
+            outs = [self.down_proj.forward(self.activation(self.gate_up_proj.forward(piece))) for piece in pieces]
+        else:
+            outs, start = [], 0
+            for piece in pieces:
+                rows = lora if len(pieces) == 1 else lora.piece(start, start + piece.shape[0])
+                start += piece.shape[0]
+                gate_up = rows.apply(self.gate_up_proj.forward(piece), piece, self.layer, "gate_up_proj")
+                inner = self.activation(gate_up)  # [t, I]
+                outs.append(rows.apply(self.down_proj.forward(inner), inner, self.layer, "down_proj"))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -167,12 +185,14 @@ class LlamaDecoderLayer(nn.Module):
     post_attention_norm; the MLP's input by post_attention_layernorm, as llama names its second norm, and its
     output by post_mlp_norm)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False, moe: bool = False):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, local: bool = False, moe: bool = False, layer: int = 0):
         super().__init__()
         self.input_layernorm = rms_norm(config, config.hidden_size)
-        self.self_attn = LlamaAttention(config, dtype, local)
+        self.self_attn = LlamaAttention(config, dtype, local, layer)
         self.post_attention_layernorm = rms_norm(config, config.hidden_size)
-        self.mlp: LlamaMLP | MixtureOfExperts = LlamaMLP(config, dtype) if not moe else mixture_of_experts(config)
+        self.mlp: LlamaMLP | MixtureOfExperts = (
+            LlamaMLP(config, dtype, layer) if not moe else mixture_of_experts(config)
+        )
         sandwich = config.sandwich_norms
         self.post_attention_norm = rms_norm(config, config.hidden_size) if sandwich else None
         self.post_mlp_norm = rms_norm(config, config.hidden_size) if sandwich else None
@@ -183,7 +203,9 @@ class LlamaDecoderLayer(nn.Module):
         if self.self_attn.o_bias is not None:  # once, after the sum over ranks (gpt-oss)
             attn = attn + self.self_attn.o_bias
         hidden = hidden + (attn if self.post_attention_norm is None else self.post_attention_norm.forward(attn))
-        mlp = self.mlp.forward(self.post_attention_layernorm.forward(hidden))
+        normed = self.post_attention_layernorm.forward(hidden)
+        dense = isinstance(self.mlp, LlamaMLP)  # adapters change dense MLPs only (model/lora_weights.py)
+        mlp = self.mlp.forward(normed, step.lora) if dense else self.mlp.forward(normed)
         mlp = mlp if step.reduce is None else step.reduce(mlp)
         return hidden + (mlp if self.post_mlp_norm is None else self.post_mlp_norm.forward(mlp))
 
@@ -202,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Parameter(torch.empty(0, config.hidden_size, dtype=dtype), False)
         self.rotary, self.local_rotary = rotary_embeddings(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, config.is_local(i), config.is_moe(i)) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, dtype, config.is_local(i), config.is_moe(i), i) for i in range(config.num_layers)
         )
         self.norm = rms_norm(config, config.hidden_size)
         # built by load_weights; with tied embeddings and no quantization, its weight is the embedding table itself
@@ -222,13 +244,15 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
         local_meta: AttentionMetadata | None = None,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden] (normed). `local_meta`: the step through
-        the sliding-window layers' own block tables, when their K/V have a pool of their own (else `meta`)."""
+        the sliding-window layers' own block tables, when their K/V have a pool of their own (else `meta`);
+        `lora`: which rows use which LoRA adapter (None: none does)."""
         hidden = self.embed(input_ids)
         reduce = self.parallel.all_reduce if self.parallel is not None else None
         rope = self.rotary.tables(positions)
-        step = StepContext(self.rotary, rope, meta, reduce)
+        step = StepContext(self.rotary, rope, meta, reduce, lora=lora)
         if (window := self.config.sliding_window) is not None:
             local_rope = rope if self.local_rotary is self.rotary else self.local_rotary.tables(positions)
             step = step._replace(

@@ -9,6 +9,10 @@ With the native decoder (`int4` and `auto` on the CPU), a token's path depends o
 its neighbours: prompt tokens go through the torch path, generated tokens (also when recomputed after a
 preemption) through the native decoder, one row each. Both paths compute a row the same way whatever else the
 step holds, so a request's greedy output does not depend on what else is running.
+
+LoRA adapters (layers/lora.py): a chunk names its adapter by id (`lora_id`, 0 for none); its rows ride through the
+model's forward with the step's other rows (the base products once), generated tokens too (the native decoder
+applies no adapter), and each adapter's low-rank products are added to its rows only.
 """
 
 import logging
@@ -21,7 +25,10 @@ from tokenmill import native
 from tokenmill.config.model_shape import ModelConfig
 from tokenmill.layers import kv_quant
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
+from tokenmill.layers.lora import AdapterWeights, LoRABatch
+from tokenmill.loader.lora_file import LoRAFile
 from tokenmill.loader.model_source import ModelSource
+from tokenmill.model.lora_weights import build_adapter
 from tokenmill.model.registry import build_model
 from tokenmill.native.threads import follow_contention
 from tokenmill.runner.decode_backend import choose_decode_backend
@@ -49,6 +56,7 @@ class StepChunk:
     # the sequence's prompt length: tokens at positions from here on are generated ones. None: a one-token chunk
     # is a generated token, a longer one is prompt
     prompt_len: int | None = None
+    lora_id: int = 0  # the LoRA adapter its rows use (ModelRunner.add_lora's id); 0: none
 
     def num_prompt_tokens(self) -> int:
         """How many of token_ids are prompt tokens (they come first)."""
@@ -87,6 +95,8 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
+        self._plan = parallel[0] if parallel is not None else None  # cuts LoRA adapters as the base weights
+        self.adapters: dict[int, AdapterWeights] = {}  # LoRA adapters by id (StepChunk.lora_id)
         self.model, self._model_config = build_model(gguf, dtype, device, quantization, parallel, weight_cache)
         self.config = self.model.config  # the part held here: sizes the KV cache
         # what computes generated tokens (runner/decode_backend.py); None: the model's forward, with the prompts
@@ -209,6 +219,19 @@ class ModelRunner:
             k[dst] = tensors[f"k.{i}"][src].to(device=self.device, dtype=k.dtype)
             v[dst] = tensors[f"v.{i}"][src].to(device=self.device, dtype=v.dtype)
 
+    def add_lora(self, lora_id: int, lora: LoRAFile) -> AdapterWeights:
+        """Make adapter `lora` (read by loader/lora_file.py) applicable to chunks with this id (> 0), in the compute
+        dtype beside the base weights; raises LoRAError when it does not fit the model."""
+        if lora_id <= 0:
+            raise ValueError(f"LoRA ids are positive, got {lora_id}")
+        with torch.inference_mode():
+            adapter = build_adapter(lora, self.model_config, self.dtype, self.device, self._plan)
+        self.adapters[lora_id] = adapter
+        return adapter
+
+    def remove_lora(self, lora_id: int) -> None:
+        self.adapters.pop(lora_id, None)
+
     @torch.inference_mode()
     def execute(self, chunks: list[StepChunk]) -> StepOutput:
         follow_contention(native.load())  # torch on one thread while the kernels' helpers are off the CPU
@@ -216,7 +239,9 @@ class ModelRunner:
         generated: list[StepChunk] = []  # through the decode backend: one token each
         routes: list[tuple[int, int, int]] = []  # per chunk: (its prompt part or -1, first generated row, count)
         for c in chunks:
-            num_prompt = c.num_prompt_tokens() if self.decode_backend is not None else len(c.token_ids)
+            # a chunk with an adapter goes through the model's forward whole: the decode backend applies none
+            backend = self.decode_backend is not None and not c.lora_id
+            num_prompt = c.num_prompt_tokens() if backend else len(c.token_ids)
             part = -1
             if num_prompt:
                 part = len(prompt_parts)
@@ -273,13 +298,27 @@ class ModelRunner:
         query each) go first in the flat layout, then prefill chunks: each kind becomes one attention group."""
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
         input_ids, positions, meta, local_meta = self._prepare([chunks[i] for i in order])
-        hidden = self.model(input_ids, positions, meta, self.kv_caches, local_meta)  # [T, hidden]
         first_row = [0] * len(chunks)
         row = 0
+        lora_rows: dict[int, list[int]] = {}  # adapter id -> its rows in the flat layout
         for i in order:
             first_row[i] = row
-            row += len(chunks[i].token_ids)
+            n = len(chunks[i].token_ids)
+            if chunks[i].lora_id:
+                lora_rows.setdefault(chunks[i].lora_id, []).extend(range(row, row + n))
+            row += n
+        lora = None
+        if lora_rows:
+            groups = [(self._adapter(lora_id), rows) for lora_id, rows in lora_rows.items()]
+            lora = LoRABatch(groups, self.device, row)
+        hidden = self.model(input_ids, positions, meta, self.kv_caches, local_meta, lora)  # [T, hidden]
         return hidden, first_row
+
+    def _adapter(self, lora_id: int) -> AdapterWeights:
+        adapter = self.adapters.get(lora_id)
+        if adapter is None:  # a bug: the engine removes an adapter only once no sequence uses it
+            raise RuntimeError(f"a step uses LoRA adapter {lora_id}, which is not loaded")
+        return adapter
 
     def _prepare(
         self, chunks: list[StepChunk]

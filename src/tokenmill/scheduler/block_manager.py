@@ -13,6 +13,10 @@ same generation), so neither a hash collision nor a reused parent block can serv
 Blocks whose reference count drops to zero stay in the cache (LRU order) until a new allocation needs them;
 never-hashed free blocks are used first. A hit never covers a sequence's last token: its logits are needed.
 
+A sequence with a LoRA adapter (`Sequence.lora_id`) starts its chain from a root of that adapter instead of None,
+and its blocks record the adapter, checked on a hit as the tokens are: the same prompt under two adapters (or one
+and none) never shares K/V. Ids are never reused, so an adapter loaded again under the same name starts afresh.
+
 A model with sliding-window layers (Gemma 3's local layers) keeps their K/V in a second pool, managed by a
 WindowBlockManager with its own block table per sequence (`Sequence.local_block_table`): a block whose
 positions have all left the window is released from the sequence (its entry becomes NULL_BLOCK), so a long
@@ -35,6 +39,7 @@ class Block:
     parent: "Block | None" = None
     parent_generation: int = 0
     generation: int = 0  # bumped every time the block is reset for new contents
+    salt: int = 0  # the LoRA adapter of the sequence that computed it (0: none)
 
 
 @dataclass
@@ -117,18 +122,23 @@ class BlockManager:
     def _chain_hash(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
         return hash((parent_hash, token_ids))
 
+    @staticmethod
+    def _root(salt: int) -> int | None:
+        """The parent hash of a chain's first block: None, or one of the sequence's LoRA adapter."""
+        return hash(("lora", salt)) if salt else None
+
     def lookup_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks matching the start of `seq` (at most num_tokens - 1 tokens), without taking them."""
         if not self.enable_prefix_caching:
             return []
-        return self._cached_chain(seq.token_ids, (seq.num_tokens - 1) // self.block_size)
+        return self._cached_chain(seq.token_ids, (seq.num_tokens - 1) // self.block_size, seq.lora_id)
 
-    def _cached_chain(self, token_ids: list[int], max_blocks: int) -> list[int]:
+    def _cached_chain(self, token_ids: list[int], max_blocks: int, salt: int = 0) -> list[int]:
         """The cached blocks holding the start of `token_ids`, verified block by block (at most max_blocks)."""
         bs = self.block_size
         matched: list[int] = []
         parent: Block | None = None
-        parent_hash: int | None = None
+        parent_hash = self._root(salt)
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = self._chain_hash(parent_hash, tokens)
@@ -136,6 +146,7 @@ class BlockManager:
             if (
                 block is None
                 or block.token_ids != tokens
+                or block.salt != salt
                 or block.parent is not parent
                 or (parent is not None and block.parent_generation != parent.generation)
             ):
@@ -153,7 +164,7 @@ class BlockManager:
         bs = self.block_size
         state = self._seq_state.get(seq.seq_id)
         out = list(state.hashes[: num_tokens // bs]) if state else []
-        parent_hash = out[-1] if out else None
+        parent_hash = out[-1] if out else self._root(seq.lora_id)
         for i in range(len(out), num_tokens // bs):
             parent_hash = self._chain_hash(parent_hash, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
             out.append(parent_hash)
@@ -197,6 +208,7 @@ class BlockManager:
         block.block_hash = None
         block.token_ids = ()
         block.parent = None
+        block.salt = 0
         block.generation += 1
 
     def _needs(self, seq: Sequence, num_new_tokens: int) -> tuple[int, bool]:
@@ -251,7 +263,7 @@ class BlockManager:
         table = self.table(seq)
         for i in range(len(state.hashes), num_full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            parent_hash = state.hashes[i - 1] if i else None
+            parent_hash = state.hashes[i - 1] if i else self._root(seq.lora_id)
             h = self._chain_hash(parent_hash, tokens)
             state.hashes.append(h)
             if table[i] == NULL_BLOCK:
@@ -262,6 +274,7 @@ class BlockManager:
             parent = self.blocks[table[i - 1]] if i and table[i - 1] != NULL_BLOCK else None
             block.block_hash = h
             block.token_ids = tokens
+            block.salt = seq.lora_id
             block.parent = parent
             block.parent_generation = parent.generation if parent is not None else 0
             self._cached[h] = block
@@ -334,7 +347,7 @@ class BlockManager:
         """Hold the cached block holding `tokens` under hash h (verified: its tokens, and with `chained` its
         parent), or a new block entered under h (True: its K/V are to be written); None when neither can be had."""
         block = self._cached.get(h)
-        verified = block is not None and block.token_ids == tokens
+        verified = block is not None and block.token_ids == tokens and block.salt == 0  # saved prefixes: no adapter
         if verified and chained:
             verified = block.parent is parent and (parent is None or block.parent_generation == parent.generation)
         if block is not None and not verified:
@@ -442,22 +455,23 @@ class WindowBlockManager(BlockManager):
     def lookup_window_prefix(self, seq: Sequence, max_blocks: int) -> tuple[int, list[int], list[int]]:
         """The longest hit of at most max_blocks blocks whose window blocks are cached: (hit blocks, the ids of
         the cached blocks from first_needed_block(hit) on, the chain hashes of all hit blocks)."""
-        return self.window_chain(seq.token_ids, max_blocks)
+        return self.window_chain(seq.token_ids, max_blocks, seq.lora_id)
 
-    def window_chain(self, token_ids: list[int], max_blocks: int) -> tuple[int, list[int], list[int]]:
+    def window_chain(self, token_ids: list[int], max_blocks: int, salt: int = 0) -> tuple[int, list[int], list[int]]:
         """lookup_window_prefix for a list of tokens."""
         if not self.enable_prefix_caching or max_blocks == 0:
             return 0, [], []
         bs = self.block_size
         hashes: list[int] = []
         found: list[int | None] = []  # per block: the cached block holding it, or None
-        parent_hash: int | None = None
+        parent_hash = self._root(salt)
         for i in range(max_blocks):
             tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent_hash = self._chain_hash(parent_hash, tokens)
             hashes.append(parent_hash)
             block = self._cached.get(parent_hash)
-            found.append(block.block_id if block is not None and block.token_ids == tokens else None)
+            hit = block is not None and block.token_ids == tokens and block.salt == salt
+            found.append(block.block_id if hit else None)
         for hit in range(max_blocks, 0, -1):
             needed = found[self.first_needed_block(hit * bs) : hit]
             if all(b is not None for b in needed):

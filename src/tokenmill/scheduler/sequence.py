@@ -46,6 +46,8 @@ class Sequence:
         # engine fills them in once the scheduler has given them slots)
         self.num_lookahead_tokens = 0
         self.pools = False  # an embedding request's: it needs every prompt row computed, and samples nothing
+        # its LoRA adapter's id (0: none): its rows use it, and its prefix-cache blocks are keyed by it
+        self.lora_id = 0
 
     @property
     def num_tokens(self) -> int:
