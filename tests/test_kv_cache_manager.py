@@ -3,10 +3,11 @@ takes both pools' blocks or none, stopped sequences leave the batch only after t
 cache, proposals count once accepted."""
 
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
+from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+from tokenmill.scheduler.window_block_manager import WindowBlockManager
 
 BS = 4
 

@@ -3,10 +3,11 @@ left a sequence's window go back, prefix-cache hits find the window's blocks, pr
 pools consistent."""
 
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.block_manager import NULL_BLOCK, BlockManager, WindowBlockManager
+from tokenmill.scheduler.block_manager import NULL_BLOCK, BlockManager
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenmill.scheduler.sequence import Sequence
+from tokenmill.scheduler.window_block_manager import WindowBlockManager
 
 BS, WINDOW = 4, 10  # a query at position p reads p - 9 .. p: at most 4 blocks of 4
 

@@ -29,10 +29,11 @@ from tokenmill.runner.model_runner import ModelRunner, StepChunk
 from tokenmill.runner.sampler import SampledToken, Sampler, SamplingRow
 from tokenmill.runner.watermark import Watermarker
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
+from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
 from tokenmill.scheduler.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tokenmill.scheduler.sequence import Sequence, SequenceStatus
+from tokenmill.scheduler.window_block_manager import WindowBlockManager
 from tokenmill.spec_decode.speculator import Speculator
 from tokenmill.tokenizer.gguf_tokenizer import Tokenizer
 

@@ -31,8 +31,9 @@ from tokenmill.runner.kv_cache import num_kv_blocks_for, split_kv_pools
 from tokenmill.runner.memory import bound_onednn_cache, release_free_memory
 from tokenmill.runner.model_runner import ModelRunner
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.scheduler.block_manager import BlockManager, WindowBlockManager
+from tokenmill.scheduler.block_manager import BlockManager
 from tokenmill.scheduler.kv_cache_manager import KVCacheManager
+from tokenmill.scheduler.window_block_manager import WindowBlockManager
 from tokenmill.spec_decode.draft_model import DraftModelProposer, open_draft_model
 from tokenmill.spec_decode.speculator import Speculator
 from tokenmill.tokenizer import ChatTemplate

@@ -17,8 +17,9 @@ Pure Python, no torch: the scheduler's tests run it in milliseconds.
 
 from dataclasses import dataclass, field
 
-from tokenmill.scheduler.block_manager import BlockManager, BlockUsage, WindowBlockManager
+from tokenmill.scheduler.block_manager import BlockManager, BlockUsage
 from tokenmill.scheduler.sequence import Sequence
+from tokenmill.scheduler.window_block_manager import WindowBlockManager
 
 
 @dataclass
