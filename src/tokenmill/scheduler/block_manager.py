@@ -18,8 +18,8 @@ and its blocks record the adapter, checked on a hit as the tokens are: the same 
 and none) never shares K/V. Ids are never reused, so an adapter loaded again under the same name starts afresh.
 
 A model with sliding-window layers (Gemma 3's local layers) keeps their K/V in a second pool, managed by a
-WindowBlockManager (window_block_manager.py) with its own block table per sequence (`Sequence.local_block_table`): a block whose
-positions have all left the window is released from the sequence (its entry becomes NULL_BLOCK), so a long
+WindowBlockManager (window_block_manager.py) with its own block table per sequence (`Sequence.local_block_table`):
+a block whose positions have all left the window is released from the sequence (its entry becomes NULL_BLOCK), so a long
 sequence holds about window / block_size blocks of that pool, not one per block_size tokens (vLLM's hybrid KV
 cache manager, for two groups of layers).
 """
