@@ -18,8 +18,10 @@ from typing import Any
 
 from tokenmill.engine.kv_snapshot import PrefixFile, restore_prefix, save_prefix
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.engine.lora_registry import LoadedLoRA
 from tokenmill.engine.output_collector import OutputCollector
 from tokenmill.errors import TokenmillError
+from tokenmill.loader.lora_file import read_lora
 from tokenmill.outputs import RequestOutput
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.runner.memory import MemoryTrimmer
@@ -290,6 +292,16 @@ class AsyncEngine:
     async def run_on_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run fn(engine) on the engine thread between steps (for consistent reads such as integrity checks)."""
         return await asyncio.wrap_future(self._call(lambda: fn(self.engine)))
+
+    async def load_lora(self, name: str, path: str) -> LoadedLoRA:
+        """Serve a LoRA adapter as `name`: its file read in a worker thread, then held by the engine between steps
+        (LoRAError for a bad path or adapter, LoRAExistsError for a name in use)."""
+        lora = await asyncio.to_thread(read_lora, path)
+        return await self.run_on_engine(lambda engine: engine.load_lora(name, lora))
+
+    async def unload_lora(self, name: str) -> LoadedLoRA:
+        """Stop serving adapter `name` (LoRANotFoundError); sequences using it finish with it."""
+        return await self.run_on_engine(lambda engine: engine.unload_lora(name))
 
     async def forget_prefix(self, token_ids: list[int]) -> int:
         """The prefix cache forgets these tokens' unused full blocks, between steps (llama.cpp's slot erase)."""

@@ -27,6 +27,7 @@ from tokenmill.server.events import engine_snapshot
 from tokenmill.server.infill import add_infill_routes
 from tokenmill.server.llamacpp import add_llamacpp_routes, llama_tokenize
 from tokenmill.server.llamacpp_metrics import llamacpp_metrics_text
+from tokenmill.server.lora_routes import add_lora_routes
 from tokenmill.server.middleware import APIKeyGuard, BodyLimit, CanonicalHeaderNames, HostOriginGuard, JSONBodies
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.openai_routes import ROOT_PATHS, add_openai_routes
@@ -176,6 +177,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
         }
 
     add_openai_routes(app, state)
+    add_lora_routes(app, state)
     add_ollama_routes(app, state)
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)

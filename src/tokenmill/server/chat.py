@@ -256,7 +256,7 @@ CHAT_FIELD_NAMES = {"logprobs": "top_logprobs"}
 
 async def create_chat_completion(req: ChatCompletionRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "chatcmpl")
-    state.check_model(req.model)
+    lora = state.adapter_for(req.model)
     model = state.require_model()
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -271,7 +271,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         request_id,
         "/v1/chat/completions",
         req.message_dicts(),
-        NeutralRequest(params, req.output_length(), CHAT_FIELD_NAMES),
+        NeutralRequest(params, req.output_length(), CHAT_FIELD_NAMES, lora),
         req.tools,
         req.tool_choice,
         req.add_generation_prompt,

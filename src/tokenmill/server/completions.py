@@ -95,7 +95,7 @@ class CompletionFormatter:
 
 async def create_completion(req: CompletionRequest, http_request: Request, state: ServerState):
     client_id, request_id = call_id(http_request, "cmpl")
-    state.check_model(req.model)
+    lora = state.adapter_for(req.model)
     model = state.require_model()
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
@@ -111,7 +111,9 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
     else:
         params = req.sampling_params(defaults)
     prompts = split_prompts(req.prompt)
-    generation = Generation(state, prompts, NeutralRequest(params, output), request_id, "/v1/completions")
+    generation = Generation(
+        state, prompts, NeutralRequest(params, output, lora_name=lora), request_id, "/v1/completions"
+    )
     await generation.start(http_request)
     tokenizer = model.tokenizer
     fmt = CompletionFormatter(req, tokenizer, drop_generated)

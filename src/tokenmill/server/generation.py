@@ -87,7 +87,7 @@ class Generation:
         self._logged = False
         self.api_id = api_id  # engine request ids are "<api id>-<prompt index>", so step events name the call
         self.prompts = prompts
-        self.params = request.params  # its max_tokens settled once the prompts are tokenized (_settled)
+        self.params = request.engine_params()  # its max_tokens settled once the prompts are tokenized (_settled)
         self.call_id = f"call-{next(_call_ids)}"
         self.request_ids: list[str] = []
         self._index: dict[str, int] = {}

@@ -35,6 +35,15 @@ class NeutralRequest:
     output: OutputLength = OutputLength()
     # the engine's parameter names -> the field the user sent (chat's top_logprobs is the engine's logprobs)
     field_names: Mapping[str, str] = field(default_factory=dict)
+    lora_name: str | None = None  # the LoRA adapter the request's model names (ServerState.adapter_for)
+
+    def engine_params(self) -> SamplingParams | BeamSearchParams | PoolingParams:
+        """`params` with the request's LoRA adapter; an adapter with a beam search or an embedding is a 400."""
+        if self.lora_name is None:
+            return self.params
+        if not isinstance(self.params, SamplingParams):
+            raise InvalidParameterError("a LoRA adapter serves sampled generations only (not beam search)", "model")
+        return dataclasses.replace(self.params, lora_name=self.lora_name)
 
     def with_params(self, params: SamplingParams | BeamSearchParams | PoolingParams) -> "NeutralRequest":
         return dataclasses.replace(self, params=params)

@@ -111,8 +111,18 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         return {"embedding": final.embedding}
 
 
-def check_model(state: ServerState, name: str) -> None:
+def adapter_of(state: ServerState, name: str) -> str | None:
+    """The LoRA adapter `name` chooses (with or without ":latest"), as Ollama's ADAPTER models are chosen by name."""
+    model = state.model
+    adapters = {a.name for a in model.lora_adapters()} if model is not None else set()
+    return next((n for n in (name, name.removesuffix(TAG)) if n in adapters), None)
+
+
+def check_model(state: ServerState, name: str, adapters: bool = False) -> None:
+    """404 unless `name` is the served model's (or, with `adapters`, one of its LoRA adapters: chat and generate)."""
     state.require_engine()
+    if adapters and adapter_of(state, name) is not None:
+        return
     if name not in [n + tag for n in state.model_names for tag in ("", TAG)]:
         raise APIError(404, f"model '{name}' not found; this server serves '{state.model_name}'", param="model")
 
@@ -121,7 +131,7 @@ def check_model(state: ServerState, name: str) -> None:
 
 
 async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
-    check_model(state, req.model)
+    check_model(state, req.model, adapters=True)
     req.refuse_unsupported()
     if not req.messages or _loads_only(req):  # Ollama's way to load a model: nothing is generated
         return _loaded(req, {"message": {"role": "assistant", "content": ""}})
@@ -143,7 +153,7 @@ async def _chat(req: ChatRequest, http_request: Request, state: ServerState):
 
 
 async def _generate(req: GenerateRequest, http_request: Request, state: ServerState):
-    check_model(state, req.model)
+    check_model(state, req.model, adapters=True)
     req.refuse_unsupported()
     if not req.prompt or _loads_only(req):
         return _loaded(req, {"response": ""})
@@ -180,7 +190,8 @@ def _loaded(req: GenerationRequest, body: dict) -> JSONResponse:
 def _neutral(req: GenerationRequest, state: ServerState) -> NeutralRequest:
     """The options over the model's defaults; num_predict and num_ctx as the output's length (Generation settles
     it, num_ctx included, as every API's)."""
-    return NeutralRequest(req.sampling_params(state.require_model().sampling_defaults()), req.output_length())
+    params = req.sampling_params(state.require_model().sampling_defaults())
+    return NeutralRequest(params, req.output_length(), lora_name=adapter_of(state, req.model))
 
 
 class _Reply:

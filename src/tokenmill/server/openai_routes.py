@@ -4,6 +4,8 @@ server answers both: a client configured with the server's address alone, withou
 /completions: there llama.cpp's server answers with its own completion API (server/llamacpp.py), and so does
 tokenmill's."""
 
+from pathlib import Path
+
 from fastapi import APIRouter, FastAPI, Request
 
 from tokenmill.server import schemas
@@ -35,19 +37,39 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
             "max_model_len": model.max_model_len,
             "aliases": state.model_names,  # llama-server's: every name of the model, and its --tags
             "tags": state.settings.tags,
+            "parent": None,
         }
+
+    def adapter_cards(request: Request) -> list[dict]:
+        """The LoRA adapters, as vLLM lists them: their own id and root (the adapter's path), the model as parent."""
+        base = model_card(state.model_name, request)
+        shown = state.shown_path(request) != state.model_path  # a caller without the key sees no directories
+        return [
+            {
+                **base,
+                "id": a.name,
+                "root": Path(a.path).name if shown else a.path,
+                "aliases": [a.name],
+                "parent": state.model_name,
+            }
+            for a in state.require_model().lora_adapters()
+        ]
 
     # every name the model answers to (its id first; the name the server was started with, as vLLM lists the
     # names of --served-model-name)
     @router.get("/models", response_model=schemas.ModelList, responses=error_responses(401, 503))
     async def models(request: Request) -> dict:
         state.require_engine()
-        return {"object": "list", "data": [model_card(name, request) for name in state.model_names]}
+        cards = [model_card(name, request) for name in state.model_names]
+        return {"object": "list", "data": cards + adapter_cards(request)}
 
     # the OpenAI client's models.retrieve(id); ids with a slash ("org/name") are one path
     @router.get("/models/{model_id:path}", response_model=schemas.ModelCard, responses=error_responses(401, 404, 503))
     async def model(model_id: str, request: Request) -> dict:
         state.require_engine()
+        adapter = next((card for card in adapter_cards(request) if card["id"] == model_id), None)
+        if adapter is not None:
+            return adapter
         if model_id not in state.model_names:
             raise APIError(
                 404,

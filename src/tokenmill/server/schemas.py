@@ -149,6 +149,7 @@ class ModelCard(BaseModel):
     max_model_len: int
     aliases: list[str]
     tags: list[str]
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's card); None for the model itself
 
 
 class ModelList(BaseModel):

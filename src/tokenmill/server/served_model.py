@@ -12,6 +12,7 @@ from typing import Any
 from tokenmill.config import EngineConfig
 from tokenmill.config.model_shape import ModelConfig
 from tokenmill.engine.llm_engine import LLMEngine, PromptInput
+from tokenmill.engine.lora_registry import LoadedLoRA
 from tokenmill.loader.model_facts import ModelFacts
 from tokenmill.pooling_params import PoolingParams
 from tokenmill.sampling_params import SamplingParams
@@ -44,6 +45,10 @@ class ServedModel:
     def name(self) -> str:
         """The model's own name (the file's stem, or the bundled model's name)."""
         return self._engine.model_name
+
+    def lora_adapters(self) -> list[LoadedLoRA]:
+        """The LoRA adapters served beside the model (a copy: the engine's thread changes the registry)."""
+        return list(self._engine.loras.loaded.values())
 
     @property
     def path(self) -> Path:

@@ -150,6 +150,16 @@ class ServerState:
                 code="model_not_found",
             )
 
+    def adapter_for(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (vLLM's convention: an adapter is chosen as a model), or None
+        for the base model's names; 404 for any other name (check_model's)."""
+        model = self.model
+        if name is not None and name not in self.model_names and model is not None:
+            if any(a.name == name for a in model.lora_adapters()):
+                return name
+        self.check_model(name)
+        return None
+
     def admit(self, call_id: str, num_seqs: int) -> None:
         """Count a call's sequences from now on, or refuse it with 503 when it would wait beyond --max-queue.
 
