@@ -1,0 +1,207 @@
+"""LoRA adapters (issue 40): PEFT adapters on a tiny random Llama give transformers' merged-adapter greedy tokens
+(float32); llama.cpp's GGUF LoRA gives llama.cpp's tokens on the same files; a batch mixing four adapters and the
+base model decodes each row as it decodes alone; the prefix cache never shares K/V across adapters; bad adapters
+are refused with errors that name them."""
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.lora_cases import ADAPTERS, PROMPT, merged_greedy, write_adapter, write_tiny_llama
+from tokenmill import LLM, SamplingParams
+from tokenmill.engine.lora_registry import LoRAExistsError, LoRANotFoundError
+from tokenmill.loader.lora_file import LoRAError, read_lora
+from tokenmill.sampling_params import SamplingParams as Params
+from tokenmill.scheduler.block_manager import BlockManager
+from tokenmill.scheduler.sequence import Sequence
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, bundled_path: Path) -> tuple[Path, dict[str, Path]]:
+    """(the tiny model's directory, its four PEFT adapters by name)."""
+    root = tmp_path_factory.mktemp("lora")
+    base = write_tiny_llama(root, bundled_path)
+    adapters = {
+        name: write_adapter(base, root / name, seed, **cfg) for seed, (name, cfg) in enumerate(ADAPTERS.items())
+    }
+    return base, adapters
+
+
+def tokens(llm: LLM, prompt: list[int], lora: str | None = None, params: SamplingParams = GREEDY) -> list[int]:
+    out = llm.generate({"prompt_token_ids": prompt}, dataclasses.replace(params, lora_name=lora), use_tqdm=False)
+    return out[0].outputs[0].token_ids
+
+
+@pytest.mark.slow
+def test_peft_adapters_give_transformers_merged_tokens(tiny) -> None:
+    base, adapters = tiny
+    llm = LLM(str(base), lora_modules={name: str(path) for name, path in adapters.items()})
+    base_tokens = tokens(llm, PROMPT)
+    assert base_tokens == merged_greedy(base, None, PROMPT, 12)
+    for name, path in adapters.items():
+        expected = merged_greedy(base, path, PROMPT, 12)
+        assert expected != base_tokens, f"{name} changes nothing: a weak test"
+        assert tokens(llm, PROMPT, name) == expected, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", [None, "auto"])
+def test_a_batch_of_four_adapters_and_the_base_decodes_each_row_as_alone(tiny, quantization: str | None) -> None:
+    """10 requests (5 prompts of 3 to 40 tokens, each under the base and an adapter, in a mixed order) in one
+    batch, against each alone in an engine without prefix caching (the suite's batch-invariance rule: the same
+    greedy tokens). Under `auto` the base rows take the native decoder and the adapters' rows the model's forward:
+    the route is the row's own, never its neighbours'."""
+    base, adapters = tiny
+    modules = {name: str(path) for name, path in adapters.items()}
+    prompts = [PROMPT[:n] for n in (3, 17, 40, 9, 33)]
+    names = [None, *adapters]
+    jobs = [(p, names[(i + k) % len(names)]) for i, p in enumerate(prompts) for k in (0, 2)]
+    together = LLM(str(base), quantization=quantization, lora_modules=modules)
+    params = [dataclasses.replace(GREEDY, lora_name=name) for _, name in jobs]
+    outs = together.generate([{"prompt_token_ids": p} for p, _ in jobs], params, use_tqdm=False)
+    alone_engine = LLM(str(base), quantization=quantization, lora_modules=modules, enable_prefix_caching=False)
+    for (prompt, name), out in zip(jobs, outs, strict=True):
+        assert out.outputs[0].token_ids == tokens(alone_engine, prompt, name), (len(prompt), name)
+    together.engine.check_integrity()
+
+
+@pytest.mark.slow
+def test_the_prefix_cache_is_keyed_by_adapter(tiny) -> None:
+    base, adapters = tiny
+    modules = {name: str(adapters[name]) for name in ("all8", "attn4")}
+    cached = LLM(str(base), lora_modules=modules)
+    plain = LLM(str(base), lora_modules=modules, enable_prefix_caching=False)
+    for name in ("all8", None, "attn4", "all8"):  # the same 40-token prompt under each: 2 full blocks to share
+        assert tokens(cached, PROMPT, name) == tokens(plain, PROMPT, name), name
+    stats = cached.stats()
+    assert stats["prefix_cache_hit_tokens"] == 32, stats  # only all8's second request hit (its own blocks)
+
+
+def test_block_hashes_are_keyed_by_adapter() -> None:
+    blocks = BlockManager(16, 4)
+    first = Sequence(0, "a", list(range(9)), Params())
+    first.lora_id = 1
+    blocks.allocate_slots(first, 9)
+    first.num_computed_tokens = 9
+    blocks.commit_computed(first)
+    for lora_id, hit in ((1, 2), (0, 0), (2, 0)):
+        seq = Sequence(1, "b", list(range(9)), Params())
+        seq.lora_id = lora_id
+        assert len(blocks.lookup_prefix(seq)) == hit, lora_id
+        assert (blocks.block_hashes(seq, 8) == blocks.block_hashes(first, 8)) == (lora_id == 1)
+
+
+@pytest.mark.slow
+def test_adapters_load_and_unload_at_run_time(tiny) -> None:
+    base, adapters = tiny
+    llm = LLM(str(base))
+    with pytest.raises(LoRANotFoundError, match="no LoRA adapter named 'all8'"):
+        tokens(llm, PROMPT, "all8")
+    llm.load_lora("all8", str(adapters["all8"]))
+    with pytest.raises(LoRAExistsError):
+        llm.load_lora("all8", str(adapters["attn4"]))
+    first = tokens(llm, PROMPT, "all8")
+    llm.unload_lora("all8")
+    with pytest.raises(LoRANotFoundError):
+        tokens(llm, PROMPT, "all8")
+    llm.load_lora("all8", str(adapters["attn4"]))  # the name again, other weights: no stale prefix-cache hit
+    assert tokens(llm, PROMPT, "all8") == merged_greedy(base, adapters["attn4"], PROMPT, 12) != first
+    assert llm.engine.runner.adapters.keys() == {2}  # the first one's weights are gone
+
+
+def test_bad_adapters_are_refused_with_what_is_wrong(tmp_path: Path, bundled_path: Path) -> None:
+    with pytest.raises(LoRAError, match="no such LoRA adapter"):
+        read_lora(tmp_path / "missing")
+    with pytest.raises(LoRAError, match="not a PEFT adapter directory"):
+        read_lora(tmp_path)
+    with pytest.raises(LoRAError, match="not a LoRA adapter"):
+        read_lora(bundled_path)  # a model, not an adapter
+    (tmp_path / "x.gguf").write_bytes(b"nonsense")
+    with pytest.raises(LoRAError, match="not a GGUF file"):
+        read_lora(tmp_path / "x.gguf")
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "use_dora": True}))
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(LoRAError, match="DoRA"):
+        read_lora(tmp_path)
+
+
+@pytest.mark.slow
+def test_an_adapter_of_another_model_is_refused(tiny, bundled_path: Path) -> None:
+    base, adapters = tiny
+    with pytest.raises(LoRAError, match="do not fit its weight"):
+        LLM(str(bundled_path), lora_modules={"x": str(adapters["all8"])})  # SmolLM2-135M: hidden 576, not 64
+
+
+# ---- llama.cpp's GGUF LoRA ------------------------------------------------------------------------------------------
+
+PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
+# the Makefile's moe-reference unpacks llama-cpp-python's source distribution here (its converters)
+CONVERTERS = Path.home() / ".cache/tokenmill/llama-cpp-python-0.3.36/llama_cpp_python-0.3.36/vendor/llama.cpp"
+LLAMACPP_GREEDY = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+model, lora, prompt, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model, lora_path=lora or None, n_ctx=256, n_threads=2, n_batch=64, verbose=False, logits_all=True)
+llm.eval(prompt)
+out = []
+for _ in range(n):
+    out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+    llm.eval([out[-1]])
+print(json.dumps(out))
+"""
+
+
+def _peers() -> tuple[Path, Path]:
+    python = Path(os.environ.get("TOKENMILL_PEERS_PYTHON", PEERS_PYTHON))
+    converters = Path(os.environ.get("TOKENMILL_LLAMA_CPP_CONVERTERS", CONVERTERS))
+    if not python.exists() or not (converters / "convert_lora_to_gguf.py").exists():
+        pytest.skip(f"llama.cpp's peers are not here ({python}, {converters}): `make bench-peers moe-reference`")
+    return python, converters
+
+
+def _run(command: list) -> str:
+    done = subprocess.run([str(c) for c in command], capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_a_gguf_lora_gives_llama_cpps_tokens(tiny, tmp_path: Path) -> None:
+    """llama.cpp's converters make the GGUF model and its GGUF LoRA from the same PEFT adapter; llama-cpp-python
+    (lora_path) and tokenmill (--lora) decode greedily on those two files. Also the GGUF LoRA on the
+    safetensors model gives the PEFT adapter's tokens (its Q/K rows put back in HF's order)."""
+    python, converters = _peers()
+    base, adapters = tiny
+    model_gguf = tmp_path / "base.gguf"
+    _run([python, converters / "convert_hf_to_gguf.py", base, "--outtype", "f32", "--outfile", model_gguf])
+    prompt = PROMPT[:24]
+    llm = LLM(str(model_gguf))
+    for name in ("all8", "qv8rs"):  # every projection; and rsLoRA, whose scale llama.cpp's converter drops
+        lora_gguf = tmp_path / f"{name}.gguf"
+        _run([python, converters / "convert_lora_to_gguf.py", adapters[name], "--base", base, "--outtype", "f32",
+              "--outfile", lora_gguf])  # fmt: skip
+        expected = json.loads(_run([python, "-c", LLAMACPP_GREEDY, model_gguf, lora_gguf, json.dumps(prompt), 12]))
+        llm.load_lora(name, str(lora_gguf))
+        assert tokens(llm, prompt, name) == expected, name
+    base_expected = json.loads(_run([python, "-c", LLAMACPP_GREEDY, model_gguf, "", json.dumps(prompt), 12]))
+    assert tokens(llm, prompt) == base_expected
+    on_safetensors = LLM(str(base), lora_modules={"all8": str(tmp_path / "all8.gguf")})
+    assert tokens(on_safetensors, prompt, "all8") == merged_greedy(base, adapters["all8"], prompt, 12)
+
+
+def test_lora_modules_option_forms() -> None:
+    from tokenmill.config.engine import EngineConfig
+    from tokenmill.errors import InvalidParameterError
+
+    assert EngineConfig(lora_modules=["a=/x", "b = /y"]).lora_modules == {"a": "/x", "b": "/y"}
+    assert EngineConfig(lora_modules={"a": "/x"}).lora_modules == {"a": "/x"}
+    for bad in (["a"], ["a=/x", "a=/y"], ["=/x"]):
+        with pytest.raises(InvalidParameterError):
+            EngineConfig(lora_modules=bad)
