@@ -162,7 +162,10 @@ def _peers() -> tuple[Path, Path]:
     python = Path(os.environ.get("TOKENMILL_PEERS_PYTHON", PEERS_PYTHON))
     converters = Path(os.environ.get("TOKENMILL_LLAMA_CPP_CONVERTERS", CONVERTERS))
     if not python.exists() or not (converters / "convert_lora_to_gguf.py").exists():
-        pytest.skip(f"llama.cpp's peers are not here ({python}, {converters}): `make bench-peers moe-reference`")
+        pytest.skip(
+            f"llama.cpp's peers are not here ({python}, {converters}): `make bench-peers moe-reference`, or "
+            "TOKENMILL_PEERS_PYTHON and TOKENMILL_LLAMA_CPP_CONVERTERS"
+        )
     return python, converters
 
 

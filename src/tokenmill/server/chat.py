@@ -313,7 +313,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http_request: Reque
         "id": request_id,
         "object": "chat.completion",
         "created": created,
-        "model": state.model_name,
+        "model": state.reply_model(req.model),
         "system_fingerprint": state.system_fingerprint,
         "choices": choices,
         "usage": replies.usage(final),
@@ -390,7 +390,7 @@ async def _stream(
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
-        "model": state.model_name,
+        "model": state.reply_model(req.model),
         "system_fingerprint": state.system_fingerprint,
     }
     extra = {"usage": None} if req.include_usage else {}

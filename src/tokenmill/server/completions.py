@@ -131,7 +131,7 @@ async def create_completion(req: CompletionRequest, http_request: Request, state
         "id": request_id,
         "object": "text_completion",
         "created": created,
-        "model": state.model_name,
+        "model": state.reply_model(fmt.req.model),
         "system_fingerprint": state.system_fingerprint,
         "choices": sorted(choices, key=lambda c: c["index"]),
         "usage": openai_usage(prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in finals)),
@@ -150,7 +150,7 @@ async def _stream(
         "id": request_id,
         "object": "text_completion",
         "created": created,
-        "model": state.model_name,
+        "model": state.reply_model(fmt.req.model),
         "system_fingerprint": state.system_fingerprint,
     }
     # choices whose finish chunk was sent: with n > 1 a finished sample stays in its request's later outputs (as

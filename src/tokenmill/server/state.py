@@ -153,12 +153,20 @@ class ServerState:
     def adapter_for(self, name: str | None) -> str | None:
         """The LoRA adapter a request's `model` names (vLLM's convention: an adapter is chosen as a model), or None
         for the base model's names; 404 for any other name (check_model's)."""
-        model = self.model
-        if name is not None and name not in self.model_names and model is not None:
-            if any(a.name == name for a in model.lora_adapters()):
-                return name
+        if self._is_adapter(name):
+            return name
         self.check_model(name)
         return None
+
+    def reply_model(self, name: str | None) -> str:
+        """The model a reply names: the LoRA adapter its request chose (as vLLM answers), else the model's id."""
+        return name if self._is_adapter(name) else self.model_name  # type: ignore[return-value]
+
+    def _is_adapter(self, name: str | None) -> bool:
+        model = self.model
+        if name is None or name in self.model_names or model is None:
+            return False
+        return any(a.name == name for a in model.lora_adapters())
 
     def admit(self, call_id: str, num_seqs: int) -> None:
         """Count a call's sequences from now on, or refuse it with 503 when it would wait beyond --max-queue.
