@@ -208,3 +208,34 @@ def test_lora_modules_option_forms() -> None:
     for bad in (["a"], ["a=/x", "a=/y"], ["=/x"]):
         with pytest.raises(InvalidParameterError):
             EngineConfig(lora_modules=bad)
+
+
+def test_a_step_description_carries_each_chunks_adapter_and_loads_reach_the_ranks() -> None:
+    from tokenmill.executor import step_message
+    from tokenmill.executor.step_message import Kind, Message
+    from tokenmill.runner.model_runner import StepChunk
+
+    chunks = [StepChunk([5, 6], 0, [3], lora_id=7), StepChunk([8], 4, [1], lora_id=0)]
+    decoded = step_message.decode(step_message.encode(Message(Kind.STEP, chunks=chunks)))
+    assert decoded.chunks == chunks
+    load = step_message.decode(step_message.encode(Message(Kind.LOAD_LORA, 3, text="/tmp/ä dapter")))
+    assert (load.kind, load.argument, load.text) == (Kind.LOAD_LORA, 3, "/tmp/ä dapter")
+
+
+@pytest.mark.slow
+def test_two_ranks_shard_the_adapters_as_their_base_weights(tiny) -> None:
+    """Tensor parallelism over 2 ranks: Q/K/V and gate/up adapters cut by B's rows, o and down by A's columns;
+    one adapter from the start, one loaded at run time (every rank reads its part); mixed in one batch."""
+    base, adapters = tiny
+    llm = LLM(str(base), tensor_parallel_size=2, lora_modules={"all8": str(adapters["all8"])})
+    try:
+        llm.load_lora("mlp16", str(adapters["mlp16"]))
+        names = [None, "all8", "mlp16"]
+        params = [dataclasses.replace(GREEDY, lora_name=n) for n in names]
+        outs = llm.generate([{"prompt_token_ids": PROMPT}] * 3, params, use_tqdm=False)
+        for name, out in zip(names, outs, strict=True):
+            expected = merged_greedy(base, adapters[name] if name else None, PROMPT, 12)
+            assert out.outputs[0].token_ids == expected, name
+        llm.unload_lora("mlp16")
+    finally:
+        llm.close()
