@@ -47,24 +47,38 @@ class AdapterWeights:
     nbytes: int
 
 
-class LoRABatch(NamedTuple):
-    """Which rows of a step's flat [T] layout use which adapter; rows using none are left out."""
+class LoRAGroup(NamedTuple):
+    adapter: AdapterWeights
+    rows: list[int]  # its rows in the step's flat layout, ascending
+    index: torch.Tensor | None  # the same as an int64 tensor on the model's device; None: every row of the step
 
-    groups: list[tuple[AdapterWeights, list[int]]]  # each adapter present and its rows, ascending
+
+class LoRABatch(NamedTuple):
+    """Which rows of a step's flat [T] layout use which adapter; rows using none are left out. Made once a step
+    (`of`): every layer's projections reuse its row indices."""
+
+    groups: list[LoRAGroup]
     device: torch.device
     num_rows: int
 
+    @classmethod
+    def of(cls, rows: list[tuple[AdapterWeights, list[int]]], device: torch.device, num_rows: int) -> "LoRABatch":
+        groups = [
+            LoRAGroup(a, r, None if len(r) == num_rows else torch.tensor(r, dtype=torch.int64, device=device))
+            for a, r in rows
+            if r
+        ]
+        return cls(groups, device, num_rows)
+
     def apply(self, out: torch.Tensor, x: torch.Tensor, layer: int, projection: str) -> torch.Tensor:
         """out [T, out] (the base projection of x [T, in]) plus each row's adapter product; returns out."""
-        for adapter, rows in self.groups:
-            lora = adapter.projections.get((layer, projection))
-            if lora is None:
-                continue
-            index = None if len(rows) == self.num_rows else torch.tensor(rows, device=self.device)
-            lora.add_to(out, x, index)
+        for group in self.groups:
+            lora = group.adapter.projections.get((layer, projection))
+            if lora is not None:
+                lora.add_to(out, x, group.index)
         return out
 
     def piece(self, start: int, stop: int) -> "LoRABatch":
         """The batch of rows [start, stop) alone, numbered from 0 (an MLP computed in pieces of rows)."""
-        groups = [(a, [r - start for r in rows if start <= r < stop]) for a, rows in self.groups]
-        return LoRABatch([(a, rows) for a, rows in groups if rows], self.device, stop - start)
+        rows = [(g.adapter, [r - start for r in g.rows if start <= r < stop]) for g in self.groups]
+        return LoRABatch.of(rows, self.device, stop - start)

@@ -310,7 +310,7 @@ class ModelRunner:
         lora = None
         if lora_rows:
             groups = [(self._adapter(lora_id), rows) for lora_id, rows in lora_rows.items()]
-            lora = LoRABatch(groups, self.device, row)
+            lora = LoRABatch.of(groups, self.device, row)
         hidden = self.model(input_ids, positions, meta, self.kv_caches, local_meta, lora)  # [T, hidden]
         return hidden, first_row
 
