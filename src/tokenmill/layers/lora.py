@@ -3,15 +3,17 @@ the base projection runs once over every row, quantized or not, then each adapte
 x[rows] @ A^T @ B^T * scale to its own rows only (rows gathered by adapter, the sums scattered back).
 
     x [T, in] --base--> out [T, out]           (every row, the layer's own kernel)
-    rows of adapter k: x[rows_k] @ A_k^T -> h [n_k, R_k]
-                       per part: out[rows_k, o0:o1] += h[:, r0:r1] @ (B * scale)^T
+    rows of adapter k: out[rows_k] += (x[rows_k] @ A_k^T) @ (B_k * scale)^T      ([n_k, R_k], then [n_k, out])
 
-A fused projection (Q/K/V, gate/up) takes one product with the stacked A of its parts, then one B per part.
+A fused projection (Q/K/V, gate/up) stacks its parts' A ([R, in], R the parts' ranks together) and holds their B
+as one block-diagonal [out, R] (zeros outside each part's block: q's B meets q's rank rows only), so an adapter
+costs four operations a projection however many parts it changes: gather, two products, scatter. (A B per part,
+scattered into column slices of `out`, took index_add_'s slow path for strided tensors: 3x the whole step.)
 Adapter weights stay in float32 or bfloat16 beside the base's quantized blocks. A row's products are computed from
 that row alone (gathered rows, one small product each), as the base's are.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -22,19 +24,17 @@ class LoRAProjection:
     """One adapter on one fused projection."""
 
     a: torch.Tensor  # [R, in]: the A of every part, stacked (R = the parts' ranks together)
-    # (first output column, last + 1, first row of `a`, last + 1, B with the scale folded in [o1 - o0, r1 - r0])
-    parts: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)
+    b: torch.Tensor  # [out, R]: the parts' B, block-diagonal, the scale folded in
 
-    def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: torch.Tensor | None) -> None:
-        """out [T, out] += this adapter's product of x [T, in], at `rows` only (None: every row)."""
-        xs = x if rows is None else x.index_select(0, rows)  # [n, in]
-        h = xs.to(self.a.dtype) @ self.a.T  # [n, R]
-        for o0, o1, r0, r1, b in self.parts:
-            delta = (h[:, r0:r1] @ b.T).to(out.dtype)  # [n, o1 - o0]
-            if rows is None:
-                out[:, o0:o1] += delta
-            else:
-                out[:, o0:o1].index_add_(0, rows, delta)
+    def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: "torch.Tensor | slice") -> None:
+        """out [T, out] (contiguous) += this adapter's product of x [T, in] at `rows`: a run of rows (a view, no
+        copy) or an index (gathered, then scattered back)."""
+        xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)  # [n, in]
+        delta = ((xs.to(self.a.dtype) @ self.a.T) @ self.b.T).to(out.dtype)  # [n, R] -> [n, out]
+        if isinstance(rows, slice):
+            out[rows] += delta
+        else:
+            out.index_add_(0, rows, delta)
 
 
 @dataclass
@@ -50,7 +50,9 @@ class AdapterWeights:
 class LoRAGroup(NamedTuple):
     adapter: AdapterWeights
     rows: list[int]  # its rows in the step's flat layout, ascending
-    index: torch.Tensor | None  # the same as an int64 tensor on the model's device; None: every row of the step
+    # the same as a slice where they are one run (a decode step's sequence, a prompt chunk: no gather, no scatter),
+    # else as an int64 tensor on the model's device
+    index: torch.Tensor | slice
 
 
 class LoRABatch(NamedTuple):
@@ -63,11 +65,7 @@ class LoRABatch(NamedTuple):
 
     @classmethod
     def of(cls, rows: list[tuple[AdapterWeights, list[int]]], device: torch.device, num_rows: int) -> "LoRABatch":
-        groups = [
-            LoRAGroup(a, r, None if len(r) == num_rows else torch.tensor(r, dtype=torch.int64, device=device))
-            for a, r in rows
-            if r
-        ]
+        groups = [LoRAGroup(a, r, _index(r, device)) for a, r in rows if r]
         return cls(groups, device, num_rows)
 
     def apply(self, out: torch.Tensor, x: torch.Tensor, layer: int, projection: str) -> torch.Tensor:
@@ -82,3 +80,9 @@ class LoRABatch(NamedTuple):
         """The batch of rows [start, stop) alone, numbered from 0 (an MLP computed in pieces of rows)."""
         rows = [(g.adapter, [r - start for r in g.rows if start <= r < stop]) for g in self.groups]
         return LoRABatch.of(rows, self.device, stop - start)
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor | slice:
+    if rows[-1] - rows[0] == len(rows) - 1:  # ascending and distinct: one run
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows, dtype=torch.int64, device=device)

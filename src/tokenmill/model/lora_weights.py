@@ -72,17 +72,18 @@ def build_adapter(
         for attribute, kinds in FUSED.items():
             if not any((layer, k) in pieces for k in kinds):
                 continue
-            stacked_a, parts, col, row = [], [], 0, 0
+            present = [k for k in kinds if (layer, k) in pieces]
+            rank = sum(pieces[(layer, k)][0].shape[0] for k in present)
+            b = torch.zeros(sum(widths[k] for k in kinds), rank)  # [out, R] block-diagonal (layers/lora.py)
+            col = row = 0
             for kind in kinds:
                 if (layer, kind) in pieces:
-                    a, b = pieces[(layer, kind)]
-                    b = b.to(device=device, dtype=dtype).contiguous()  # [out part, r]
-                    parts.append((col, col + widths[kind], row, row + a.shape[0], b))
-                    stacked_a.append(a)
-                    row += a.shape[0]
-                    nbytes += b.numel() * b.element_size()
+                    part = pieces[(layer, kind)][1]  # [out part, r]
+                    b[col : col + widths[kind], row : row + part.shape[1]] = part
+                    row += part.shape[1]
                 col += widths[kind]
-            a = torch.cat(stacked_a).to(device=device, dtype=dtype).contiguous()  # [R, in]
-            nbytes += a.numel() * a.element_size()
-            projections[(layer, attribute)] = LoRAProjection(a, parts)
+            a = torch.cat([pieces[(layer, k)][0] for k in present])  # [R, in]
+            a, b = (t.to(device=device, dtype=dtype).contiguous() for t in (a, b))
+            nbytes += a.numel() * a.element_size() + b.numel() * b.element_size()
+            projections[(layer, attribute)] = LoRAProjection(a, b)
     return AdapterWeights(projections, lora.rank, nbytes)
