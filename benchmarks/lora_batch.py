@@ -6,7 +6,9 @@ and served by one engine; each measurement runs the 8 sequences' prompts (32 tok
 decode steps one by one (the median is reported), alternating the batch without and with adapters `--rounds`
 times so a busy machine's drift falls on both. Under `auto` (the server's default on the CPU) a row without an
 adapter takes the native decoder and a row with one the model's forward (runner/model_runner.py), so its figure is
-what a user sees; under float32 both take the forward and the difference is the adapters' products alone.
+what a user sees; under float32 both take the forward and the difference is the adapters' products alone. A third
+figure splits the two under `auto`: the batch with 8 minimal adapters (rank 1 on one layer's q_proj), which
+takes the forward's route at almost none of the products' cost.
 
     .venv/bin/python benchmarks/lora_batch.py --json     # one JSON object per (quantization, rank)
 """
@@ -38,17 +40,26 @@ PROJECTIONS = {  # PEFT module -> (its input width, its output width) from the c
 }
 
 
-def write_adapter(folder: Path, widths: dict[str, int], layers: int, rank: int, seed: int) -> Path:
+def write_adapter(
+    folder: Path,
+    widths: dict[str, int],
+    layers: int,
+    rank: int,
+    seed: int,
+    modules: tuple[str, ...] = tuple(PROJECTIONS),
+) -> Path:
+    """Random A and B ([r, in], [out, r]) on `modules` of the first `layers` layers, saved as PEFT saves them."""
     rng = np.random.default_rng(seed)
     tensors = {}
     for layer in range(layers):
-        for module, (fan_in, fan_out) in PROJECTIONS.items():
+        for module in modules:
+            fan_in, fan_out = PROJECTIONS[module]
             name = f"base_model.model.model.layers.{layer}.{module}"
             tensors[f"{name}.lora_A.weight"] = (rng.standard_normal((rank, widths[fan_in])) * 0.02).astype(np.float32)
             tensors[f"{name}.lora_B.weight"] = (rng.standard_normal((widths[fan_out], rank)) * 0.02).astype(np.float32)
     folder.mkdir(parents=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
-    targets = sorted({m.split(".")[1] for m in PROJECTIONS})
+    targets = sorted({m.split(".")[1] for m in modules})
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": targets, "bias": "none"}
     (folder / "adapter_config.json").write_text(json.dumps(config))
     return folder
@@ -102,12 +113,19 @@ def main() -> None:
                     )
                     for i in range(BATCH)
                 }
-                llm = LLM(quantization=q, lora_modules={n: str(p) for n, p in folders.items()})
-                base_ms, lora_ms = [], []
+                minimal = {  # rank 1 on layer 0's q_proj only: the forward's route, almost none of the products
+                    f"min{rank}-{i}": write_adapter(
+                        Path(tmp) / f"{quantization}-min{rank}-{i}", widths, 1, 1, i, ("self_attn.q_proj",)
+                    )
+                    for i in range(BATCH)
+                }
+                llm = LLM(quantization=q, lora_modules={n: str(p) for n, p in {**folders, **minimal}.items()})
+                base_ms, lora_ms, route_ms = [], [], []
                 for r in range(args.rounds):
                     base_ms.append(decode_step_ms(llm, [None] * BATCH, args.steps, r))
                     lora_ms.append(decode_step_ms(llm, list(folders), args.steps, r))
-                adapter_mib = sum(a.nbytes for a in llm.engine.loras.loaded.values()) / 2**20
+                    route_ms.append(decode_step_ms(llm, list(minimal), args.steps, r))
+                adapter_mib = sum(llm.engine.loras.loaded[n].nbytes for n in folders) / 2**20
                 llm.close()
                 row = {
                     "benchmark": "lora_batch",
@@ -122,8 +140,10 @@ def main() -> None:
                     "decode_step_ms_no_adapter": round(statistics.median(base_ms), 2),
                     "decode_step_ms_8_adapters": round(statistics.median(lora_ms), 2),
                     "ratio": round(statistics.median(lora_ms) / statistics.median(base_ms), 3),
+                    "decode_step_ms_8_minimal_adapters": round(statistics.median(route_ms), 2),
                     "rounds_no_adapter_ms": [round(x, 2) for x in base_ms],
                     "rounds_8_adapters_ms": [round(x, 2) for x in lora_ms],
+                    "rounds_8_minimal_adapters_ms": [round(x, 2) for x in route_ms],
                 }
                 results.append(row)
                 print(json.dumps(row), flush=True)
@@ -131,7 +151,8 @@ def main() -> None:
         for r in results:
             print(
                 f"{r['quantization']:>5} rank {r['rank']:>2}: {r['decode_step_ms_no_adapter']:.1f} ms without, "
-                f"{r['decode_step_ms_8_adapters']:.1f} ms with 8 adapters ({r['ratio']:.2f}x)"
+                f"{r['decode_step_ms_8_adapters']:.1f} ms with 8 adapters ({r['ratio']:.2f}x), "
+                f"{r['decode_step_ms_8_minimal_adapters']:.1f} ms with 8 minimal ones"
             )
 
 
