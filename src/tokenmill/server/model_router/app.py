@@ -234,7 +234,8 @@ def create_router_app(router: ModelRouter) -> FastAPI:
             name = request.query_params.get("model")
         model = await asyncio.to_thread(router.find, name, request.url.path)
         keep_alive = router.keep_alive_of(parsed, request.url.path)
-        return await router.forward(request, body, model, keep_alive)
+        hold = request.url.path != "/explorer/events"  # an open explorer tab keeps no model loaded
+        return await router.forward(request, body, model, keep_alive, hold)
 
     return app
 

@@ -34,6 +34,7 @@ class Slot:
     keep_alive_s: float | None = 300.0  # after the last request ends; None: forever
     expires_at: float | None = None  # wall-clock time it unloads, once idle (None: never, or busy)
     last_rss_bytes: int | None = None  # as measured when last loaded (the next load's estimate)
+    unload_pending: bool = False  # asked to unload (keep_alive 0, no prompt) while busy: unloads once idle
     _idle_timer: asyncio.TimerHandle | None = None
 
     @property
@@ -91,8 +92,12 @@ class ModelRegistry:
         if keep:
             slot.keep_alive_s = keep_alive_s
         if slot.active == 0:
+            loop = asyncio.get_running_loop()
+            if slot.unload_pending:
+                loop.create_task(self.unload(slot))
+                return
             self._start_idle(slot)
-            asyncio.get_running_loop().create_task(self._notify_idle())
+            loop.create_task(self._notify_idle())
 
     async def ensure_loaded(self, slot: Slot) -> None:
         if slot.loaded:
@@ -173,6 +178,7 @@ class ModelRegistry:
     async def unload(self, slot: Slot) -> None:
         self._cancel_idle_timer(slot)
         slot.expires_at = None
+        slot.unload_pending = False
         process, slot.process = slot.process, None
         if process is not None:
             await process.stop(grace_s=self.settings.shutdown_grace_s + 5)
@@ -181,9 +187,10 @@ class ModelRegistry:
 
     async def unload_when_idle(self, slot: Slot) -> None:
         """keep_alive 0 from a request that runs nothing: unloaded now, or as its last request ends."""
-        slot.keep_alive_s = 0.0
         if slot.active == 0:
             await self.unload(slot)
+        else:
+            slot.unload_pending = True
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(self.unload(s) for s in list(self.slots.values()) if s.process is not None))

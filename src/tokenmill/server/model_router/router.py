@@ -66,9 +66,17 @@ class ModelRouter:
         except ModelLoadError as exc:
             raise APIError(500, str(exc), "server_error", code="model_load_failed") from exc
 
-    async def forward(self, request: Request, body: bytes, model: ServableModel, keep_alive_s: float | None):
+    async def forward(
+        self, request: Request, body: bytes, model: ServableModel, keep_alive_s: float | None, hold: bool = True
+    ):
         """The request answered by its model's server; the model is released (its keep_alive set) as the answer
-        ends."""
+        ends. hold=False (the explorer's never-ending events): a loaded model only, neither loaded for it nor kept
+        loaded by it (503 when it is not loaded)."""
+        if not hold:
+            idle = self.registry.slots.get(model.name)
+            if idle is None or idle.process is None or not idle.loaded:
+                raise APIError(503, f"the model {model.name!r} is not loaded", "server_error", code="not_loaded")
+            return await forward(self.client, idle.process.url, request, body, lambda: None, model.name)
         slot = await self.acquire(model)
         released = False
 
