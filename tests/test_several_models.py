@@ -87,6 +87,9 @@ def test_every_model_is_listed_loaded_or_not(server, oai, oll) -> None:
     tags = {m.model: m for m in oll.list().models}
     assert set(tags) == {f"{SMOL}:latest", f"{GEMMA}:latest", f"{COPY}:latest"}
     assert tags[f"{GEMMA}:latest"].details.family == "gemma3" and tags[f"{SMOL}:latest"].size > 50 * MIB
+    shown = oll.show(GEMMA)  # described from its file: nothing loads
+    assert shown.details.family == "gemma3" and shown.modelinfo["gemma3.block_count"] == 18
+    assert oll.show(SMOL).template and loaded(oll) == []
     assert oai.models.retrieve(COPY).id == COPY
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         oai.models.retrieve("no-such-model")
@@ -269,3 +272,38 @@ def test_pull_streams_progress_and_delete_removes_from_the_cache(hub_server, bun
     with pytest.raises(ollama.ResponseError) as err:
         oll.pull("org/no-such-repo", stream=False)
     assert err.value.status_code == 400 and "org/no-such-repo" in err.value.error
+
+
+def test_the_api_key_is_checked_before_any_load() -> None:
+    server = start_server("--model", "smollm2-135m", "--model", f"{COPY}=smollm2-135m", "--api-key", "sesame")
+    try:
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}  # no model loads at start
+        for path in ("/v1/models", "/api/tags", "/api/ps", "/props"):
+            assert httpx.get(f"{server.url}{path}").status_code == 401, path
+        refused = httpx.post(f"{server.url}/v1/completions", json={"model": COPY, "prompt": "Hi", "max_tokens": 1})
+        assert refused.status_code == 401
+        key = {"Authorization": "Bearer sesame"}
+        assert httpx.get(f"{server.url}/api/ps", headers=key).json() == {"models": []}
+        cards = httpx.get(f"{server.url}/v1/models", headers=key).json()["data"]
+        assert {c["id"] for c in cards} == {SMOL, COPY} and cards[0]["root"].startswith("/")  # the key sees paths
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (("--keep-alive", "soon"), "keep_alive 'soon' is no duration"),
+        (("--served-model-name", "x"), "with several models, name each as --model NAME=MODEL"),
+        (("--memory-budget", "lots"), "memory size 'lots' is not understood"),
+    ],
+)
+def test_bad_options_for_several_models_fail_at_start(args: tuple[str, ...], error: str) -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--model", "smollm2-135m"]
+    out = subprocess.run(
+        [*command, "--model", "gemma3-270m", "--port", "0", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and error in out.stderr, out.stderr

@@ -168,6 +168,20 @@ def create_router_app(router: ModelRouter) -> FastAPI:
         router.catalog.forget(name.removesuffix(":latest"))
         return Response(status_code=200)
 
+    @app.post("/api/show")
+    async def show(request: Request) -> Response:
+        """A loaded model's own answer; a model not loaded is described from its file, and stays unloaded."""
+        body = await request.body()
+        parsed = await json_body(body)
+        model = await asyncio.to_thread(router.find, named_model(parsed, request), request.url.path)
+        slot = router.registry.slots.get(model.name)
+        if slot is not None and slot.loaded:
+            return await router.forward(request, body, model, slot.keep_alive_s)
+        try:
+            return JSONResponse(await asyncio.to_thread(listing.show_unloaded, model))
+        except Exception as exc:  # noqa: BLE001 - a file that cannot be read: said, as a load would say it
+            raise APIError(500, f"cannot read the model {model.name!r}: {exc}", "server_error") from exc
+
     @app.post("/api/generate")
     async def ollama_generate(request: Request) -> Response:
         return await _ollama_call(router, request, "prompt", {"response": ""})

@@ -93,5 +93,26 @@ def ps_entry(slot: Slot, facts: ModelFacts | None, context_length: int | None) -
     return entry
 
 
+def show_unloaded(model: ServableModel) -> dict[str, Any]:
+    """Ollama's /api/show for a model not loaded, from its file's header (a client that shows every model's details
+    loads none): its template, details and shape; the loaded model's own answer says more (its sampling defaults
+    as parameters). Reads headers: call in a worker thread."""
+    source = open_model_source(Path(model.path))
+    facts = describe_model(source)
+    arch = facts.architecture
+    shape = ("context_length", "embedding_length", "block_count", "attention.head_count", "attention.head_count_kv")
+    info: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": facts.parameter_count}
+    info |= {f"{arch}.{key}": source.get(f"{arch}.{key}") for key in shape if source.get(f"{arch}.{key}") is not None}
+    return {
+        "modelfile": f"# served by tokenmill (not loaded)\nFROM {Path(model.path).name}\n",
+        "parameters": "",
+        "template": source.get("tokenizer.chat_template") or "",
+        "details": ollama_entry(model, facts)["details"],
+        "model_info": info,
+        "capabilities": ["completion", "tools", "embedding"],
+        "modified_at": _iso(facts.modified_time),
+    }
+
+
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
