@@ -61,7 +61,8 @@ class ModelRegistry:
 
     def slot(self, model: ServableModel) -> Slot:
         slot = self.slots.get(model.name)
-        if slot is None or slot.model != model:
+        # a name that now means another file (pulled again): a new slot, once the old one's process is gone
+        if slot is None or (slot.model != model and slot.process is None and slot.active == 0):
             slot = self.slots[model.name] = Slot(model, keep_alive_s=self.default_keep_alive_s)
         return slot
 
