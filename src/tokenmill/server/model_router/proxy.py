@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from tokenmill.server.call_log import mark_logged
 from tokenmill.server.errors import APIError
 
 # per hop, never forwarded (Origin: this process checked it; the model's server sees a local call)
@@ -67,4 +68,5 @@ async def forward(
     except BaseException:
         on_close()
         raise
+    mark_logged()  # the model's server writes the call's line (a failure's too): this one writes none
     return ProxiedResponse(upstream, on_close)
