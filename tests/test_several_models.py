@@ -226,8 +226,8 @@ def test_metrics_say_which_model(server, oai, oll) -> None:
     oai.completions.create(model=SMOL, prompt="Hi", max_tokens=2)
     text = httpx.get(f"{server.url}/metrics").text
     assert f'tokenmill:model_loaded{{model_name="{SMOL}"}} 1.0' in text
-    steps = next(line for line in text.splitlines() if line.startswith("tokenmill:engine_steps"))
-    assert f'model_name="{SMOL}"' in steps
+    steps = [line for line in text.splitlines() if line.startswith("tokenmill:engine_steps_total")]
+    assert any(f'model_name="{SMOL}"' in line for line in steps), steps  # each loaded model's, labelled
     info = httpx.get(f"{server.url}/explorer/info", params={"model": SMOL}).json()
     assert info["model"] == SMOL and set(info["models"]) == {SMOL, GEMMA, COPY}
 
