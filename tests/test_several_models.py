@@ -307,3 +307,23 @@ def test_bad_options_for_several_models_fail_at_start(args: tuple[str, ...], err
         [*command, "--model", "gemma3-270m", "--port", "0", *args], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 2 and error in out.stderr, out.stderr
+
+
+def test_the_explorer_shows_the_model_its_address_names(server, oll) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_explorer import ARGS, CHROMIUM, run_prompt
+
+    unload_all(oll)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(f"{server.url}/?model={COPY}")
+            shown = f"document.getElementById('model-info').textContent.includes('{COPY} ·')"
+            page.wait_for_function(shown, timeout=180_000)
+            assert "one of 3 models" in page.inner_text("#model-info")
+            run_prompt(page, "Hi", max_tokens=4)  # its requests name the model it shows
+        finally:
+            browser.close()
+    assert loaded(oll) == [f"{COPY}:latest"]  # the page's requests went to it, not to the first model
