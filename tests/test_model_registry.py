@@ -88,7 +88,7 @@ def test_names_and_a_models_folder(tmp_path: Path) -> None:
     (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"")
     found = [m.name for m in scan_models_dir(tmp_path)]
     assert found == ["a", "big-00001-of-00002", "checkpoint", "odd=name"]
-    catalog = Catalog([ServableModel("first", "/x.gguf", ("alias",))], str(tmp_path))
+    catalog = Catalog([ServableModel("first", "/x.gguf", ("alias",))], str(tmp_path), hub_cache=False)
     assert catalog.default.name == "first" and catalog.find("alias:latest").name == "first"
     assert catalog.find("a:latest").path == str(tmp_path / "a.gguf") and catalog.find("nope") is None
 
@@ -183,3 +183,18 @@ def test_an_unload_asked_while_busy_happens_when_idle() -> None:
         assert loaded(reg) == []
 
     asyncio.run(run())
+
+
+def test_the_hub_caches_models_are_servable_and_read_again_when_it_changes(monkeypatch) -> None:
+    from tokenmill.server.model_router import catalog as catalog_module
+
+    cached = [ServableModel("org/tiny-GGUF:Q4_1", "/cache/tiny-Q4_1.gguf", source="Hub cache")]
+    reads = []
+    monkeypatch.setattr(catalog_module, "hub_cache_models", lambda: reads.append(1) or list(cached))
+    catalog = Catalog([ServableModel("first", "/x.gguf")])
+    assert [m.name for m in catalog.all()] == ["first", "org/tiny-GGUF:Q4_1"]
+    assert catalog.find("first").name == "first" and catalog.default.name == "first"
+    assert catalog.find("org/tiny-GGUF:Q4_1").path == "/cache/tiny-Q4_1.gguf" and len(reads) == 1  # read once
+    cached.clear()
+    catalog.forget_hub_cache()  # a delete: read again
+    assert catalog.find("org/tiny-GGUF:Q4_1") is None and len(reads) == 2

@@ -27,6 +27,14 @@ COPY = "smol-copy"  # the same file under a second name: a third model
 MIB = 2**20
 
 
+@pytest.fixture(scope="module", autouse=True)
+def empty_hub_cache(tmp_path_factory):
+    """The servers list the Hub cache's models too: an empty one of their own, whatever this machine caches."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("empty-hub-cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def server():
     s = start_server(

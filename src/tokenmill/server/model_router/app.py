@@ -140,6 +140,7 @@ def create_router_app(router: ModelRouter) -> FastAPI:
                 if event.get("status") == "success":
                     path = event.pop("path")
                     router.catalog.add(served_model(name.removesuffix(":latest"), path, source="/api/pull"))
+                    router.catalog.forget_hub_cache()
                 yield event
 
         if stream:
@@ -158,7 +159,7 @@ def create_router_app(router: ModelRouter) -> FastAPI:
         if name is None:
             raise APIError(400, "model is required", param="model")
         ref = hub_pull.hub_reference(name)
-        model = router.catalog.find(name)
+        model = await asyncio.to_thread(router.catalog.find, name)
         if model is not None:  # loaded: unloaded first (its files go)
             slot = router.registry.slots.get(model.name)
             if slot is not None and slot.process is not None:
@@ -166,6 +167,7 @@ def create_router_app(router: ModelRouter) -> FastAPI:
         if ref is None or not await asyncio.to_thread(hub_pull.delete_cached, ref):
             raise APIError(404, f"model '{name}' not found", param="model", code="model_not_found")
         router.catalog.forget(name.removesuffix(":latest"))
+        router.catalog.forget_hub_cache()
         return Response(status_code=200)
 
     @app.post("/api/show")
@@ -219,7 +221,8 @@ def create_router_app(router: ModelRouter) -> FastAPI:
         async def explorer_info(request: Request) -> Response:
             """The info of the model `?model=` names (else the one used last, else the first), with every model's
             name: the page can say which it shows."""
-            model = router.find(request.query_params.get("model") or _recent(router), request.url.path)
+            name = request.query_params.get("model") or _recent(router)
+            model = await asyncio.to_thread(router.find, name, request.url.path)
             slot = await router.acquire(model)
             try:
                 process = slot.process

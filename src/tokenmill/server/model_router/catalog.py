@@ -1,18 +1,22 @@
 """The models a server of several serves, by name: those given with --model (`--model NAME=MODEL` chooses the
-name), the files and checkpoint folders of --models-dir, and what /api/pull fetched. Loaded or not, each is listed
-by /v1/models and /api/tags, and requests name it by its id or an alias (Ollama's ":latest" tag or not)."""
+name), the files and checkpoint folders of --models-dir, and the Hugging Face Hub's cache (what /api/pull or
+`tokenmill pull` fetched, by the name --model takes, as llama.cpp's router lists its cache). Loaded or not, each is
+listed by /v1/models and /api/tags, and requests name it by its id or an alias (Ollama's ":latest" tag or not)."""
 
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenmill.loader.hf_checkpoint import is_hf_checkpoint
-from tokenmill.loader.hub_cache import hub_repo_of
+from tokenmill.loader.hub_cache import cached_hub_models, hub_repo_of
+from tokenmill.loader.hub_download import HubSettings
 from tokenmill.loader.hub_reference import is_hub_reference
 from tokenmill.loader.model_path import BUNDLED_NAME, NAMED_MODELS, bundled_model_path
 
 OLLAMA_TAG = ":latest"
+HUB_CACHE_TTL_S = 5.0  # the Hub cache is read again after this long (a scan walks every cached file)
 _LATER_SHARD = re.compile(r"-0000[2-9]-of-|-000[1-9][0-9]-of-")  # a split GGUF's other shards: not models
 
 
@@ -77,21 +81,43 @@ def scan_models_dir(folder: Path) -> list[ServableModel]:
     return found
 
 
-class Catalog:
-    """Every servable model; the first given is the default (requests that name none go to it). Thread-safe: the
-    models folder is read in worker threads."""
+def hub_cache_models() -> list[ServableModel]:
+    """The Hub cache's models that a name alone loads (not those that need --revision or --hf-file)."""
+    return [
+        ServableModel(m.name, str(m.path), source="Hub cache")
+        for m in cached_hub_models(HubSettings.from_environment().cache_dir)
+        if " " not in m.name
+    ]
 
-    def __init__(self, given: list[ServableModel], models_dir: str | None = None):
+
+class Catalog:
+    """Every servable model; the first given is the default (requests that name none go to it). Reads folders and
+    the Hub cache: call from worker threads (it is thread-safe)."""
+
+    def __init__(self, given: list[ServableModel], models_dir: str | None = None, hub_cache: bool = True):
         self._given = list(given)
         self._pulled: list[ServableModel] = []
         self._models_dir = Path(models_dir).expanduser() if models_dir else None
+        self._hub_cache = hub_cache
+        self._hub_read: tuple[float, list[ServableModel]] = (-HUB_CACHE_TTL_S, [])
         self._lock = threading.Lock()
 
-    def all(self) -> list[ServableModel]:
+    def _hub(self) -> list[ServableModel]:
+        with self._lock:
+            read_at, models = self._hub_read
+        if not self._hub_cache or time.monotonic() - read_at < HUB_CACHE_TTL_S:
+            return models
+        models = hub_cache_models()
+        with self._lock:
+            self._hub_read = (time.monotonic(), models)
+        return models
+
+    def all(self, hub: bool = True) -> list[ServableModel]:
         """Every model, each once (by id: the first of a name wins), the folder read again (files come and go)."""
         scanned = scan_models_dir(self._models_dir) if self._models_dir is not None else []
+        cached = self._hub() if hub else []
         with self._lock:
-            models = [*self._given, *scanned, *self._pulled]
+            models = [*self._given, *scanned, *self._pulled, *cached]
         seen: set[str] = set()
         unique = []
         for m in models:
@@ -103,12 +129,18 @@ class Catalog:
     def find(self, name: str) -> ServableModel | None:
         """The model `name` names (its id or an alias; Ollama's ":latest" tag is optional), or None."""
         wanted = {name, name.removesuffix(OLLAMA_TAG)}
-        return next((m for m in self.all() if wanted & set(m.names)), None)
+        found = next((m for m in self.all(hub=False) if wanted & set(m.names)), None)
+        return found or next((m for m in self.all() if wanted & set(m.names)), None)
 
     @property
     def default(self) -> ServableModel | None:
-        models = self.all()
+        models = self.all(hub=False)
         return models[0] if models else None
+
+    def forget_hub_cache(self) -> None:
+        """The cache changed (a pull or a delete): read it again at the next listing."""
+        with self._lock:
+            self._hub_read = (-HUB_CACHE_TTL_S, self._hub_read[1])
 
     def add(self, model: ServableModel) -> None:
         with self._lock:
