@@ -286,6 +286,13 @@ def run_serve_models(args: argparse.Namespace, s) -> int:
     if s.served_model_name is not None:
         print("tokenmill: error: with several models, name each as --model NAME=MODEL", file=sys.stderr)
         return 2
+    if getattr(args, "lora_modules", None):  # an adapter belongs to one model; the router has no base to give it
+        print(
+            "tokenmill: error: --lora serves the adapters of one model: serve that model on its own "
+            "(tokenmill serve --model MODEL --lora NAME=PATH)",
+            file=sys.stderr,
+        )
+        return 2
     if args.revision is not None or args.hf_file is not None:
         print(
             "tokenmill: error: --revision and --hf-file apply to one model; with several, use ORG/NAME-GGUF:QUANT",
