@@ -304,6 +304,7 @@ def test_the_api_key_is_checked_before_any_load() -> None:
         (("--keep-alive", "soon"), "keep_alive 'soon' is no duration"),
         (("--served-model-name", "x"), "with several models, name each as --model NAME=MODEL"),
         (("--memory-budget", "lots"), "memory size 'lots' is not understood"),
+        (("--lora", "x=/nowhere"), "--lora serves the adapters of one model"),  # a LoRA adapter has one base
     ],
 )
 def test_bad_options_for_several_models_fail_at_start(args: tuple[str, ...], error: str) -> None:
