@@ -90,7 +90,8 @@ class TensorParallelRunner:
         """Rank 0 builds its part first (a bad adapter fails here, before any rank is told), then every rank reads
         its own part of the same file."""
         adapter = self.runner.add_lora(lora_id, lora)
-        step_message.send(self.group, Message(Kind.LOAD_LORA, lora_id, text=str(lora.path)))
+        path = str(lora.path.resolve())  # a rank may run in another directory (torchrun, another machine's)
+        step_message.send(self.group, Message(Kind.LOAD_LORA, lora_id, text=path))
         return adapter
 
     def remove_lora(self, lora_id: int) -> None:
