@@ -227,6 +227,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from tokenmill.errors import InvalidParameterError
     from tokenmill.parsers.reply import reply_format
+    from tokenmill.server.agent_tools import enabled_tools
     from tokenmill.server.listen import listen_problem
 
     s = server_settings(args)  # the server's flags (config/server.py); the model's and the engine's below
@@ -250,6 +251,11 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
     if s.slot_save_path is not None and not Path(s.slot_save_path).is_dir():  # as llama-server refuses it
         print(f"tokenmill: error: --slot-save-path: not a directory: {s.slot_save_path}", file=sys.stderr)
+        return 2
+    try:  # an unknown tool name fails before anything loads, naming the known ones
+        enabled_tools(s.tools)
+    except ValueError as exc:
+        print(f"tokenmill: error: --tools: {exc}", file=sys.stderr)
         return 2
     from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
 

@@ -8,7 +8,6 @@ import asyncio
 import json
 import threading
 from contextlib import aclosing, asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -19,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenmill import __version__
 from tokenmill.server import schemas
+from tokenmill.server.agent_routes import add_agent_routes
 from tokenmill.server.anthropic import add_anthropic_routes
 from tokenmill.server.call_log import CallLog
 from tokenmill.server.chat import render_chat
@@ -36,15 +36,15 @@ from tokenmill.server.schemas import error_responses
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
 from tokenmill.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
+from tokenmill.server.web_assets import STATIC_DIR, add_web_assets
 from tokenmill.structured import tools
 
-# with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
+# with an API key set, these need it (the explorer's page and its files hold no data; the page asks for the key)
 PROTECTED_PREFIXES = (
     "/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill", "/server_info", "/model_info",
     "/get_load", "/get_server_info", "/get_model_info", "/completion", "/apply-template", "/props", "/slots",
-    *ROOT_PATHS,
+    "/tools", "/cors-proxy", *ROOT_PATHS,
 )  # fmt: skip
-STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
 
 def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
@@ -182,11 +182,13 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     add_infill_routes(app, state)
     add_router_routes(app, state)
     add_llamacpp_routes(app, state)
+    add_agent_routes(app, state)
 
     @app.get("/version", response_model=schemas.Version)
     async def version() -> dict:
         return {"version": __version__}
 
+    add_web_assets(app, settings.explorer)
     if settings.explorer:
         _add_explorer(app, state)
 
