@@ -5,6 +5,7 @@ local pages only with tools on), and the web page's public files (/sw.js, /manif
 
 import base64
 import json
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -117,6 +118,8 @@ def test_the_shell_runs_in_the_callers_directory_with_a_timeout_and_a_cap(tools:
     assert r.headers["content-type"].startswith("text/event-stream")
     assert "".join(e.get("chunk", "") for e in events) == "one\ntwo\n\n[exit code: 0]"
     assert events[-1] == {"done": True}
+    split = call(tools, "exec_shell_command", tmp_path, command=r"printf '\303'; sleep 0.2; printf '\251'")
+    assert split["plain_text_response"].startswith("\u00e9\n[exit code: 0]")  # one character across two reads
     info = call(tools, "get_info", tmp_path)
     assert info["cwd"] == str(tmp_path) and info["os"] != "unknown"
 
@@ -247,3 +250,17 @@ def test_globs_follow_llama_cpps() -> None:
     assert path_glob_match("file?.[ch]", "dir/file1.c") and not path_glob_match("file?.[!ch]", "file1.c")
     help_text = ServerSettings.__dataclass_fields__["tools"].metadata["help"]
     assert all(t.name in help_text for t in TOOLS)  # --tools' help names every tool
+
+
+def test_in_a_git_work_tree_the_searches_skip_what_gitignore_ignores(tools: TestClient, tmp_path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("ignored.py\n")
+    for name in ("kept.py", "ignored.py", "sub/deep.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("needle\n")
+    found = call(tools, "file_glob_search", tmp_path, path=".", include="*.py")
+    assert sorted(e["path"] for e in found["entries"]) == ["kept.py", "sub/deep.py"]  # untracked ones too
+    shallow = call(tools, "file_glob_search", tmp_path, path=".", include="*.py", max_depth=1)
+    assert [e["path"] for e in shallow["entries"]] == ["kept.py"]
+    grep = call(tools, "grep_search", tmp_path, path=".", pattern="needle")["plain_text_response"]
+    assert "ignored.py" not in grep and "Total matches: 2" in grep

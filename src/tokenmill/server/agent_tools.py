@@ -15,11 +15,13 @@ also matches no directory at all (`**/*.py` finds `a.py`), as git's and most glo
 """
 
 import asyncio
+import codecs
 import os
 import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +81,7 @@ async def _shell(command: str, timeout_s: int, max_output: int, cwd: str | None)
     assert process.stdout is not None
     deadline = time.monotonic() + max(timeout_s, 0)
     used, timed_out, truncated = 0, False, False
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character split between reads stays whole
     try:
         while True:
             left = deadline - time.monotonic()
@@ -96,13 +99,14 @@ async def _shell(command: str, timeout_s: int, max_output: int, cwd: str | None)
             used += len(keep)
             truncated = len(keep) < len(chunk)
             if keep:
-                yield keep.decode("utf-8", errors="replace")
+                yield text.decode(keep)
         code = await process.wait()
     finally:
         if process.returncode is None:  # the caller went away: the command goes too
             _kill(process)
             await process.wait()
-    tail = "\n[output truncated]" if truncated else ""
+    tail = text.decode(b"", final=True)
+    tail += "\n[output truncated]" if truncated else ""
     tail += f"\n[exit code: {code}]"
     if timed_out:
         tail += " [exit due to timed out]"
@@ -314,5 +318,6 @@ def find_tool(tools: tuple[Tool, ...], name: str, stream: bool) -> Tool:
 async def invoke(tool: Tool, params: dict, cwd: str | None) -> dict:
     """A whole call's answer."""
     if tool.streams:
-        return {"plain_text_response": "".join([chunk async for chunk in tool.run(params, cwd)])}
+        async with aclosing(tool.run(params, cwd)) as chunks:  # a call cut short kills its command now
+            return {"plain_text_response": "".join([chunk async for chunk in chunks])}
     return await asyncio.to_thread(tool.run, params, cwd)
