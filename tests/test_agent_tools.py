@@ -264,3 +264,13 @@ def test_in_a_git_work_tree_the_searches_skip_what_gitignore_ignores(tools: Test
     assert [e["path"] for e in shallow["entries"]] == ["kept.py"]
     grep = call(tools, "grep_search", tmp_path, path=".", pattern="needle")["plain_text_response"]
     assert "ignored.py" not in grep and "Total matches: 2" in grep
+
+
+def test_tools_are_not_offered_to_the_network_without_a_key() -> None:
+    """llama-server only warns; a server listening beyond this machine with tools and no key is refused at start."""
+    with pytest.raises(ValueError, match="run commands on this machine: give --api-key"):
+        client(tools=["all"], host="127.0.0.1,0.0.0.0")
+    assert client(tools=["all"], host="0.0.0.0", api_key=KEY).get("/tools", headers=AUTH).status_code == 200
+    assert client(tools=["get_info"], host="localhost,::1").get("/tools").status_code == 200
+    with pytest.raises(ValueError, match='unknown tool "nope"'):
+        client(tools=["nope"])

@@ -1,7 +1,8 @@
 """Text a new user reads that was stale (issue 39's "stale text"), held so: what the README promises for installing
 the Gemma model, tensor parallelism's greedy tokens, a GGUF as a Hugging Face directory and the regex dialect, and
-no file sending a reader to the old shared reference folder or saying `make install` brings chromium. `serve --help` is held
-by tests/test_cli.py::test_serve_help_names_every_api_and_what_quantization_does. No model, no torch."""
+no file sending a reader to the old shared reference folder or saying `make install` brings chromium. `serve
+--help` is held by tests/test_cli.py::test_serve_help_names_every_api_and_what_quantization_does. No model, no
+torch."""
 
 from pathlib import Path
 

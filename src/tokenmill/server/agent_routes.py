@@ -36,7 +36,7 @@ def disabled(feature: str) -> APIError:
 
 def add_agent_routes(app: FastAPI, state: ServerState) -> None:
     settings = state.settings
-    tools = agent_tools.enabled_tools(settings.tools)
+    tools = agent_tools.check_tools_option(settings.tools, settings.host, settings.api_key)
     features = [name for name, on in (("server tools", tools), ("the CORS proxy", settings.ui_mcp_proxy)) if on]
     if features:
         logger.warning(

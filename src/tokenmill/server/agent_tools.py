@@ -37,6 +37,7 @@ from tokenmill.server.agent_tool_files import (
     required_str,
     write_file,
 )
+from tokenmill.server.origins import is_loopback
 
 SHELL_MAX_OUTPUT_BYTES = 16 * 1024
 SHELL_DEFAULT_TIMEOUT_S = 10
@@ -304,6 +305,20 @@ def enabled_tools(names: list[str]) -> tuple[Tool, ...]:
     if unknown:
         raise ValueError(f'unknown tool "{unknown[0]}". available tools: {", ".join(TOOL_NAMES)}')
     return tuple(t for t in TOOLS if "all" in names or t.name in names)
+
+
+def check_tools_option(names: list[str], host: str, api_key: str | None) -> tuple[Tool, ...]:
+    """The tools `--tools` names, refused (ValueError, saying why) where a name is unknown, or where the server
+    listens beyond this machine without an API key: anyone who reaches it could then run commands here (llama-server
+    only warns)."""
+    tools = enabled_tools(names)
+    exposed = [h.strip() for h in host.split(",") if not is_loopback(h.strip())] if tools and not api_key else []
+    if exposed:
+        raise ValueError(
+            f"the tools would let anyone who reaches {exposed[0] or 'every address'} run commands on this machine: "
+            "give --api-key, or listen on 127.0.0.1 only"
+        )
+    return tools
 
 
 def find_tool(tools: tuple[Tool, ...], name: str, stream: bool) -> Tool:

@@ -84,6 +84,11 @@ class OriginPolicy:
         return r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a --host address is this machine's own (localhost, 127.0.0.0/8, ::1): no other can connect."""
+    return _is_local_name(_host_name(host))
+
+
 def _host_name(host: str) -> str:
     """`host` without its port, brackets and trailing dot, lowercased: "[::1]:8000" -> "::1"."""
     host = host.strip().lower()
