@@ -1,7 +1,8 @@
 """Models from the Hugging Face Hub, against a local stand-in of the Hub (tests/hub_stand_in.py, HF_ENDPOINT): a
 GGUF repo's one quant and a tiny safetensors checkpoint downloaded, loaded and served; a connection dropped mid-file
 resumed with a Range request; the cache used offline; a bad name, a missing quant or file, a gated repo without a
-token and offline with nothing cached each refused with what to do; a split GGUF downloaded whole and refused."""
+token and offline with nothing cached each refused with what to do; a split GGUF downloaded whole and read from
+every shard."""
 
 import json
 import os
@@ -20,7 +21,8 @@ from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 
 from tokenmill import LLM, SamplingParams
 from tokenmill.cache import cache_dir
 from tokenmill.entrypoints.model_names import find_model
-from tokenmill.errors import ModelFileError, UnsupportedModelError
+from tokenmill.errors import ModelFileError
+from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.hub_files import pick_gguf, quant_of
 from tokenmill.loader.hub_reference import HubReference, parse_hub_reference
 
@@ -154,11 +156,12 @@ def write_split_gguf(folder: Path, count: int) -> list[Path]:
     return shards
 
 
-def test_a_split_gguf_is_downloaded_whole_and_refused_with_how_to_merge(hub, tmp_path) -> None:
+def test_a_split_gguf_is_downloaded_whole_and_read_from_every_shard(hub, tmp_path) -> None:
     shards = write_split_gguf(tmp_path, 3)
     hub.add_repo("org/big-GGUF", {p.name: p for p in shards})
     path = Path(find_model("org/big-GGUF:Q8_0"))
     assert path.name == shards[0].name and all(len(hub.gets(p.name)) == 1 for p in shards)
     assert sorted(p.name for p in path.parent.iterdir()) == [p.name for p in shards]
-    with pytest.raises(UnsupportedModelError, match=r"shard 1 of a GGUF split into 3 files.*llama-gguf-split --merge"):
-        LLM(str(path))
+    model = GGUFFile(path)  # tests/test_split_gguf.py generates from a split model
+    assert [f.name for f in model.files] == [p.name for p in shards]
+    assert sorted(model.tensors) == [f"blk.{no}.ffn_up.weight" for no in range(3)]

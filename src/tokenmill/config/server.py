@@ -199,6 +199,33 @@ class ServerSettings:
         None, "tokenmill's and uvicorn's log level (default: info, or TOKENMILL_LOG_LEVEL)", str, choices=LOG_LEVELS
     )
 
+    # several models in one server (server/model_router): --model given more than once, or --models-dir
+    models_dir: str | None = server_option(
+        None,
+        "serve every model in this folder (.gguf files, Hugging Face checkpoint folders), each by its name and "
+        "loaded on its first request, beside any --model (given several times, --model does the same)",
+        str,
+    )
+    keep_alive: str = server_option(
+        "5m",
+        "with several models, how long one stays loaded after its last request (Ollama's keep_alive: 5m, 1h, "
+        "30s or seconds; 0 unloads it at once; negative keeps it loaded; default 5m); requests may say otherwise",
+        str,
+    )
+    max_loaded_models: int = server_option(
+        3,
+        "with several models, at most this many loaded at once: the least recently used idle one is unloaded "
+        "to load another (default 3, as Ollama's on a CPU)",
+        int,
+    )
+    memory_budget: str | None = server_option(
+        None,
+        "with several models, the memory (e.g. 8GiB) loaded models may hold together, each counted by its "
+        "processes' resident memory: the least recently used idle ones are unloaded to stay within it "
+        "(default: no budget)",
+        str,
+    )
+
     def __post_init__(self) -> None:
         # what the flags' help says, from Python too: 0 means no limit (and no throughput lines), a string names
         self.max_request_bytes = self.max_request_bytes or None

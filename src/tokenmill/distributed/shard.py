@@ -175,6 +175,7 @@ class ShardedGGUF:
         self.gguf = gguf
         self.plan = plan
         self.path = gguf.path
+        self.files = getattr(gguf, "files", None)
         self.tensors = gguf.tensors
         self.metadata = gguf.metadata
 

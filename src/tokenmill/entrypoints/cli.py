@@ -258,10 +258,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if s.slot_save_path is not None and not Path(s.slot_save_path).is_dir():  # as llama-server refuses it
         print(f"tokenmill: error: --slot-save-path: not a directory: {s.slot_save_path}", file=sys.stderr)
         return 2
-    from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
-
     if s.log_level is not None:
         setup_logging(s.log_level.upper())
+    if len(set(getattr(args, "models", None) or [])) > 1 or s.models_dir is not None:
+        return run_serve_models(args, s)
+    from tokenmill.entrypoints.engine_prefetch import EnginePrefetch
+
     # parse the model file and build its tokenizer while torch is imported, then build the engine while the web
     # stack is imported (serve() checks the file's header before it listens, and serves once the engine is built)
     m = model_to_load(args)  # a Hub model: downloaded now, before anything loads
@@ -273,6 +275,54 @@ def run_serve(args: argparse.Namespace) -> int:
 
     s = replace(s, model=m.model, dtype=m.dtype, quantization=m.quantization, engine_options=engine_options(args))
     return serve(s, s.host, s.port, s.access_log, prefetched, s.log_level, STARTED)
+
+
+def run_serve_models(args: argparse.Namespace, s) -> int:
+    """serve with several models (server/model_router): each found now (a Hub model downloaded), loaded on its
+    first request."""
+    import os
+    from dataclasses import replace
+
+    from tokenmill.entrypoints.model_names import find_model
+    from tokenmill.loader.gguf_file import check_gguf_magic
+    from tokenmill.loader.hf_checkpoint import HFCheckpoint, is_hf_checkpoint
+    from tokenmill.loader.model_path import resolve_model_path
+    from tokenmill.server.model_router.catalog import served_model, split_named
+    from tokenmill.server.model_router.keep_alive import parse_keep_alive
+
+    if s.served_model_name is not None:
+        print("tokenmill: error: with several models, name each as --model NAME=MODEL", file=sys.stderr)
+        return 2
+    if args.revision is not None or args.hf_file is not None:
+        print(
+            "tokenmill: error: --revision and --hf-file apply to one model; with several, use ORG/NAME-GGUF:QUANT",
+            file=sys.stderr,
+        )
+        return 2
+    parse_keep_alive(s.keep_alive)  # a bad --keep-alive fails before anything starts
+    if s.memory_budget is not None:
+        from tokenmill.config.engine import parse_memory
+
+        parse_memory(s.memory_budget)
+    if s.models_dir is not None and not Path(s.models_dir).expanduser().is_dir():
+        print(f"tokenmill: error: --models-dir: not a directory: {s.models_dir}", file=sys.stderr)
+        return 2
+    models = []
+    for spec in dict.fromkeys(getattr(args, "models", None) or []):  # each once, in order
+        name, model = split_named(spec)
+        path = resolve_model_path(find_model(model))
+        if is_hf_checkpoint(path):  # fail fast, as one model's server does, on a file that cannot be right
+            HFCheckpoint(path)
+        else:
+            check_gguf_magic(path)
+        models.append(served_model(model, str(path), name))
+    m = model_options(args)
+    if s.api_key is None:
+        s.api_key = os.environ.get("TOKENMILL_API_KEY") or None
+    s = replace(s, dtype=m.dtype, quantization=m.quantization, engine_options=engine_options(args))
+    from tokenmill.server.model_router.serve import serve_models
+
+    return serve_models(s, models)
 
 
 def run_torchrun_worker(args: argparse.Namespace) -> int:

@@ -11,9 +11,29 @@ from tokenmill.entrypoints.model_names import find_model
 DESCRIPTION = "tokenmill: an LLM inference engine. With no --model, the bundled SmolLM2-135M-Instruct is used."
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+class _SeveralModels(argparse.Action):
+    """serve's --model: given more than once, several models (args.models, in order; args.model the first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.models = [*(getattr(namespace, "models", None) or []), values]
+        namespace.model = namespace.models[0]
+
+
+def add_model_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """The model's options; `several`: --model may be given more than once (serve)."""
     g = parser.add_argument_group("model")
-    add_config_options(g, "model", ModelOptions)
+    if several:
+        help = next(f.metadata["help"] for f in fields(ModelOptions) if f.name == "model")
+        g.add_argument(
+            "--model",
+            dest="model",
+            action=_SeveralModels,
+            default=None,
+            help=help + ". Given more than once (NAME=MODEL names one), several models: each loads on its first "
+            "request and unloads after --keep-alive",
+        )
+        parser.set_defaults(models=None)
+    add_config_options(g, "model", ModelOptions, skip=("model",) if several else ())
     add_config_options(g, "model")  # EngineConfig's --device
     g.add_argument("-v", "--verbose", action="store_true", help="log what the engine does")
 
@@ -23,9 +43,12 @@ def settle_model_argument(parser: argparse.ArgumentParser, args: argparse.Namesp
     given = getattr(args, "model_positional", None)
     if given is None:
         return
+    if len(getattr(args, "models", None) or []) > 1:
+        parser.error(f"serve was given a model ({given!r}) beside several --model: give each with --model")
     if args.model is not None and args.model != given:
         parser.error(f"serve was given two models: {given!r} and --model {args.model!r}")
     args.model = given
+    args.models = [given]
 
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
@@ -134,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model, as --model takes it (vLLM's `vllm serve ORG/NAME`)",
     )
     add_config_options(serve, "server", ServerSettings)  # listed first, under "options"
-    add_model_args(serve)
+    add_model_args(serve, several=True)
     add_engine_args(serve)
 
     gen = sub.add_parser(

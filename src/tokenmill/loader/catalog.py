@@ -11,7 +11,7 @@ from gguf import LlamaFileType
 
 from tokenmill.cache import cache_dir
 from tokenmill.errors import ModelFileError, TokenmillError
-from tokenmill.loader.gguf_file import GGUFFile
+from tokenmill.loader.gguf_file import SHARD_NAME, GGUFFile
 from tokenmill.loader.hf_checkpoint import HFCheckpoint, is_hf_checkpoint
 from tokenmill.loader.hub_cache import cached_hub_models
 from tokenmill.loader.hub_download import HubSettings
@@ -28,7 +28,7 @@ def _describe(name: str | None, path: Path | None, note: str = "") -> dict[str, 
         gguf = GGUFFile(path)
     except ModelFileError as exc:
         return {**row, "note": f"unreadable: {exc}"}
-    except TokenmillError as exc:  # a split GGUF's shard
+    except TokenmillError as exc:
         return {**row, "note": f"not supported: {exc}"}
     file_type = gguf.get("general.file_type")
     try:
@@ -40,7 +40,7 @@ def _describe(name: str | None, path: Path | None, note: str = "") -> dict[str, 
         "architecture": gguf.architecture,
         "parameters": gguf.get("general.size_label"),
         "quantization": quantization,
-        "file_mib": round(path.stat().st_size / 2**20, 1),
+        "file_mib": round(sum(f.stat().st_size for f in gguf.files) / 2**20, 1),
         # no template in the file: a base model, as a rule (chat replies may be nonsense; see chat_template.py)
         "chat_template": gguf.get("tokenizer.chat_template") is not None,
     }
@@ -82,9 +82,10 @@ def list_models() -> list[dict[str, Any]]:
             rows.append(_describe("gemma3-270m", assembled, "assembled from its packages"))
         else:
             rows.append(_describe("gemma3-270m", None, "installed; assembled into the cache on first use"))
-    cached = sorted((cache_dir() / "models").glob("*.gguf")) + sorted(
-        p for p in (cache_dir() / "models").glob("*") if is_hf_checkpoint(p)
-    )
+    later_shard = SHARD_NAME.fullmatch  # a split model is listed once, by its first shard
+    cached = sorted(
+        p for p in (cache_dir() / "models").glob("*.gguf") if not (m := later_shard(p.name)) or int(m["index"]) == 1
+    ) + sorted(p for p in (cache_dir() / "models").glob("*") if is_hf_checkpoint(p))
     for path in cached:
         if path != assembled:
             rows.append(_describe(None, path, "in the cache"))

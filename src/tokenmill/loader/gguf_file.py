@@ -1,10 +1,14 @@
 """Open a GGUF file with the `gguf` package, validate it, and expose its metadata and tensors.
 
+A model split by llama.cpp's gguf-split (`name-00001-of-0000N.gguf`, ...: the first shard holds the metadata, each
+shard some of the tensors) opens from any of its shards, all of which must lie in one directory.
+
 `gguf.GGUFReader` parses every element of an array field with several numpy calls, which takes seconds for a
 49k-token vocabulary; `_FastArrayReader` reads each array whole (numbers in one numpy call, strings decoded in
 one loop) into a single part holding its values, so the bundled model's metadata parses in about 0.15 s.
 """
 
+import re
 import struct
 import sys
 from dataclasses import dataclass
@@ -91,32 +95,39 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """A validated GGUF file: `metadata` (key -> Python value) and `tensors` (name -> GGUFTensor)."""
+    """A validated GGUF model: `metadata` (key -> Python value), `tensors` (name -> GGUFTensor), `path` (the file, or
+    a split model's first shard) and `files` (every file it reads: the shards in order)."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        check_gguf_magic(self.path)
-        try:
-            reader = _FastArrayReader(self.path)
-        except (ValueError, IndexError, KeyError, OverflowError, struct.error) as exc:
-            raise ModelFileError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): {exc}") from exc
-        self.metadata: dict[str, Any] = {}
-        for name, field in reader.fields.items():
-            try:
-                whole = field.parts[-1]
-                self.metadata[name] = whole.values if isinstance(whole, _WholeArray) else field.contents()
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise ModelFileError(f"{self.path}: metadata key {name!r} cannot be decoded: {exc}") from exc
-        check_not_split(self.path, self.metadata)
+        given = Path(path)
+        metadata, reader = _read(given)
+        count = int(metadata.get("split.count") or 1)
+        self.files = shard_paths(given, count) if count > 1 else [given]
+        self.path = self.files[0]
+        readers = {given: reader}
+        if self.path != given:  # opened from a later shard: the metadata is the first one's
+            metadata, readers[self.path] = _read(self.path)
+        self.metadata = metadata
         self.tensors: dict[str, GGUFTensor] = {}
-        file_size = self.path.stat().st_size
+        for shard in self.files:
+            self._add_tensors(shard, readers[shard] if shard in readers else _read(shard)[1])
+        expected = metadata.get("split.tensors.count")
+        if count > 1 and expected is not None and int(expected) != len(self.tensors):
+            raise ModelFileError(
+                f"{self.path}: the {count} shards hold {len(self.tensors)} tensors, the first says {expected}"
+            )
+
+    def _add_tensors(self, path: Path, reader: GGUFReader) -> None:
+        file_size = path.stat().st_size
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             if t.data_offset + t.n_bytes > file_size or t.data.nbytes != t.n_bytes:
                 raise ModelFileError(
-                    f"{self.path}: truncated: tensor {t.name!r} needs bytes up to {t.data_offset + t.n_bytes}, "
+                    f"{path}: truncated: tensor {t.name!r} needs bytes up to {t.data_offset + t.n_bytes}, "
                     f"the file has {file_size}"
                 )
+            if t.name in self.tensors:
+                raise ModelFileError(f"{path}: tensor {t.name!r} is in two shards of the split model")
             self.tensors[t.name] = GGUFTensor(t.name, t.tensor_type, shape, t.data)
 
     @property
@@ -148,17 +159,43 @@ class GGUFFile:
         return tensor
 
 
-def check_not_split(path: Path, metadata: dict[str, Any]) -> None:
-    """A split GGUF (llama.cpp's gguf-split: name-00001-of-0000N.gguf, each shard holding some of the tensors) is
-    refused rather than loaded half: tokenmill reads one file."""
-    count = int(metadata.get("split.count") or 1)
-    if count > 1:
-        shard = int(metadata.get("split.no") or 0) + 1
-        raise UnsupportedModelError(
-            f"{path}: shard {shard} of a GGUF split into {count} files; tokenmill reads a model from one GGUF file. "
-            f"Merge the shards (all in one directory) with llama.cpp's `llama-gguf-split --merge "
-            f"{path.name.replace(f'-{shard:05d}-of-', '-00001-of-')} merged.gguf` and give merged.gguf"
+def _read(path: Path) -> tuple[dict[str, Any], GGUFReader]:
+    """One file's metadata (key -> Python value) and reader."""
+    check_gguf_magic(path)
+    try:
+        reader = _FastArrayReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError, struct.error) as exc:
+        raise ModelFileError(f"{path}: not a readable GGUF file (truncated or corrupt?): {exc}") from exc
+    metadata: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        try:
+            whole = field.parts[-1]
+            metadata[name] = whole.values if isinstance(whole, _WholeArray) else field.contents()
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ModelFileError(f"{path}: metadata key {name!r} cannot be decoded: {exc}") from exc
+    return metadata, reader
+
+
+# llama.cpp's names for the shards of a split model (gguf-split, and the Hub's repos)
+SHARD_NAME = re.compile(r"(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
+
+
+def shard_paths(path: Path, count: int) -> list[Path]:
+    """The shards of the split model that `path` (one of them, its metadata saying `count`) belongs to, in order."""
+    named = SHARD_NAME.fullmatch(path.name)
+    if named is None or int(named["count"]) != count:
+        raise ModelFileError(
+            f"{path}: a shard of a GGUF split into {count} files, but not named as llama.cpp names shards "
+            f"(NAME-00001-of-{count:05d}.gguf, ...): rename the shards so that they can be found"
         )
+    shards = [path.with_name(f"{named['base']}-{i:05d}-of-{named['count']}.gguf") for i in range(1, count + 1)]
+    missing = [shard.name for shard in shards if not shard.is_file()]
+    if missing:
+        raise ModelFileError(
+            f"{path}: shard(s) {', '.join(missing)} of this {count}-file split model are missing; "
+            f"all shards must lie in {path.parent}"
+        )
+    return shards
 
 
 def check_gguf_magic(path: Path) -> None:

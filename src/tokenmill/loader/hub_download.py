@@ -36,17 +36,18 @@ class HubSettings:
         return cls(endpoint, Path(cache).expanduser(), offline)
 
 
-def fetch_model(ref: HubReference, settings: HubSettings | None = None) -> Path:
+def fetch_model(ref: HubReference, settings: HubSettings | None = None, tqdm_class: type | None = None) -> Path:
     """The local path of the model `ref` names, downloaded first where the cache lacks it (or has an older
-    revision). Raises ModelFileError with what to do: a name the Hub does not know, a gated or private repo without
-    HF_TOKEN, a quant or file the repo lacks, offline with nothing cached."""
+    revision); `tqdm_class`: the progress bars' class (a server's /api/pull reports them as JSON lines). Raises
+    ModelFileError with what to do: a name the Hub does not know, a gated or private repo without HF_TOKEN, a quant
+    or file the repo lacks, offline with nothing cached."""
     settings = settings or HubSettings.from_environment()
     try:
         files, cached = _repo_files(ref, settings)
         if ref.hf_file is not None and not ref.hf_file.lower().endswith(".gguf"):
             raise ModelFileError(f"--hf-file names one .gguf file of a GGUF repo, not {ref.hf_file!r}")
         if not ref.wants_gguf and is_safetensors_repo(files):
-            return _fetch_snapshot(ref, settings)
+            return _fetch_snapshot(ref, settings, tqdm_class)
         try:
             chosen = pick_gguf(ref, files)
         except ModelFileError as exc:
@@ -54,7 +55,7 @@ def fetch_model(ref: HubReference, settings: HubSettings | None = None) -> Path:
                 raise
             where = "HF_HUB_OFFLINE is set" if settings.offline else f"{settings.endpoint} cannot be reached"
             raise ModelFileError(f"{where}, and in the Hub cache ({settings.cache_dir}): {exc}") from None
-        return _fetch_gguf(ref, chosen, settings)
+        return _fetch_gguf(ref, chosen, settings, tqdm_class)
     except ModelFileError:
         raise
     except Exception as exc:  # noqa: BLE001 - huggingface_hub's and httpx's errors, said in the Hub's terms
@@ -100,7 +101,7 @@ def cached_repo_files(ref: HubReference, cache_dir: Path) -> list[str] | None:
     return sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
 
 
-def _fetch_snapshot(ref: HubReference, settings: HubSettings) -> Path:
+def _fetch_snapshot(ref: HubReference, settings: HubSettings, tqdm_class: type | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     folder = snapshot_download(
@@ -111,11 +112,12 @@ def _fetch_snapshot(ref: HubReference, settings: HubSettings) -> Path:
         local_files_only=settings.offline,
         allow_patterns=SAFETENSORS_PATTERNS,
         ignore_patterns=SAFETENSORS_IGNORED,
+        tqdm_class=tqdm_class,
     )
     return Path(folder)
 
 
-def _fetch_gguf(ref: HubReference, files: list[str], settings: HubSettings) -> Path:
+def _fetch_gguf(ref: HubReference, files: list[str], settings: HubSettings, tqdm_class: type | None = None) -> Path:
     """Every file of the chosen GGUF model (all shards of a split one); the first one's path."""
     from huggingface_hub import hf_hub_download
 
@@ -127,6 +129,7 @@ def _fetch_gguf(ref: HubReference, files: list[str], settings: HubSettings) -> P
             endpoint=settings.endpoint,
             cache_dir=settings.cache_dir,
             local_files_only=settings.offline,
+            tqdm_class=tqdm_class,
         )
         for name in files
     ]

@@ -6,9 +6,9 @@ import re
 from collections.abc import Iterable
 
 from tokenmill.errors import ModelFileError
+from tokenmill.loader.gguf_file import SHARD_NAME as SHARD
 from tokenmill.loader.hub_reference import HubReference
 
-SHARD = re.compile(r"(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
 # a quant as GGUF file names spell it: Q4_K_M, Q8_0, IQ4_XS, Q4_0_4_4, F16, BF16, ...
 QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Za-z0-9]+)*|B?F16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf (and the Hub) pick when a GGUF repo is named without a tag

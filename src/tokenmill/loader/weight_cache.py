@@ -78,9 +78,11 @@ def _file_identity(path: Path) -> list:
     return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
 
 
-def weight_cache_key(model_path: Path, options: dict, native_library: str) -> dict:
-    """What a cache must match: the model's files, the options that shape its weights, the code laying them out."""
-    files = sorted(p for p in model_path.iterdir() if p.is_file()) if model_path.is_dir() else [model_path]
+def weight_cache_key(model_path: Path, options: dict, native_library: str, files: list[Path] | None = None) -> dict:
+    """What a cache must match: the model's files (a directory's, or `files`: a split GGUF's shards), the options
+    that shape its weights, the code laying them out."""
+    if files is None:
+        files = sorted(p for p in model_path.iterdir() if p.is_file()) if model_path.is_dir() else [model_path]
     return {
         "format": FORMAT,
         "model": str(model_path.resolve()),
@@ -91,12 +93,12 @@ def weight_cache_key(model_path: Path, options: dict, native_library: str) -> di
 
 
 def open_weight_cache(
-    model_path: Path, options: dict, native_library: str, folder: Path | None = None
+    model_path: Path, options: dict, native_library: str, folder: Path | None = None, files: list[Path] | None = None
 ) -> "InMemoryWeights":
     """The cache for this model and these options: read when a complete one matches, else written during this load
     (in memory instead when the disk lacks room for it)."""
     folder = folder or cache_dir() / "weights"
-    key = weight_cache_key(model_path, options, native_library)
+    key = weight_cache_key(model_path, options, native_library, files)
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     index, data = folder / f"{name}.json", folder / f"{name}.bin"
     if index.exists():

@@ -89,7 +89,8 @@ def _weight_store(
         return IN_MEMORY
     rank, world = (parallel[1].rank, parallel[1].world_size) if parallel is not None else (0, 1)
     options = {"quantization": quantization, "rank": rank, "world_size": world}
-    return open_weight_cache(Path(gguf.path), options, Path(library._name).name)
+    files = getattr(gguf, "files", None)  # a GGUF's files (a split one's shards); a checkpoint's: its directory's
+    return open_weight_cache(Path(gguf.path), options, Path(library._name).name, files=files)
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

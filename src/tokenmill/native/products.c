@@ -395,16 +395,16 @@ ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, cons
  * super-block, the minimums' sum_j mn_j * (block j's code sum) likewise by pairs of 16-bit products (vpdpwssd), and
  * the super-block ends in one float step per row: acc += (d * s) * dot - (dmin * s) * mins. Per block and row that
  * is one integer multiply where the float form took a multiply and two fused multiply-adds, which share vpdpbusd's
- * ports on Zen 4. No overflow: |dot| <= 31 * 127 * 32 times a scale <= 63, 8 blocks (Q5_K), or 32 * 127 * 16 times
- * |scale| <= 128, 16 halves (Q6_K): below 2^27. */
+ * ports on Zen 4 (Q4_K: two vpdpwssd, below). No overflow: |dot| <= 31 * 127 * 32 times a scale <= 63, 8 blocks
+ * (Q5_K), or 32 * 127 * 16 times |scale| <= 128, 16 halves (Q6_K): below 2^27.
+ * Q4_K and Q5_K keep two chains per row (the steps in turn): with one, the 8 rows' chains waited on vpdpbusd's
+ * latency (a loop of 8 rows x 8 steps ran 3.3 G products/s a core against 4.9 with two chains, the ports' peak
+ * 6.9); Q4_K at 512 rows +7-14% (medians of 30 alternating calls, [8192, 2048] and [2048, 2048], same bits). */
 ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
                       const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
     const int64_t units = k / QK_K, nb = k / QK;
-    const int halves = T == TM_Q6_K, split = !halves && R <= SPLIT_ROWS;
+    const int halves = T == TM_Q6_K;
     const int64_t codes0 = tm_qx_code(k, r0, 0);
-    __m512 acc[MAX_ROWS];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t u = 0; u < units; ++u) {
         const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
         if (R <= PREFETCH_ROWS)
@@ -425,9 +425,10 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
                     s_b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(scu + 32 + 16 * (2 * sub + 1))));
                 } else
                     s_a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(scu + 64 + 16 * sub)));
-                /* Q6_K: each half's chains are done with after its 4 steps (scaled into isum before the next
-                 * half starts: 8 rows' chains, isum and acc fit in the 32 registers, where both halves' chains
-                 * at once spilled); the other K-quants: one chain per row, or two with few rows */
+                /* Q4_K, Q5_K: two chains per row (above). Q6_K: one per half, done with after its 4 steps (scaled
+                 * into isum before the next half starts: 8 rows' chains, isum and the scales fit in the 32
+                 * registers; two chains per half measured slower). The float accumulators wait in y between
+                 * super-blocks, so that the chains have the registers */
 #pragma GCC unroll 2
                 for (int h = 0; h < 1 + halves; ++h) {
                     __m512i hi[MAX_ROWS][2];
@@ -437,19 +438,29 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
                         if (halves) hi[r][0] = _mm512_set1_epi32(a->q6_start_hi[2 * ((r0 + r) * nb + block) + h]);
                     }
 #pragma GCC unroll 8
-                    for (int t = 4 * halves * h; t < (halves ? 4 * h + 4 : 8); ++t) {
-                        const __m512i w = codes16(T, R, qsu, qhu, c, b, t);
-                        const int chain = split ? t & 1 : 0;
+                    for (int i = 0; i < (halves ? 4 : 8); i += 2) {
+#pragma GCC unroll 2
+                        for (int j = 0; j < 2; ++j) {
+                            const int t = 4 * h + i + j, chain = halves ? 0 : j; /* h is 0 without halves */
+                            const __m512i w = codes16(T, R, qsu, qhu, c, b, t);
 #pragma GCC unroll 8
-                        for (int r = 0; r < R; ++r) {
-                            const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
-                            hi[r][chain] = dot_broadcast(hi[r][chain], w, a->hi + at);
+                            for (int r = 0; r < R; ++r) {
+                                const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
+                                hi[r][chain] = dot_broadcast(hi[r][chain], w, a->hi + at);
+                            }
                         }
                     }
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
-                        const __m512i dot = split ? _mm512_add_epi32(hi[r][0], hi[r][1]) : hi[r][0];
-                        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, h ? s_b : s_a));
+                        if (T == TM_Q4_K) { /* each chain's 16 products fit in 16 bits (15 * 127 * 16 < 2^15), and
+                                             * s_a's upper 16 bits are 0: vpdpwssd scales and adds in one uop,
+                                             * where vpmulld is two on Intel */
+                            isum[r] = _mm512_dpwssd_epi32(isum[r], hi[r][0], s_a);
+                            isum[r] = _mm512_dpwssd_epi32(isum[r], hi[r][1], s_a);
+                        } else
+                            isum[r] = _mm512_add_epi32(
+                                isum[r], _mm512_mullo_epi32(halves ? hi[r][0] : _mm512_add_epi32(hi[r][0], hi[r][1]),
+                                                            h ? s_b : s_a));
                     }
                 }
             }
@@ -469,9 +480,11 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
         for (int r = 0; r < R; ++r) {
             const int64_t tb = (r0 + r) * nb + u * (QK_K / QK);
             const __m512 xs = _mm512_set1_ps(a->scale[tb]);
+            float *yr = y + (r0 + r) * ldy;
+            __m512 acc = u ? _mm512_loadu_ps(yr) : _mm512_setzero_ps();
             __m512 dx = _mm512_mul_ps(d, xs);
             OPAQUE_VECTOR(dx);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dx, acc[r]);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), dx, acc);
             if (!halves) {
                 __m512i mins = _mm512_setzero_si512();
                 for (int i = 0; i < 4; ++i) {
@@ -481,12 +494,11 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
                 }
                 __m512 mx = _mm512_mul_ps(dmin, xs);
                 OPAQUE_VECTOR(mx);
-                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), mx, acc[r]);
+                acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), mx, acc);
             }
+            _mm512_storeu_ps(yr, acc);
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * ldy, acc[r]);
 }
 
 /* y[(r0 + r) * ldy + j] = row j of the group (planes qs, qh, sc) . activation row r0 + r, r < R */

@@ -57,10 +57,19 @@ async function postJSON(url, body) {
   return data;
 }
 
+// a server of several models: the page shows the one its URL names (?model=NAME), else the one the server used last,
+// and names it in every request; a one-model server's info lists no models (its requests name none, as before)
+const pageModel = new URLSearchParams(location.search).get("model");
+const modelQuery = () => {
+  const name = state.info && state.info.models ? state.info.model : pageModel;
+  return name ? `?model=${encodeURIComponent(name)}` : "";
+};
+const withModel = (body) => (state.info && state.info.models ? { model: state.info.model, ...body } : body);
+
 async function loadInfo() {
   for (;;) {
     try {
-      const r = await api("/explorer/info");
+      const r = await api("/explorer/info" + modelQuery());
       if (r.ok) { state.info = await r.json(); break; }
     } catch (e) { /* server still starting */ }
     $("model-info").textContent = "waiting for the model to load…";
@@ -68,7 +77,8 @@ async function loadInfo() {
   }
   const i = state.info;
   const ranks = i.tensor_parallel_size > 1 ? ` · tensor parallel over ${i.tensor_parallel_size} ranks` : "";
-  $("model-info").textContent = `${i.model} · ${i.quantization} · ${i.device}${ranks} · ${i.kv_blocks_total} KV blocks of ${i.block_size} tokens`;
+  const others = i.models && i.models.length > 1 ? ` · one of ${i.models.length} models (?model=NAME): ${i.models.join(", ")}` : "";
+  $("model-info").textContent = `${i.model} · ${i.quantization} · ${i.device}${ranks} · ${i.kv_blocks_total} KV blocks of ${i.block_size} tokens${others}`;
   $("kv-formula").textContent = `one block = 2 (K and V) × ${i.num_layers} layers × ${i.block_size} tokens × ` +
     `${i.num_kv_heads} KV heads × ` + (i.kv_scale_bytes
       ? `(${i.head_dim} dims × ${i.kv_element_bytes} byte + a ${i.kv_scale_bytes}-byte scale) (${i.kv_dtype}) = `
@@ -114,7 +124,7 @@ async function* sseData(response) {
 async function listenToEngine() {
   for (;;) {
     try {
-      const r = await api("/explorer/events");
+      const r = await api("/explorer/events" + modelQuery());
       for await (const ev of sseData(r)) onEngineEvent(ev);
     } catch (e) { /* the server went away: try again */ }
     await new Promise((res) => setTimeout(res, 1000));
@@ -389,9 +399,9 @@ async function submit(event) {
   for (const id of ["fig-request", "fig-prompt", "fig-queue", "fig-ttft", "fig-tpot", "fig-tps", "fig-chunks", "fig-ranks", "fig-e2e", "fig-allowed", "kv-blocks", "kv-bytes", "kv-reused"]) $(id).textContent = "–";
   try {
     const messages = [{ role: "user", content: text }];
-    const tok = await postJSON("/tokenize", mode === "chat"
+    const tok = await postJSON("/tokenize", withModel(mode === "chat"
       ? { messages, return_token_texts: true }
-      : { prompt: text, add_special_tokens: true, return_token_texts: true });
+      : { prompt: text, add_special_tokens: true, return_token_texts: true }));
     showPrompt($("prompt-tokens"), tok.tokens, tok.token_texts);
     $("fig-prompt").textContent = tok.count.toLocaleString();
     const id = newRunId();
@@ -415,7 +425,7 @@ async function submit(event) {
 
 async function stream(mode, body) {
   const url = mode === "chat" ? "/v1/chat/completions" : "/v1/completions";
-  const request = { ...body, stream: true, stream_options: { include_usage: true }, return_token_ids: true,
+  const request = { ...withModel(body), stream: true, stream_options: { include_usage: true }, return_token_ids: true,
                     logprobs: mode === "chat" ? true : 0 };
   const headers = { "Content-Type": "application/json", "X-Request-Id": state.run.id };
   const r = await api(url, { method: "POST", headers, body: JSON.stringify(request) });
