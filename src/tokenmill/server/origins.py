@@ -24,6 +24,8 @@ import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from tokenmill.config.server import ServerSettings
+
 ANY = "*"
 UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
@@ -43,6 +45,12 @@ class OriginPolicy:
         if any(h in UNSPECIFIED_HOSTS for h in listening):
             names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
         object.__setattr__(self, "_host_names", frozenset(names))
+
+    @classmethod
+    def of(cls, settings: ServerSettings) -> "OriginPolicy":
+        """The policy a server's settings give (the one-model server's and the several-models router's alike)."""
+        s = settings
+        return cls(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key), bool(s.tools))
 
     @property
     def any_host(self) -> bool:

@@ -49,8 +49,7 @@ class ServerState:
 
     @property
     def origin_policy(self) -> OriginPolicy:
-        s = self.settings
-        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key), bool(s.tools))
+        return OriginPolicy.of(self.settings)
 
     def shown_path(self, http_request: Request) -> str:
         """The model's path as a caller may see it: whole to a caller that sent the API key, else only the file's

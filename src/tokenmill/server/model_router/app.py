@@ -28,11 +28,12 @@ from tokenmill.server.model_router.metrics import exposition, merged, own_famili
 from tokenmill.server.model_router.router import ModelRouter, json_body, named_model
 from tokenmill.server.ollama import OLLAMA_API_VERSION
 from tokenmill.server.stream_or_collect import NDJSON
+from tokenmill.server.web_assets import PUBLIC_ASSETS, add_web_assets
 
 STATIC_DIR = Path(__file__).parents[1] / "static"  # the request explorer's page, as the one-model server's
 # with an API key set, every path needs it but these (as the one-model server's; /metrics with
 # --metrics-require-key): a request must not load a model before its key is checked
-OPEN_PATHS = ("/health", "/", "/favicon.ico", "/version", "/openapi.json", "/metrics")
+OPEN_PATHS = ("/health", "/", "/favicon.ico", "/version", "/openapi.json", "/metrics", *PUBLIC_ASSETS)
 AUTH_HEADERS = ("authorization", "x-api-key")
 
 
@@ -207,6 +208,7 @@ def create_router_app(router: ModelRouter) -> FastAPI:
         text = await asyncio.to_thread(exposition, [*merged(per_model), *own])
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    add_web_assets(app, settings.explorer)  # answered here: the page's files load no model
     if settings.explorer:
 
         @app.get("/", include_in_schema=False)

@@ -35,8 +35,7 @@ class ModelRouter:
 
     @property
     def origin_policy(self) -> OriginPolicy:
-        s = self.settings
-        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key))
+        return OriginPolicy.of(self.settings)
 
     def _count_load(self, slot: Slot) -> None:
         name = slot.model.name
