@@ -1,6 +1,7 @@
-"""The files a browser asks a server's web page for beside the page itself, as llama-server serves its web UI's:
-/sw.js, /manifest.webmanifest and /_app/version.json, public (no API key: they hold no data) and revalidated on
-every load (`Cache-Control: no-cache`).
+"""The request explorer's page (/, with its /favicon.ico) and the files a browser asks a server's web page for
+beside it, as llama-server serves its web UI's: /sw.js, /manifest.webmanifest and /_app/version.json (revalidated
+on every load: `Cache-Control: no-cache`); all public (no API key: they hold no data; the page asks for the key).
+The one-model server and the several-models router serve them alike.
 
 tokenmill's page is the request explorer, not llama.cpp's web UI, so /sw.js is the worker that removes itself: a
 browser that used llama.cpp's UI at the same address keeps its service worker, which would go on showing that UI,
@@ -27,6 +28,14 @@ def add_web_assets(app: FastAPI, explorer: bool) -> None:
 
     if not explorer:
         return
+
+    @app.get("/", include_in_schema=False)
+    async def explorer_page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     @app.get("/manifest.webmanifest", include_in_schema=False)
     async def manifest() -> FileResponse:
