@@ -60,7 +60,7 @@ test-fast: test-deps
 UNIT_TESTS := tests/test_block_manager.py tests/test_kv_cache_manager.py tests/test_window_blocks.py \
 	tests/test_scheduler.py tests/test_step_pacer.py tests/test_output_collector.py tests/test_sampling_params.py \
 	tests/test_reply_parsers.py tests/test_tools.py tests/test_quantization_option.py tests/test_cli_options.py \
-	tests/test_layering.py tests/test_no_torch.py tests/test_beam_search_driver.py
+	tests/test_layering.py tests/test_no_torch.py tests/test_beam_search_driver.py tests/test_docs_text.py
 test-unit: test-deps
 	$(BIN)/python -m pytest -q $(UNIT_TESTS)
 

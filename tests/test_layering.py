@@ -316,3 +316,42 @@ await state.require_engine().run_on_engine(lambda e: e.kv)
         "line 4: reads .engine off state.engine",
         "line 6: runs a function on the engine",
     ]
+
+
+TAIL = SERVER / "stream_or_collect.py"  # the one stream-or-collect tail: a client that leaves, its abort, its 499
+
+
+def handler_tail_copies(source: str) -> list[str]:
+    """What only the shared tail (stream_or_collect.py) and the app's one handler (errors.py) may do: catch
+    ClientDisconnected, or answer a 499 by hand."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.ExceptHandler)
+            and node.type is not None
+            and "ClientDisconnected" in ast.unparse(node.type)
+        ):
+            found.append(f"line {node.lineno}: catches ClientDisconnected")
+        elif isinstance(node, ast.keyword) and node.arg == "status_code" and ast.unparse(node.value) == "499":
+            found.append(f"line {node.value.lineno}: answers 499 by hand")
+    return found
+
+
+def test_the_stream_or_collect_tail_exists_once() -> None:
+    assert TAIL.exists()
+    found = {
+        str(path.relative_to(SRC)): copies
+        for path in sorted(SERVER.rglob("*.py"))
+        if path not in (TAIL, SERVER / "errors.py") and (copies := handler_tail_copies(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_the_tail_check_sees_a_copy() -> None:
+    source = """
+try:
+    finals = await generation.collect(http_request)
+except (ClientDisconnected, ValueError):
+    return JSONResponse({}, status_code=499)
+"""
+    assert handler_tail_copies(source) == ["line 4: catches ClientDisconnected", "line 5: answers 499 by hand"]

@@ -978,6 +978,8 @@ def test_several_listening_addresses(llama_server: ServerProcess) -> None:
         (("--slot-save-path", "/nonexistent/slots"), "--slot-save-path: not a directory"),
         (("--chat-template-file", "/nonexistent/t.jinja"), "cannot read --chat-template-file"),
         (("--reasoning", "maybe"), "invalid choice: 'maybe'"),
+        (("--tools", "read_file,nope"), '--tools: unknown tool "nope". available tools: read_file, file_glob_search'),
+        (("--tools", "all", "--host", "0.0.0.0"), "run commands on this machine: give --api-key"),
     ],
 )
 def test_llama_server_flags_that_cannot_work_fail_at_start(flags: tuple[str, ...], words: str) -> None:

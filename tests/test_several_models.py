@@ -290,8 +290,10 @@ def test_the_api_key_is_checked_before_any_load() -> None:
             assert httpx.get(f"{server.url}{path}").status_code == 401, path
         refused = httpx.post(f"{server.url}/v1/completions", json={"model": COPY, "prompt": "Hi", "max_tokens": 1})
         assert refused.status_code == 401
+        for path in ("/", "/sw.js", "/manifest.webmanifest", "/_app/version.json"):  # the page's files: no key
+            assert httpx.get(f"{server.url}{path}").status_code == 200, path
         key = {"Authorization": "Bearer sesame"}
-        assert httpx.get(f"{server.url}/api/ps", headers=key).json() == {"models": []}
+        assert httpx.get(f"{server.url}/api/ps", headers=key).json() == {"models": []}  # nor a load
         cards = httpx.get(f"{server.url}/v1/models", headers=key).json()["data"]
         assert {c["id"] for c in cards} == {SMOL, COPY} and cards[0]["root"].startswith("/")  # the key sees paths
     finally:

@@ -101,6 +101,22 @@ class ServerSettings:
         "DNS rebinding: other names get 403); '*' for any, e.g. behind a proxy that keeps the client's Host",
         str,
     )
+    # llama-server's agent features (server/agent_tools.py, server/cors_proxy.py): off by default, each a way to
+    # reach the machine's files, shell or network from a web page, so only for a trusted user on a local machine
+    tools: list[str] = server_option(
+        [],
+        "experimental, for trusted local use only: llama-server's built-in tools for agents at /tools, "
+        "comma-separated or 'all' (read_file, file_glob_search, grep_search, exec_shell_command, write_file, "
+        "edit_file, get_info); with tools on, only local pages and --allowed-origins may call the server, "
+        "even with --api-key",
+        str,
+    )
+    ui_mcp_proxy: bool = server_option(
+        False,
+        "experimental, for trusted local use only: llama-server's /cors-proxy?url=..., which forwards a web "
+        "page's GET or POST to another server (its MCP servers), with only the headers named "
+        "x-llama-server-proxy-header-NAME (default off: 403)",
+    )
     responses_store_bytes: int = server_option(
         DEFAULT_RESPONSES_STORE_BYTES,
         "the Responses API keeps its stored responses (at most 1,000) within this many bytes, the oldest "
@@ -217,6 +233,7 @@ class ServerSettings:
         self.allowed_origins = _names(self.allowed_origins)
         self.allowed_hosts = _names(self.allowed_hosts)
         self.tags = _names(self.tags)
+        self.tools = _names(self.tools)
         if isinstance(self.served_model_name, list):  # --served-model-name's names: an id, then aliases
             names = [name for given in self.served_model_name for name in _names(given)]
             self.served_model_name = names[0] if names else None

@@ -4,6 +4,7 @@
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -227,6 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from tokenmill.errors import InvalidParameterError
     from tokenmill.parsers.reply import reply_format
+    from tokenmill.server.agent_tools import check_tools_option
     from tokenmill.server.listen import listen_problem
 
     s = server_settings(args)  # the server's flags (config/server.py); the model's and the engine's below
@@ -236,6 +238,11 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tokenmill: error: {exc}", file=sys.stderr)
         return 2
 
+    try:  # an unknown tool name, or tools open to the network without a key, fail before anything loads
+        check_tools_option(s.tools, s.host, s.api_key or os.environ.get("TOKENMILL_API_KEY"))
+    except ValueError as exc:
+        print(f"tokenmill: error: --tools: {exc}", file=sys.stderr)
+        return 2
     for host in [h.strip() for h in s.host.split(",") if h.strip()] or [s.host]:
         problem = listen_problem(host, s.port)
         if problem is not None:  # before any rank starts or anything loads

@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the model over OpenAI's API (/v1/completions, /v1/chat/completions, /v1/embeddings, "
         "/v1/responses, /v1/models; also without /v1), Anthropic's Messages API (/v1/messages, "
         "/v1/messages/count_tokens), Ollama's (/api/chat, /api/generate, /api/embed, /api/tags, /api/show, ...), "
-        "llama.cpp's /infill, the SGLang gateway's /server_info, /model_info and /get_load, with /health, /metrics "
+        "llama.cpp's (/completion, /infill, /props, /slots, /apply-template; /tools with --tools, /cors-proxy with "
+        "--ui-mcp-proxy), the SGLang gateway's /server_info, /model_info and /get_load, with /health, /metrics "
         "(Prometheus), /tokenize, /detokenize, /tokenizer_info, /version, /openapi.json and the request explorer "
         "at /. Example client: openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='none').",
     )

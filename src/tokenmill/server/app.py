@@ -8,19 +8,17 @@ import asyncio
 import json
 import threading
 from contextlib import aclosing, asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenmill import __version__
 from tokenmill.server import schemas
+from tokenmill.server.agent_routes import add_agent_routes
 from tokenmill.server.anthropic import add_anthropic_routes
-from tokenmill.server.call_log import CallLog
 from tokenmill.server.chat import render_chat
 from tokenmill.server.errors import APIError, install_error_handlers
 from tokenmill.server.events import engine_snapshot
@@ -28,7 +26,7 @@ from tokenmill.server.infill import add_infill_routes
 from tokenmill.server.llamacpp import add_llamacpp_routes, llama_tokenize
 from tokenmill.server.llamacpp_metrics import llamacpp_metrics_text
 from tokenmill.server.lora_routes import add_lora_routes
-from tokenmill.server.middleware import APIKeyGuard, BodyLimit, CanonicalHeaderNames, HostOriginGuard, JSONBodies
+from tokenmill.server.middleware import install_guards
 from tokenmill.server.ollama import add_ollama_routes
 from tokenmill.server.openai_routes import ROOT_PATHS, add_openai_routes
 from tokenmill.server.responses import add_responses_routes
@@ -37,15 +35,15 @@ from tokenmill.server.schemas import error_responses
 from tokenmill.server.served_model import ServedModel
 from tokenmill.server.state import ServerState
 from tokenmill.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
+from tokenmill.server.web_assets import STATIC_DIR, add_web_assets
 from tokenmill.structured import tools
 
-# with an API key set, these need it (the explorer's page itself holds no data and asks for the key)
+# with an API key set, these need it (the explorer's page and its files hold no data; the page asks for the key)
 PROTECTED_PREFIXES = (
     "/v1/", "/api/", "/tokenize", "/detokenize", "/explorer/", "/infill", "/server_info", "/model_info",
     "/get_load", "/get_server_info", "/get_model_info", "/completion", "/apply-template", "/props", "/slots",
-    *ROOT_PATHS,
+    "/tools", "/cors-proxy", *ROOT_PATHS,
 )  # fmt: skip
-STATIC_DIR = Path(__file__).with_name("static")  # the request explorer: plain HTML, CSS and JavaScript
 
 
 def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
@@ -65,27 +63,7 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     def protected(path: str) -> bool:
         return path.startswith(PROTECTED_PREFIXES) or (settings.metrics_require_key and path == "/metrics")
 
-    # added innermost first. From the outside in: response header names in their usual case; every failed call
-    # gets its log line (call_log.py); Host and
-    # Origin are checked before anything else; a browser's preflight (OPTIONS, no key) is answered by CORS; the
-    # key is checked before a body is read; bodies are bounded before they are parsed, and read as JSON whatever
-    # their Content-Type (safe behind the origin check)
-    policy = state.origin_policy
-    app.add_middleware(JSONBodies)
-    app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
-    app.add_middleware(APIKeyGuard, key=lambda: settings.api_key, protects=protected)
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=["*"] if policy.any_origin else list(policy.allowed_origins),
-        allow_origin_regex=None if policy.any_origin else policy.cors_origin_regex(),
-        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-        allow_headers=["*"],
-        allow_credentials=True,  # a page's cookies and auth go with its calls: the origin is echoed (never "*")
-        expose_headers=["x-request-id"],
-    )
-    app.add_middleware(HostOriginGuard, policy=policy)
-    app.add_middleware(CallLog, enabled=lambda: settings.log_requests)
-    app.add_middleware(CanonicalHeaderNames)
+    install_guards(app, settings, protected)
     with_model = error_responses(400, 401, 404, 413, 503)
 
     @app.get(
@@ -184,11 +162,13 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
     add_infill_routes(app, state)
     add_router_routes(app, state)
     add_llamacpp_routes(app, state)
+    add_agent_routes(app, state)
 
     @app.get("/version", response_model=schemas.Version)
     async def version() -> dict:
         return {"version": __version__}
 
+    add_web_assets(app, settings.explorer)
     if settings.explorer:
         _add_explorer(app, state)
 
@@ -204,14 +184,6 @@ def create_app(state: ServerState, load_in_background: bool = True) -> FastAPI:
 
 
 def _add_explorer(app: FastAPI, state: ServerState) -> None:
-    @app.get("/", include_in_schema=False)
-    async def explorer_page() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html")
-
-    @app.get("/favicon.ico", include_in_schema=False)
-    async def favicon() -> FileResponse:
-        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
-
     @app.get("/explorer/info", response_model=schemas.ExplorerInfo, responses=error_responses(401, 503))
     async def explorer_info() -> dict:
         """What the page needs to turn block counts into bytes, the cache's size, and the engine's state now."""

@@ -28,8 +28,9 @@ class ErrorJSONResponse(JSONResponse):
 
 
 OLLAMA_PREFIX = "/api/"
-# llama.cpp's own API (/completion and the root's /completions, /infill, /props, /slots, /apply-template)
-LLAMACPP_PREFIXES = ("/completion", "/infill", "/props", "/slots", "/apply-template")
+# llama.cpp's own API (/completion and the root's /completions, /infill, /props, /slots, /apply-template, /tools,
+# /cors-proxy)
+LLAMACPP_PREFIXES = ("/completion", "/infill", "/props", "/slots", "/apply-template", "/tools", "/cors-proxy")
 ANTHROPIC_PREFIX = "/v1/messages"
 ANTHROPIC_TYPES = {
     400: "invalid_request_error",

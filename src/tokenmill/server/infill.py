@@ -14,11 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import RequestOutput
-from tokenmill.sampling_params import MAX_TEMPERATURE, SamplingParams
+from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.errors import APIError
 from tokenmill.server.generation import Generation
+from tokenmill.server.llamacpp_protocol import LlamaSampling
 from tokenmill.server.neutral_request import NeutralRequest, OutputLength
-from tokenmill.server.protocol import STRICT, APIRequest, Seed
+from tokenmill.server.protocol import STRICT, APIRequest
 from tokenmill.server.request_ids import call_id, echo
 from tokenmill.server.sampling_defaults import over_defaults
 from tokenmill.server.schemas import answers, error_responses
@@ -34,21 +35,13 @@ class ExtraFile(BaseModel):
     text: str
 
 
-class InfillRequest(APIRequest):
+class InfillRequest(APIRequest, LlamaSampling):
     model: str | None = None
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[ExtraFile] = Field(default_factory=list)  # the repository's other files, for context
     prompt: str = ""  # text after the middle token: what the completion continues
     n_predict: Annotated[int, Field(ge=-1)] = -1  # -1: until a stop
-    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repeat_penalty: Annotated[float, Field(gt=0)] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: Seed | None = None
     stop: list[str] | None = None
     stream: bool = False
     cache_prompt: bool = True  # tokenmill caches prefixes always
@@ -60,20 +53,11 @@ class InfillRequest(APIRequest):
 
     def sampling_params(self, defaults: dict[str, Any]) -> SamplingParams:
         """max_tokens is left unset: Generation settles it from output_length() (output_limits.py)."""
-        optional = {
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "min_p": self.min_p,
-            "repetition_penalty": self.repeat_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-        }
         return SamplingParams(
             max_tokens=None,
             seed=self.seed,
             stop=self.stop or None,
-            **over_defaults(defaults, optional),
+            **over_defaults(defaults, self.sampling_given()),
         )
 
 

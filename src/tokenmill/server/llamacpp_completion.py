@@ -38,15 +38,6 @@ from tokenmill.server.stream_or_collect import aborted_error, collected, streame
 def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: ServedModel) -> CompletionSettings:
     """The request's sampling over the server's defaults (the model's recommended settings, or POST /props')."""
     output = req.output_length()
-    given = {
-        "temperature": req.temperature,
-        "top_k": req.top_k,
-        "top_p": req.top_p,
-        "min_p": req.min_p,
-        "repetition_penalty": req.repeat_penalty,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-    }
     defaults = model.sampling_defaults()
     # a request without a seed takes the server's (--seed), as llama-server's: the same request, the same answer
     seed = req.seed if req.seed is not None else model.config.seed
@@ -60,7 +51,7 @@ def completion_settings(req: LlamaCompletionRequest, state: ServerState, model: 
         processed_logprobs=req.post_sampling_probs,
         report_prompt_progress=req.stream and req.return_progress,
         skip_reading_prefix_cache=not req.cache_prompt,
-        **over_defaults(defaults, given),
+        **over_defaults(defaults, req.sampling_given()),
     )
     # what Generation will settle it to, as the answer's generation_settings shows it (-1: up to the context)
     max_tokens = state.output_limits().settle(output)

@@ -15,13 +15,10 @@ LlamaPrompt = str | dict[str, Any] | list[Any]
 LlamaLogitBias = list[list[Any]] | dict[str, float | bool]
 
 
-class LlamaCompletionRequest(APIRequest):
-    """POST /completion (and /completions): llama-server's own completion, not OpenAI's."""
+class LlamaSampling(BaseModel):
+    """The sampling fields llama-server's /completion, /infill and POST /props share, by its names (unset: None, the
+    server's default)."""
 
-    model: str | None = None
-    prompt: LlamaPrompt = ""
-    n_predict: Annotated[int, Field(ge=-1)] | None = None  # -1: until a stop or the context's end
-    max_tokens: Annotated[int, Field(ge=-1)] | None = None  # llama-server reads it when n_predict is absent
     temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -30,6 +27,27 @@ class LlamaCompletionRequest(APIRequest):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: Seed | None = None
+
+    def sampling_given(self) -> dict[str, Any]:
+        """The fields under SamplingParams' names (the seed apart: each endpoint has its rule for it)."""
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repeat_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+        }
+
+
+class LlamaCompletionRequest(APIRequest, LlamaSampling):
+    """POST /completion (and /completions): llama-server's own completion, not OpenAI's."""
+
+    model: str | None = None
+    prompt: LlamaPrompt = ""
+    n_predict: Annotated[int, Field(ge=-1)] | None = None  # -1: until a stop or the context's end
+    max_tokens: Annotated[int, Field(ge=-1)] | None = None  # llama-server reads it when n_predict is absent
     stop: list[str] | None = None
     ignore_eos: bool = False
     logit_bias: LlamaLogitBias | None = None
@@ -72,19 +90,11 @@ class SlotFileRequest(BaseModel):
     filename: str = ""
 
 
-class PropsParams(BaseModel):
+class PropsParams(LlamaSampling):
     """The /completion defaults POST /props may change."""
 
     model_config = ConfigDict(**STRICT, extra="forbid")
 
-    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repeat_penalty: Annotated[float, Field(gt=0)] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: Seed | None = None
     n_predict: Annotated[int, Field(ge=-1)] | None = None
 
 

@@ -8,9 +8,13 @@ through untouched.
 import hmac
 from collections.abc import Callable
 
+from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenmill.config.server import ServerSettings
+from tokenmill.server.call_log import CallLog
 from tokenmill.server.errors import APIError
 from tokenmill.server.origins import OriginPolicy
 
@@ -208,3 +212,28 @@ def _replay(messages: list[Message], last: Message | None, receive: Receive) -> 
         return await receive()
 
     return replay
+
+
+def install_guards(app: Starlette, settings: ServerSettings, protects: Callable[[str], bool]) -> None:
+    """The middleware in front of every route, the one-model server's and the several-models router's alike; the
+    API key guards the paths `protects` names. Added innermost first. From the outside in: response header names in
+    their usual case; every failed call gets its log line (call_log.py); Host and Origin are checked before
+    anything else; a browser's preflight (OPTIONS, no key) is answered by CORS; the key is checked before a body is
+    read; bodies are bounded before they are parsed, and read as JSON whatever their Content-Type (safe behind the
+    origin check)."""
+    policy = OriginPolicy.of(settings)
+    app.add_middleware(JSONBodies)
+    app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
+    app.add_middleware(APIKeyGuard, key=lambda: settings.api_key, protects=protects)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"] if policy.any_origin else list(policy.allowed_origins),
+        allow_origin_regex=None if policy.any_origin else policy.cors_origin_regex(),
+        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+        allow_headers=["*"],
+        allow_credentials=True,  # a page's cookies and auth go with its calls: the origin is echoed (never "*")
+        expose_headers=["x-request-id"],
+    )
+    app.add_middleware(HostOriginGuard, policy=policy)
+    app.add_middleware(CallLog, enabled=lambda: settings.log_requests)
+    app.add_middleware(CanonicalHeaderNames)

@@ -13,14 +13,18 @@ the --host values, the machine's own name when listening on every interface (0.0
 (the request explorer: Origin is the Host it was loaded from); and --allowed-origins (`*`: any). A server with an
 API key allows pages of any origin, as llama-server does: the key guards every API path, and a browser never sends
 it by itself, so a page can only call what its user gave it the key for (what needs no key, /health, /version,
-/metrics without --metrics-require-key, any client on the network reads too). Without a key, llama-server's
-default lets any site on the web drive a server on its visitor's machine; tokenmill's does not.
+/metrics without --metrics-require-key, any client on the network reads too), unless the server's agent tools are
+on (--tools: files and a shell): then only local pages and --allowed-origins, key or not, as llama-server narrows
+its CORS origins to localhost with them. Without a key, llama-server's default lets any site on the web drive a
+server on its visitor's machine; tokenmill's does not.
 """
 
 import ipaddress
 import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from tokenmill.config.server import ServerSettings
 
 ANY = "*"
 UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -32,6 +36,7 @@ class OriginPolicy:
     allowed_hosts: tuple[str, ...] = ()  # --allowed-hosts, beyond the names above
     allowed_origins: tuple[str, ...] = ()  # --allowed-origins, beyond the local ones
     key_required: bool = False  # --api-key: the key guards the API, so pages of any origin may call it
+    tools_enabled: bool = False  # --tools: pages of other origins may not, key or not
     _host_names: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -41,13 +46,19 @@ class OriginPolicy:
             names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
         object.__setattr__(self, "_host_names", frozenset(names))
 
+    @classmethod
+    def of(cls, settings: ServerSettings) -> "OriginPolicy":
+        """The policy a server's settings give (the one-model server's and the several-models router's alike)."""
+        s = settings
+        return cls(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key), bool(s.tools))
+
     @property
     def any_host(self) -> bool:
         return ANY in self.allowed_hosts
 
     @property
     def any_origin(self) -> bool:
-        return ANY in self.allowed_origins or self.key_required
+        return ANY in self.allowed_origins or (self.key_required and not self.tools_enabled)
 
     def host_allowed(self, host_header: str | None) -> bool:
         """Whether a request's Host header names this server (no header: a client that is no browser)."""
@@ -79,6 +90,11 @@ class OriginPolicy:
         """Starlette's CORSMiddleware answers the preflight of the origins this regex matches (local pages); the
         exact ones given come as its list."""
         return r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a --host address is this machine's own (localhost, 127.0.0.0/8, ::1): no other can connect."""
+    return _is_local_name(_host_name(host))
 
 
 def _host_name(host: str) -> str:

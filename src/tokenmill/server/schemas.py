@@ -243,9 +243,11 @@ def error_responses(*statuses: int, model: type[BaseModel] | None = None) -> dic
     what = {
         400: "invalid parameters, a schema error, JSON that does not parse, or a prompt that does not fit",
         401: "the API key is missing or wrong (when the server has one)",
+        403: "a feature this server was started without (llama.cpp's /tools: --tools, /cors-proxy: --ui-mcp-proxy)",
         404: "a model this server does not serve",
         413: "a body over --max-request-bytes",
         501: "an endpoint or action this server was started without (llama.cpp's API: --no-slots)",
+        502: "the target of /cors-proxy could not be reached",
         503: "loading, shutting down, a failed engine, or more than --max-queue requests waiting",
     }
     return {status: {"model": model or ErrorResponse, "description": what[status]} for status in statuses}

@@ -19,7 +19,6 @@ from tokenmill.server.errors import APIError
 from tokenmill.server.events import EventHub
 from tokenmill.server.metrics import ServerMetrics
 from tokenmill.server.middleware import carries_key
-from tokenmill.server.origins import OriginPolicy
 from tokenmill.server.output_limits import OutputLimits
 from tokenmill.server.served_model import ServedModel, build_engine
 
@@ -46,11 +45,6 @@ class ServerState:
         self.events = EventHub()
         self._reply_format: ReplyFormat | None = None
         self.ready = threading.Event()
-
-    @property
-    def origin_policy(self) -> OriginPolicy:
-        s = self.settings
-        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key))
 
     def shown_path(self, http_request: Request) -> str:
         """The model's path as a caller may see it: whole to a caller that sent the API key, else only the file's

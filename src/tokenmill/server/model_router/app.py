@@ -13,26 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tokenmill import __version__
-from tokenmill.server.call_log import CallLog
 from tokenmill.server.errors import OLLAMA_PREFIX, APIError, install_error_handlers
-from tokenmill.server.middleware import APIKeyGuard, BodyLimit, CanonicalHeaderNames, HostOriginGuard, JSONBodies
+from tokenmill.server.middleware import install_guards
 from tokenmill.server.model_router import hub_pull, listing
 from tokenmill.server.model_router.catalog import ServableModel, served_model
 from tokenmill.server.model_router.metrics import exposition, merged, own_families, scrape
 from tokenmill.server.model_router.router import ModelRouter, json_body, named_model
 from tokenmill.server.ollama import OLLAMA_API_VERSION
 from tokenmill.server.stream_or_collect import NDJSON
+from tokenmill.server.web_assets import PUBLIC_ASSETS, STATIC_DIR, add_web_assets
 
-STATIC_DIR = Path(__file__).parents[1] / "static"  # the request explorer's page, as the one-model server's
 # with an API key set, every path needs it but these (as the one-model server's; /metrics with
 # --metrics-require-key): a request must not load a model before its key is checked
-OPEN_PATHS = ("/health", "/", "/favicon.ico", "/version", "/openapi.json", "/metrics")
+OPEN_PATHS = ("/health", "/", "/favicon.ico", "/version", "/openapi.json", "/metrics", *PUBLIC_ASSETS)
 AUTH_HEADERS = ("authorization", "x-api-key")
 
 
@@ -46,28 +44,13 @@ def create_router_app(router: ModelRouter) -> FastAPI:
 
     app = FastAPI(title="tokenmill", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app, lambda: None)
-    policy = router.origin_policy
 
     def protected(path: str) -> bool:
         if path == "/metrics":
             return settings.metrics_require_key
         return path not in OPEN_PATHS and not path.startswith("/static/")
 
-    app.add_middleware(JSONBodies)
-    app.add_middleware(BodyLimit, max_bytes=lambda: settings.max_request_bytes)
-    app.add_middleware(APIKeyGuard, key=lambda: settings.api_key, protects=protected)
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=["*"] if policy.any_origin else list(policy.allowed_origins),
-        allow_origin_regex=None if policy.any_origin else policy.cors_origin_regex(),
-        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-        allow_headers=["*"],
-        allow_credentials=True,
-        expose_headers=["x-request-id"],
-    )
-    app.add_middleware(HostOriginGuard, policy=policy)
-    app.add_middleware(CallLog, enabled=lambda: settings.log_requests)
-    app.add_middleware(CanonicalHeaderNames)
+    install_guards(app, settings, protected)
     created = int(time.time())
 
     def shown_path(model: ServableModel, request: Request) -> str:
@@ -207,15 +190,8 @@ def create_router_app(router: ModelRouter) -> FastAPI:
         text = await asyncio.to_thread(exposition, [*merged(per_model), *own])
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    add_web_assets(app, settings.explorer)  # answered here: the page's files load no model
     if settings.explorer:
-
-        @app.get("/", include_in_schema=False)
-        async def explorer_page() -> FileResponse:
-            return FileResponse(STATIC_DIR / "index.html")
-
-        @app.get("/favicon.ico", include_in_schema=False)
-        async def favicon() -> FileResponse:
-            return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
         @app.get("/explorer/info")
         async def explorer_info(request: Request) -> Response:

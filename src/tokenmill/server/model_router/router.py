@@ -16,7 +16,6 @@ from tokenmill.server.model_router.keep_alive import parse_keep_alive
 from tokenmill.server.model_router.model_process import ModelLoadError
 from tokenmill.server.model_router.proxy import ProxiedResponse, forward, new_client
 from tokenmill.server.model_router.registry import ModelRegistry, Slot
-from tokenmill.server.origins import OriginPolicy
 
 _PARSED_INLINE_BYTES = 64 * 1024  # larger bodies are parsed in a worker thread, off the event loop
 
@@ -32,11 +31,6 @@ class ModelRouter:
         self.load_seconds: dict[str, float] = {}  # model id -> its last load's seconds (metrics)
         self.client = new_client()
         self.shutting_down = False
-
-    @property
-    def origin_policy(self) -> OriginPolicy:
-        s = self.settings
-        return OriginPolicy(s.host, tuple(s.allowed_hosts), tuple(s.allowed_origins), bool(s.api_key))
 
     def _count_load(self, slot: Slot) -> None:
         name = slot.model.name
