@@ -12,6 +12,7 @@ LLAMACPP_SUITE := .venv-llamacpp-suite
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install test-deps serve generate test test-fast test-unit lint clean bench-peers bench reference moe-reference \
+	lora-reference \
 	vllm-suite llamacpp-suite
 
 # `make serve PORT=8123 HOST=0.0.0.0 ARGS="--model gemma3-270m"`: where it listens, and any other serve options
@@ -123,6 +124,15 @@ moe-reference: install bench-peers
 	$(PEERS)/bin/python tests/data/make_moe_llamacpp.py \
 		--converter $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36/vendor/llama.cpp \
 		--tokenizer "$$($(BIN)/python -c 'from tokenmill.loader.model_path import bundled_model_path as p; print(p())')"
+
+# tests/data/lora_llamacpp.json made again by llama.cpp's converters and llama.cpp (tests/data/make_lora_llamacpp.py)
+lora-reference: test-deps bench-peers
+	test -f $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36.tar.gz || $(PEERS)/bin/python -m pip download --quiet --no-deps \
+		--no-binary :all: llama-cpp-python==0.3.36 -d $(LLAMA_CPP_SDIST)
+	test -d $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36 || tar xzf $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36.tar.gz \
+		-C $(LLAMA_CPP_SDIST)
+	$(BIN)/python tests/data/make_lora_llamacpp.py --peers-python $(PEERS)/bin/python \
+		--converter $(LLAMA_CPP_SDIST)/llama_cpp_python-0.3.36/vendor/llama.cpp
 
 clean:
 	rm -rf $(VENV) $(PEERS) $(VLLM_SUITE) .pytest_cache .ruff_cache *.egg-info

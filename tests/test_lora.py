@@ -5,13 +5,12 @@ are refused with errors that name them."""
 
 import dataclasses
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.lora_cases import ADAPTERS, PROMPT, merged_greedy, write_adapter, write_tiny_llama
+from tests.lora_gguf import gguf_digests, write_gguf_lora
 from tokenmill import LLM, SamplingParams
 from tokenmill.engine.lora_registry import LoRAExistsError, LoRANotFoundError
 from tokenmill.loader.lora_file import LoRAError, read_lora
@@ -140,63 +139,33 @@ def test_an_adapter_of_another_model_is_refused(tiny, bundled_path: Path) -> Non
 
 # ---- llama.cpp's GGUF LoRA ------------------------------------------------------------------------------------------
 
-PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
-# the Makefile's moe-reference unpacks llama-cpp-python's source distribution here (its converters)
-CONVERTERS = Path.home() / ".cache/tokenmill/llama-cpp-python-0.3.36/llama_cpp_python-0.3.36/vendor/llama.cpp"
-LLAMACPP_GREEDY = """
-import json, sys
-import numpy as np
-from llama_cpp import Llama
-model, lora, prompt, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-llm = Llama(model, lora_path=lora or None, n_ctx=256, n_threads=2, n_batch=64, verbose=False, logits_all=True)
-llm.eval(prompt)
-out = []
-for _ in range(n):
-    out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-    llm.eval([out[-1]])
-print(json.dumps(out))
-"""
-
-
-def _peers() -> tuple[Path, Path]:
-    python = Path(os.environ.get("TOKENMILL_PEERS_PYTHON", PEERS_PYTHON))
-    converters = Path(os.environ.get("TOKENMILL_LLAMA_CPP_CONVERTERS", CONVERTERS))
-    if not python.exists() or not (converters / "convert_lora_to_gguf.py").exists():
-        pytest.skip(
-            f"llama.cpp's peers are not here ({python}, {converters}): `make bench-peers moe-reference`, or "
-            "TOKENMILL_PEERS_PYTHON and TOKENMILL_LLAMA_CPP_CONVERTERS"
-        )
-    return python, converters
-
-
-def _run(command: list) -> str:
-    done = subprocess.run([str(c) for c in command], capture_output=True, text=True, check=False, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+LLAMACPP = Path(__file__).parent / "data" / "lora_llamacpp.json"  # made by tests/data/make_lora_llamacpp.py
 
 
 @pytest.mark.slow
 def test_a_gguf_lora_gives_llama_cpps_tokens(tiny, tmp_path: Path) -> None:
-    """llama.cpp's converters make the GGUF model and its GGUF LoRA from the same PEFT adapter; llama-cpp-python
-    (lora_path) and tokenmill (--lora) decode greedily on those two files. Also the GGUF LoRA on the
-    safetensors model gives the PEFT adapter's tokens (its Q/K rows put back in HF's order)."""
-    python, converters = _peers()
+    """Two of the PEFT adapters as llama.cpp's GGUF LoRA (tests/lora_gguf.py writes the bytes llama.cpp's converter
+    wrote for them: checked by digest) give the greedy tokens llama.cpp gave with them (tests/data/
+    lora_llamacpp.json; its maker also checks tokenmill on the converter's own base GGUF). The GGUF LoRA on the
+    safetensors model also gives the PEFT adapter's merged tokens: its Q/K rows are put back in HF's order."""
     base, adapters = tiny
-    model_gguf = tmp_path / "base.gguf"
-    _run([python, converters / "convert_hf_to_gguf.py", base, "--outtype", "f32", "--outfile", model_gguf])
-    prompt = PROMPT[:24]
-    llm = LLM(str(model_gguf))
-    for name in ("all8", "qv8rs"):  # every projection; and rsLoRA, whose scale llama.cpp's converter drops
-        lora_gguf = tmp_path / f"{name}.gguf"
-        _run([python, converters / "convert_lora_to_gguf.py", adapters[name], "--base", base, "--outtype", "f32",
-              "--outfile", lora_gguf])  # fmt: skip
-        expected = json.loads(_run([python, "-c", LLAMACPP_GREEDY, model_gguf, lora_gguf, json.dumps(prompt), 12]))
-        llm.load_lora(name, str(lora_gguf))
-        assert tokens(llm, prompt, name) == expected, name
-    base_expected = json.loads(_run([python, "-c", LLAMACPP_GREEDY, model_gguf, "", json.dumps(prompt), 12]))
-    assert tokens(llm, prompt) == base_expected
-    on_safetensors = LLM(str(base), lora_modules={"all8": str(tmp_path / "all8.gguf")})
-    assert tokens(on_safetensors, prompt, "all8") == merged_greedy(base, adapters["all8"], prompt, 12)
+    record = json.loads(LLAMACPP.read_text())
+    prompt = record["prompt"]
+    assert record["tokens"] == GREEDY.max_tokens and record["adapters"].keys() == {"all8", "qv8rs"}
+    files = {}
+    for name, want in record["adapters"].items():
+        files[name] = write_gguf_lora(adapters[name], base, tmp_path / f"{name}.gguf")
+        assert gguf_digests(files[name]) == want["tensors"], (
+            f"{name}: not the converter's bytes (tests/lora_gguf.py, or the adapter changed: make lora-reference)"
+        )
+    llm = LLM(str(base), lora_modules={name: str(path) for name, path in files.items()})
+    try:
+        assert tokens(llm, prompt) == record["base_tokens"]
+        for name, want in record["adapters"].items():
+            assert tokens(llm, prompt, name) == want["llamacpp_tokens"], name
+        assert tokens(llm, prompt, "all8") == merged_greedy(base, adapters["all8"], prompt, GREEDY.max_tokens)
+    finally:
+        llm.close()
 
 
 def test_lora_modules_option_forms() -> None:

@@ -23,7 +23,8 @@ def served(tmp_path_factory, bundled_path: Path):
     root = tmp_path_factory.mktemp("lora-server")
     base = write_tiny_llama(root, bundled_path)
     adapters = {name: write_adapter(base, root / name, i, **ADAPTERS[name]) for i, name in enumerate(["all8", "attn4"])}
-    proc = start_server("--model", str(base), "--quantization", "none", "--lora", f"all8={adapters['all8']}")
+    lora = ("--lora", f"all8={adapters['all8']}", "--allow-runtime-lora-updating")
+    proc = start_server("--model", str(base), "--quantization", "none", *lora)
     yield proc, base, adapters, Tokenizer.from_gguf(GGUFFile(bundled_path))
     assert proc.stop() == 0
 
@@ -99,3 +100,22 @@ def test_a_bad_path_is_a_400_in_openais_shape(served, tmp_path: Path) -> None:
     no_path = httpx.post(f"{proc.url}/v1/load_lora_adapter", json={"lora_name": "x"})
     assert no_path.status_code == 400 and "error" in no_path.json()
     assert httpx.get(f"{proc.url}/health").status_code == 200  # nothing crashed
+
+
+def test_without_the_option_the_runtime_endpoints_answer_403(monkeypatch) -> None:
+    """vLLM keeps them behind VLLM_ALLOW_RUNTIME_LORA_UPDATING: a caller names a file for the server to read."""
+    from fastapi.testclient import TestClient
+
+    from tokenmill.server.app import create_app
+    from tokenmill.server.state import ServerSettings, ServerState
+
+    monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    app = create_app(ServerState(ServerSettings()), load_in_background=False)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        for path, body in (("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/etc/passwd"}),
+                           ("/v1/unload_lora_adapter", {"lora_name": "x"})):  # fmt: skip
+            r = c.post(path, json=body)
+            assert r.status_code == 403 and r.json()["error"]["type"] == "feature_disabled", r.text
+            assert "--allow-runtime-lora-updating" in r.json()["error"]["message"]
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    assert ServerSettings().allow_runtime_lora_updating

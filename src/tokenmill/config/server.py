@@ -3,6 +3,7 @@ flag, and entrypoints/cli_parser.py generates the flags from the fields and read
 ServerSettings (an option left out leaves the field's default), as it does for EngineConfig's. The other fields
 (`filled`) the command line fills from options declared elsewhere: the model's and the engine's. No torch here."""
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +117,13 @@ class ServerSettings:
         "experimental, for trusted local use only: llama-server's /cors-proxy?url=..., which forwards a web "
         "page's GET or POST to another server (its MCP servers), with only the headers named "
         "x-llama-server-proxy-header-NAME (default off: 403)",
+    )
+    # vLLM hides its runtime endpoints behind VLLM_ALLOW_RUNTIME_LORA_UPDATING: a caller of them names a path on
+    # this machine for the server to read
+    allow_runtime_lora_updating: bool = server_option(
+        False,
+        "turn on /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA endpoints: the caller "
+        "names a file on this machine; default off, 403, or on where VLLM_ALLOW_RUNTIME_LORA_UPDATING is true)",
     )
     responses_store_bytes: int = server_option(
         DEFAULT_RESPONSES_STORE_BYTES,
@@ -233,6 +241,8 @@ class ServerSettings:
         self.allowed_origins = _names(self.allowed_origins)
         self.allowed_hosts = _names(self.allowed_hosts)
         self.tags = _names(self.tags)
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"):  # vLLM's switch
+            self.allow_runtime_lora_updating = True
         self.tools = _names(self.tools)
         if isinstance(self.served_model_name, list):  # --served-model-name's names: an id, then aliases
             names = [name for given in self.served_model_name for name in _names(given)]

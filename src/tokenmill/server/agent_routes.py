@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tokenmill.server import agent_tools
 from tokenmill.server.cors_proxy import proxy
-from tokenmill.server.errors import APIError
+from tokenmill.server.errors import APIError, disabled
 from tokenmill.server.schemas import ANY_LIST, answers, error_responses
 from tokenmill.server.state import ServerState
 
@@ -28,10 +28,6 @@ class ToolCall(BaseModel):
     tool: str = Field(description="the tool's name, as GET /tools lists it")
     params: dict[str, Any] = Field(default_factory=dict, description="its arguments, as its definition names them")
     stream: bool = Field(False, description="its output as server-sent events as it comes (exec_shell_command)")
-
-
-def disabled(feature: str) -> APIError:
-    return APIError(403, f"this feature is disabled (start the server with {feature})", "feature_disabled")
 
 
 def add_agent_routes(app: FastAPI, state: ServerState) -> None:

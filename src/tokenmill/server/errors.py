@@ -85,6 +85,11 @@ class APIError(Exception):
         return f"data: {json.dumps(self.body(), ensure_ascii=True)}\n\n"
 
 
+def disabled(feature: str) -> APIError:
+    """A route of a feature the server was started without (llama-server's 403 `feature_disabled`)."""
+    return APIError(403, f"this feature is disabled (start the server with {feature})", "feature_disabled")
+
+
 def from_engine_error(exc: InvalidParameterError) -> APIError:
     code = "context_length_exceeded" if isinstance(exc, PromptTooLongError) else None
     return APIError(400, str(exc), param=exc.param, code=code)

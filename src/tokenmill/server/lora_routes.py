@@ -1,5 +1,6 @@
 """vLLM's runtime LoRA endpoints: POST /v1/load_lora_adapter and /v1/unload_lora_adapter, bodies {lora_name,
-lora_path}. Success is vLLM's plain-text line; a bad path or adapter is a 400, a name already loaded a 400, an
+lora_path}, only with --allow-runtime-lora-updating (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING; else 403). Success is
+vLLM's plain-text line; a bad path or adapter is a 400, a name already loaded a 400, an
 unknown one on unload a 404, each in OpenAI's error shape. A loaded adapter is a model to every OpenAI and Ollama
 generation API (`model: NAME`) and is listed by /v1/models with its base model as `parent`."""
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokenmill.engine.lora_registry import LoRANotFoundError
 from tokenmill.loader.lora_file import LoRAError
-from tokenmill.server.errors import APIError
+from tokenmill.server.errors import APIError, disabled
 from tokenmill.server.schemas import error_responses
 from tokenmill.server.state import ServerState
 
@@ -27,10 +28,15 @@ class UnloadLoRARequest(BaseModel):
 
 
 def add_lora_routes(app: FastAPI, state: ServerState) -> None:
-    answers = {200: {"content": {"text/plain": {}}}, **error_responses(400, 401, 404, 503)}
+    answers = {200: {"content": {"text/plain": {}}}, **error_responses(400, 401, 403, 404, 503)}
+
+    def check_allowed() -> None:
+        if not state.settings.allow_runtime_lora_updating:
+            raise disabled("--allow-runtime-lora-updating")
 
     @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=answers)
     async def load_lora_adapter(req: LoadLoRARequest) -> str:
+        check_allowed()
         engine = state.require_engine()
         if not req.lora_name or not req.lora_path:
             raise APIError(400, "both lora_name and lora_path must be given", param="lora_name")
@@ -44,6 +50,7 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=answers)
     async def unload_lora_adapter(req: UnloadLoRARequest) -> str:
+        check_allowed()
         engine = state.require_engine()
         try:
             await engine.unload_lora(req.lora_name)
