@@ -5,7 +5,7 @@ unknown one on unload a 404, each in OpenAI's error shape. A loaded adapter is a
 generation API (`model: NAME`) and is listed by /v1/models with its base model as `parent`."""
 
 from fastapi import FastAPI
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from tokenmill.engine.lora_registry import LoRANotFoundError
@@ -28,14 +28,16 @@ class UnloadLoRARequest(BaseModel):
 
 
 def add_lora_routes(app: FastAPI, state: ServerState) -> None:
-    answers = {200: {"content": {"text/plain": {}}}, **error_responses(400, 401, 403, 404, 503)}
+    # the success line is text, the errors OpenAI's JSON (a plain-text response class would document both as text)
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    answers = {200: {"content": text, "description": "vLLM's success line"}, **error_responses(400, 401, 403, 404, 503)}
 
     def check_allowed() -> None:
         if not state.settings.allow_runtime_lora_updating:
             raise disabled("--allow-runtime-lora-updating")
 
-    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=answers)
-    async def load_lora_adapter(req: LoadLoRARequest) -> str:
+    @app.post("/v1/load_lora_adapter", response_class=Response, responses=answers)
+    async def load_lora_adapter(req: LoadLoRARequest) -> Response:
         check_allowed()
         engine = state.require_engine()
         if not req.lora_name or not req.lora_path:
@@ -46,14 +48,14 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
             await engine.load_lora(req.lora_name, req.lora_path)
         except LoRAError as exc:  # its message names the file; the caller sent that path
             raise APIError(400, str(exc), param="lora_path", code="invalid_lora_adapter") from exc
-        return f"Success: LoRA adapter '{req.lora_name}' added successfully."
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=answers)
-    async def unload_lora_adapter(req: UnloadLoRARequest) -> str:
+    @app.post("/v1/unload_lora_adapter", response_class=Response, responses=answers)
+    async def unload_lora_adapter(req: UnloadLoRARequest) -> Response:
         check_allowed()
         engine = state.require_engine()
         try:
             await engine.unload_lora(req.lora_name)
         except LoRANotFoundError as exc:
             raise APIError(404, str(exc), param="lora_name", code="lora_not_found") from exc
-        return f"Success: LoRA adapter '{req.lora_name}' removed successfully."
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
