@@ -327,7 +327,11 @@ def _model_entry(state: ServerState) -> dict:
 
 
 def _details(state: ServerState) -> dict:
-    facts = state.require_model().facts
+    return model_details(state.require_model().facts)
+
+
+def model_details(facts) -> dict:
+    """Ollama's `details` of a model from its facts (the loaded model's, or the router's read from its file)."""
     return {
         "parent_model": "",
         "format": facts.format,

@@ -13,6 +13,7 @@ from tokenmill.loader.model_facts import ModelFacts, describe_model
 from tokenmill.loader.model_source import open_model_source
 from tokenmill.server.model_router.catalog import OLLAMA_TAG, ServableModel
 from tokenmill.server.model_router.registry import Slot
+from tokenmill.server.ollama import model_details
 
 FOREVER = "2318-01-01T00:00:00Z"  # Ollama's expires_at for a model kept loaded (keep_alive negative)
 
@@ -67,14 +68,7 @@ def ollama_entry(model: ServableModel, facts: ModelFacts | None) -> dict[str, An
         "modified_at": _iso(facts.modified_time),
         "size": facts.size_bytes,
         "digest": facts.digest,
-        "details": {
-            "parent_model": "",
-            "format": facts.format,
-            "family": facts.architecture,
-            "families": [facts.architecture],
-            "parameter_size": facts.parameter_size,
-            "quantization_level": facts.quantization,
-        },
+        "details": model_details(facts),
     }
 
 
