@@ -394,10 +394,7 @@ def write_tiny_gguf(
             writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(name, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return path
 
 
@@ -437,3 +434,11 @@ def random_blocks(type_name: str, rows: int, k: int, rng: np.random.Generator, s
     if qtype == gguf.GGMLQuantizationType.MXFP4:
         blocks[..., 0] = rng.integers(*MXFP4_EXPONENTS, size=size) + round(np.log2(scale))
     return blocks.reshape(rows, -1)
+
+
+def finish(writer: gguf.GGUFWriter) -> None:
+    """Write what `writer` holds (header, metadata, tensors) and close its file(s)."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

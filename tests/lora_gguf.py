@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-from tests.gguf_builder import permute_for_ggml
+from tests.gguf_builder import finish, permute_for_ggml
 
 KINDS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
 KINDS |= {"gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
@@ -44,10 +44,7 @@ def write_gguf_lora(adapter: Path, base: Path, out: Path) -> Path:
     writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
     for name, value in sorted(gguf_lora_tensors(adapter, base).items()):
         writer.add_tensor(name, value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     return out
 
 

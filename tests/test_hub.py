@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.gguf_builder import finish
 from tests.hub_stand_in import HubStandIn
 from tests.server_utils import start_server
 from tests.test_hf_checkpoints import tokenizer_files, write_tiny  # noqa: F401 - tokenizer_files is a fixture
@@ -148,10 +149,7 @@ def write_split_gguf(folder: Path, count: int) -> list[Path]:
         writer.add_uint16("split.no", no)
         writer.add_uint16("split.count", count)
         writer.add_tensor(f"blk.{no}.ffn_up.weight", np.zeros((4, 4), dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        finish(writer)
         shards.append(path)
     return shards
 

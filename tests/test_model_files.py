@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.gguf_builder import TinyLlama, write_tiny_llama
+from tests.gguf_builder import TinyLlama, finish, write_tiny_llama
 from tokenmill.errors import ModelFileError, UnsupportedModelError
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.loader.model_path import BUNDLED_FILE, resolve_model_path
@@ -101,10 +101,7 @@ def test_unsupported_tensor_type(tmp_path: Path) -> None:
             writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
         else:
             writer.add_tensor(t.name, np.array(t.data))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     with pytest.raises(UnsupportedModelError, match=r"iq2.gguf: tensor 'blk.0.ffn_up.weight' has type IQ2_XXS"):
         LLM(str(tmp_path / "iq2.gguf"))
 

@@ -8,6 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
+from tests.gguf_builder import finish
 from tokenmill import LLM, SamplingParams
 from tokenmill.errors import ModelFileError
 from tokenmill.loader.gguf_file import GGUFFile
@@ -32,10 +33,7 @@ def write_split(source: Path, folder: Path, shards: int) -> list[Path]:
         writer.add_key_value(name, field.contents(), field.types[0], sub_type)
     for t in reader.tensors:
         writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
     written = sorted(folder.glob("model-*-of-*.gguf"))
     assert len(written) == shards
     return written

@@ -398,8 +398,9 @@ ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, cons
  * ports on Zen 4 (Q4_K: two vpdpwssd, below). No overflow: |dot| <= 31 * 127 * 32 times a scale <= 63, 8 blocks
  * (Q5_K), or 32 * 127 * 16 times |scale| <= 128, 16 halves (Q6_K): below 2^27.
  * Q4_K and Q5_K keep two chains per row (the steps in turn): with one, the 8 rows' chains waited on vpdpbusd's
- * latency (a loop of 8 rows x 8 steps ran 3.3 G products/s a core against 4.9 with two chains, the ports' peak
- * 6.9); Q4_K at 512 rows +7-14% (medians of 30 alternating calls, [8192, 2048] and [2048, 2048], same bits). */
+ * latency (benchmarks/dot_chains.c, 8 rows x 8 steps: 3.3 against 4.9 G products/s a core in one run, the ports'
+ * peak 6.9; noisy here); Q4_K at 512 rows +7-14% (benchmarks/products_ab.py, [8192, 2048] and [2048, 2048], same
+ * bits). */
 ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
                       const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
     const int64_t units = k / QK_K, nb = k / QK;

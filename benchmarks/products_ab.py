@@ -1,0 +1,92 @@
+"""Two builds of native/products.c in one process, alternating (ABBA), on SmolLM2-1.7B's file tensors: is a kernel
+change faster, and are its outputs the same bits? (issue 38)
+
+    .venv/bin/python benchmarks/products_ab.py VARIANT.c [threads] [reps] [Q4_K,Q6_K]   # BASE=OTHER.c: not HEAD's
+
+ROWS (environment, default 512) activation rows. Prints JSON: per tensor the two builds' fastest and median ms, the
+median of the per-pair time ratios (base / variant: above 1, the variant is faster), and whether the outputs are
+bit-equal.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import tokenmill.native as native
+from tokenmill.layers.quantized_linear import NativeLinear
+from tokenmill.loader.gguf_file import GGUFFile
+
+variant = Path(sys.argv[1])
+threads = int(sys.argv[2])
+reps = int(sys.argv[3])
+types = sys.argv[4].split(",") if len(sys.argv) > 4 else ["Q4_K", "Q6_K"]
+rows = int(os.environ.get("ROWS", "512"))
+torch.set_num_threads(threads)
+base = native.load()
+src = Path(native.__file__).parent
+
+
+def build(variant):
+    tmpd = Path(tempfile.mkdtemp())
+    for f in src.iterdir():
+        if f.suffix in (".c", ".h"):
+            shutil.copy(f, tmpd / f.name)
+    shutil.copy(variant, tmpd / "products.c")
+    objs = []
+    for f in sorted(tmpd.glob("*.c")):
+        o = str(f.with_suffix(".o"))
+        objs.append(o)
+        subprocess.run(["gcc", *native._FLAGS, "-c", str(f), "-o", o], check=True)
+    so = tmpd / "v.so"
+    subprocess.run(["gcc", *native._LINK_FLAGS, *objs, "-o", str(so), *native._LIBS], check=True)
+    saved = (native._lib, native._tried, native._build)
+    native._lib, native._tried, native._build = None, False, (lambda force=False: so)
+    lib = native.load()
+    native._lib, native._tried, native._build = saved
+    return lib
+
+
+var = build(variant)
+if os.environ.get("BASE"):
+    base = build(Path(os.environ["BASE"]))
+g = GGUFFile(Path.home() / ".cache/tokenmill/synth/synth-smollm2-1.7b-Q4_K_M.gguf")
+out = {}
+for name in ("blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.0.attn_q.weight"):
+    t = g.tensor(name)
+    if t.ggml_type.name not in types:
+        continue
+    n, k = t.shape
+    la = NativeLinear([(t.data, t.ggml_type)], k, 1, lib=base)
+    lb = NativeLinear([(t.data, t.ggml_type)], k, 1, lib=var)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(0))
+    ya, yb = la(x), lb(x)
+    same = torch.equal(ya, yb)
+    ta, tb = [], []
+    for i in range(reps):
+        order = [(la, ta), (lb, tb)] if i % 2 == 0 else [(lb, tb), (la, ta)]
+        for layer, ts in order:
+            s = time.perf_counter()
+            layer(x)
+            ts.append(time.perf_counter() - s)
+    mac = rows * n * k
+    out[name.split(".")[2] + ":" + t.ggml_type.name] = {
+        "base_ms": round(min(ta) * 1e3, 2),
+        "var_ms": round(min(tb) * 1e3, 2),
+        "base_med": round(statistics.median(ta) * 1e3, 2),
+        "var_med": round(statistics.median(tb) * 1e3, 2),
+        "speedup_min": round(min(ta) / min(tb), 3),
+        "pair_ratio_med": round(statistics.median([a / b for a, b in zip(ta, tb, strict=True)]), 3),
+        "speedup_med": round(statistics.median(ta) / statistics.median(tb), 3),
+        "var_gmac_s": round(mac / min(tb) / 1e9, 1),
+        "bit_equal": same,
+        "maxdiff": float((ya - yb).abs().max()),
+    }
+print(json.dumps(out, indent=1))
