@@ -112,6 +112,21 @@ def test_products_are_exact_up_to_the_activations_quantization(type_name: str, p
     assert torch.equal(layer(x, passes=3 - passes), NativeLinear.from_gguf(layer_parts, k, passes=3 - passes)(x))
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_prompt_rows_over_unpacked_panels_are_the_rows_alone(type_name: str) -> None:
+    """One pass into a K-quant with more rows than a tile: the AVX-512 build unpacks each group's codes a panel of
+    super-blocks at a time for the tiles of a block of rows (products.c, run_panels). 5 super-blocks leave a
+    panel short; each row is exact up to its activations and the same bits as alone (decode's tiles, no panels)."""
+    rows, k = 32, 5 * 256
+    raw = random_blocks(type_name, rows, k, np.random.default_rng(5))
+    layer = NativeLinear.from_gguf([(raw, GGMLQuantizationType[type_name])], k, passes=1)
+    x = activations(43, k, seed=6)
+    out = layer(x)
+    assert_exact_up_to_activations(out, x, reference(raw, type_name, rows, k), passes=1, group=256)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])
+    assert torch.equal(out, alone)
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_a_row_gets_the_same_bits_in_any_call(type_name: str) -> None:
     """Batch invariance: each row alone, and inside calls of 1 to 17, 64 and 512 rows at any position among other

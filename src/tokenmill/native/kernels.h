@@ -133,6 +133,11 @@ int tm_weight_check(const tm_weight *w); /* 0, or -1 when a part is malformed or
 static inline int64_t tm_qx_code(int64_t k, int64_t row, int64_t col) {
     return row / QX_ROWS * (QX_ROWS * k) + col / 4 * (4 * QX_ROWS) + row % QX_ROWS * 4 + col % 4;
 }
+/* where the value of the 8 inputs from col (a multiple of 8) of row `row` is, for arrays of one value per 8 inputs
+ * interleaved as the codes: a tile's rows' values of the same 8 inputs are contiguous */
+static inline int64_t tm_qx_start8(int64_t k, int64_t row, int64_t col) {
+    return row / QX_ROWS * (QX_ROWS * (k / 8)) + col / 8 * QX_ROWS + row % QX_ROWS;
+}
 /* bytes of the codes of m rows (the last group of QX_ROWS rows whole) */
 static inline int64_t tm_qx_code_bytes(int64_t m, int64_t k) { return (m + QX_ROWS - 1) / QX_ROWS * QX_ROWS * k; }
 #define LO_SHIFT 2048
@@ -144,6 +149,7 @@ typedef struct {
     int32_t *sum_hi, *sum_lo;     /* [m, k/32] sums of the codes of each pass (code offsets: Q4_0, Q5_0, Q8_0) */
     int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
                                          * sub-blocks are 16), where its integer chains start */
+    int32_t *q6_start8; /* the same per 8 values, one pass only (Q6_K over unpacked codes), at tm_qx_start8 */
     int16_t *bsum;                /* [m, k/32] sum_hi in 16 bits (|sum| <= 32 * 127): K-quants' minimums by pairs */
 } tm_qx;
 

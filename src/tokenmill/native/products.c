@@ -36,7 +36,9 @@
  * Tiling: a tile is R activation rows (R <= 8 on AVX-512, 4 elsewhere) times one group, over all of k: the
  * group's codes are loaded once per tile and serve its R rows. Up to that many rows (decode), each weight byte is
  * read once per call; prompt chunks are cut into blocks of rows whose quantized activations fit in L2, and each
- * block runs over all of the thread's groups (the weights stream from memory once per block of rows).
+ * block runs over all of the thread's groups (the weights stream from memory once per block of rows). With one
+ * pass into a K-quant, a block of rows takes a group a panel of super-blocks at a time, its codes unpacked once for
+ * all of the block's tiles (run_panels).
  *
  * Batch invariance: integer sums are exact, and each row's float accumulator takes its blocks in the same order
  * with the same operations whatever the tile's R, so a row's output is the same bits in any call.
@@ -101,13 +103,17 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
         a->sum_lo = alloc_or_dummy(sizeof(int32_t) * blocks);
         a->q6_start_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
         ok = ok && a->lo && a->sum_lo && a->q6_start_lo;
+    } else {
+        a->q6_start8 = alloc_or_dummy(sizeof(int32_t) * (size_t)tm_qx_code_bytes(m, k) / 8);
+        ok = ok && a->q6_start8;
     }
     return ok ? 0 : -2;
 }
 
 void tm_qx_free(tm_qx *a) {
     free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
-    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo); free(a->bsum);
+    free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo); free(a->q6_start8);
+    free(a->bsum);
     memset(a, 0, sizeof *a);
 }
 
@@ -116,14 +122,16 @@ void tm_qx_free(tm_qx *a) {
  * scalar one's operations (a multiply, a rounding, two clamps), so the codes are the same bits. */
 #if defined(TM_AVX512_VNNI)
 static inline void quantize_block(const float *xb, float inv, int64_t passes, int8_t *hi, int8_t *lo, int32_t sum_hi[2],
-                                  int32_t sum_lo[2]) {
+                                  int32_t sum_lo[2], int32_t sum8[4]) {
     const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
     for (int half = 0; half < 2; ++half) {
         const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + 16 * half), _mm512_set1_ps(inv));
         const __m512 h = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT), bottom), top);
         const __m512i hc = _mm512_cvtps_epi32(h);
         _mm_storeu_si128((__m128i *)(hi + 16 * half), _mm512_cvtepi32_epi8(hc));
-        sum_hi[half] = _mm512_reduce_add_epi32(hc);
+        sum8[2 * half] = _mm512_mask_reduce_add_epi32(0x00FF, hc);
+        sum8[2 * half + 1] = _mm512_mask_reduce_add_epi32(0xFF00, hc);
+        sum_hi[half] = sum8[2 * half] + sum8[2 * half + 1];
         if (passes == 2) {
             const __m512 r = _mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(LO_STEPS));
             const __m512 rounded = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT);
@@ -141,12 +149,13 @@ static inline float block_amax(const float *xb) {
 }
 #else
 static inline void quantize_block(const float *xb, float inv, int64_t passes, int8_t *hi, int8_t *lo, int32_t sum_hi[2],
-                                  int32_t sum_lo[2]) {
+                                  int32_t sum_lo[2], int32_t sum8[4]) {
     for (int i = 0; i < QK; ++i) {
         const float v = xb[i] * inv;
         const float h = fminf(fmaxf(nearbyintf(v), -127.0f), 127.0f);
         hi[i] = (int8_t)h;
         sum_hi[i / 16] += (int32_t)h;
+        sum8[i / 8] += (int32_t)h;
         if (passes == 2) {
             const float l = fminf(fmaxf(nearbyintf((v - h) * LO_STEPS), -127.0f), 127.0f);
             lo[i] = (int8_t)l;
@@ -179,9 +188,9 @@ static void quantize_groups(void *p, int64_t g0, int64_t g1) {
         for (int64_t tb = g * group; tb < (g + 1) * group; ++tb) amax = fmaxf(amax, block_amax(x + tb * QK));
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         for (int64_t tb = g * group; tb < (g + 1) * group; ++tb) {
-            int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}; /* per 16 values */
+            int32_t sum_hi[2] = {0, 0}, sum_lo[2] = {0, 0}, sum8[4] = {0, 0, 0, 0}; /* per 16 and 8 values */
             int8_t hi[QK], lo[QK];
-            quantize_block(x + tb * QK, inv, passes, hi, lo, sum_hi, sum_lo);
+            quantize_block(x + tb * QK, inv, passes, hi, lo, sum_hi, sum_lo, sum8);
             for (int w = 0; w < QK / 4; ++w) { /* the block's 8 words to their places among the group's rows */
                 const int64_t at = tm_qx_code(k, tb / nb, tb % nb * QK + 4 * w);
                 memcpy(a->hi + at, hi + 4 * w, 4);
@@ -194,6 +203,9 @@ static void quantize_groups(void *p, int64_t g0, int64_t g1) {
             a->bsum[tb] = (int16_t)total_hi;
             a->q6_start_hi[2 * tb] = -Q6_OFFSET * sum_hi[0];
             a->q6_start_hi[2 * tb + 1] = -Q6_OFFSET * sum_hi[1];
+            if (passes == 1)
+                for (int e = 0; e < 4; ++e)
+                    a->q6_start8[tm_qx_start8(k, tb / nb, tb % nb * QK + 8 * e)] = -Q6_OFFSET * sum8[e];
             if (passes == 2) {
                 a->sum_lo[tb] = total_lo;
                 a->q6_start_lo[2 * tb] = -Q6_OFFSET * sum_lo[0];
@@ -390,6 +402,40 @@ ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, cons
     return P == 2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(1.0f / LO_STEPS), h) : h;
 }
 
+/* Prompt rows: the K-quant tiles of a block of rows all read the same group's codes, and unpacking them (the
+ * nibbles' shift and mask, Q6_K's high bits: up to 5 operations per step on the dot instruction's two ports) took a
+ * fifth of the tile. unpack_k256 writes a panel of a group's units as the tiles' steps see them (codes16, 64 bytes a
+ * step) and the sub-block scales widened to 32 bits, once per panel; the tiles of the block of rows then load them.
+ * Same bits: the same codes and scales enter the same integer sums. */
+#define UNPACKED_CODE_BYTES (4 * 2 * 8 * 64)           /* chunks x blocks x steps, 64 bytes each: 4 KiB a unit */
+#define UNPACKED_UNIT_BYTES (UNPACKED_CODE_BYTES + 16 * 64) /* and 16 scale vectors (Q6_K's halves) */
+#define PANEL_UNITS 2                                   /* units unpacked at a time (10 KiB: stays in L1) */
+ALWAYS int64_t unpacked_step(const int c, const int b, const int t) { return ((c * 2 + b) * 8 + t) * 64; }
+
+ALWAYS void unpack_k256(const int T, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc, int64_t u0, int64_t u1,
+                        uint8_t *out) {
+    for (int64_t u = u0; u < u1; ++u) {
+        const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+        uint8_t *wu = out + (u - u0) * UNPACKED_UNIT_BYTES, *su = wu + UNPACKED_CODE_BYTES;
+        for (int c = 0; c < 4; ++c)
+#pragma GCC unroll 2
+            for (int b = 0; b < 2; ++b)
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; ++t)
+                    _mm512_store_si512((void *)(wu + unpacked_step(c, b, t)), codes16(T, 1, qsu, qhu, c, b, t));
+        for (int sub = 0; sub < 8; ++sub)
+            if (T == TM_Q6_K)
+                for (int h = 0; h < 2; ++h)
+                    _mm512_store_si512((void *)(su + 64 * (2 * sub + h)),
+                                       _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                                            (const void *)(scu + 32 + 16 * (2 * sub + h)))),
+                                                        _mm512_set1_epi32(0xFFFF))); /* vpdpwssd's lower half */
+            else
+                _mm512_store_si512((void *)(su + 64 * (2 * sub)),
+                                   _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(scu + 64 + 16 * sub))));
+    }
+}
+
 /* K-quants with one pass, whose activations have one scale per super-block (tm_activation_group): each block's
  * integer dot (Q6_K: each half's) times the weight's integer sub-block scale is summed exactly in 32 bits over the
  * super-block, the minimums' sum_j mn_j * (block j's code sum) likewise by pairs of 16-bit products (vpdpwssd), and
@@ -402,13 +448,19 @@ ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, cons
  * peak 6.9; noisy here); Q4_K at 512 rows +7-14% (benchmarks/products_ab.py, [8192, 2048] and [2048, 2048], same
  * bits). */
 ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
-                      const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
-    const int64_t units = k / QK_K, nb = k / QK;
+                      const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy, const int U, int64_t u0, int64_t u1,
+                      const uint8_t *unpacked) {
+    const int64_t nb = k / QK;
     const int halves = T == TM_Q6_K;
-    const int64_t codes0 = tm_qx_code(k, r0, 0);
-    for (int64_t u = 0; u < units; ++u) {
+    /* Q6_K over unpacked codes: two chains per half of 8 inputs each (q6_start8), scaled by vpdpwssd (the scratch
+     * keeps its scales' lower 16 bits): 4 uops per row and block where the one chain per half took 6 (vpmulld and
+     * an addition per half); unpacking had left no registers for them */
+    const int q6_eighths = halves && U;
+    const int64_t codes0 = tm_qx_code(k, r0, 0), starts0 = tm_qx_start8(k, r0, 0);
+    for (int64_t u = u0; u < u1; ++u) {
         const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
-        if (R <= PREFETCH_ROWS)
+        const uint8_t *wu = unpacked + (u - u0) * UNPACKED_UNIT_BYTES, *su = wu + UNPACKED_CODE_BYTES;
+        if (!U && R <= PREFETCH_ROWS)
             for (int64_t line = 0; line < tm_sc_bytes(T); line += 64)
                 PREFETCH(scu + line + PREFETCH_BYTES * tm_sc_bytes(T) / tm_qs_bytes(T));
         __m512i isum[MAX_ROWS];
@@ -421,29 +473,42 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
                 const int sub = block_of(T, c, b); /* the block within the super-block */
                 const int64_t block = u * (QK_K / QK) + sub;
                 __m512i s_a, s_b = _mm512_setzero_si512(); /* the 16 rows' integer scales (Q6_K: of each half) */
-                if (T == TM_Q6_K) {
+                if (U) {
+                    s_a = _mm512_load_si512((const void *)(su + 64 * (2 * sub)));
+                    if (halves) s_b = _mm512_load_si512((const void *)(su + 64 * (2 * sub + 1)));
+                } else if (T == TM_Q6_K) {
                     s_a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(scu + 32 + 16 * (2 * sub))));
                     s_b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(scu + 32 + 16 * (2 * sub + 1))));
                 } else
                     s_a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(scu + 64 + 16 * sub)));
-                /* Q4_K, Q5_K: two chains per row (above). Q6_K: one per half, done with after its 4 steps (scaled
-                 * into isum before the next half starts: 8 rows' chains, isum and the scales fit in the 32
-                 * registers; two chains per half measured slower). The float accumulators wait in y between
-                 * super-blocks, so that the chains have the registers */
+                /* Q4_K, Q5_K: two chains per row (above). Q6_K: one per half (two over unpacked codes:
+                 * q6_eighths), done with after its 4 steps (scaled into isum before the next half starts: 8 rows'
+                 * chains, isum and the scales fit in the 32 registers; two chains per half while unpacking measured
+                 * slower). The float accumulators wait in y between super-blocks, so that the chains have the
+                 * registers */
 #pragma GCC unroll 2
                 for (int h = 0; h < 1 + halves; ++h) {
                     __m512i hi[MAX_ROWS][2];
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
                         hi[r][0] = hi[r][1] = _mm512_setzero_si512();
-                        if (halves) hi[r][0] = _mm512_set1_epi32(a->q6_start_hi[2 * ((r0 + r) * nb + block) + h]);
+                        if (halves && q6_eighths) /* each chain starts at -32 * the codes' sum over its 8 inputs */
+                            for (int e = 0; e < 2; ++e) {
+                                const int64_t at = starts0 + (block * 4 + 2 * h + e) * QX_ROWS + r;
+                                hi[r][e] = _mm512_set1_epi32(a->q6_start8[at]);
+                            }
+                        else if (halves)
+                            hi[r][0] = _mm512_set1_epi32(a->q6_start_hi[2 * ((r0 + r) * nb + block) + h]);
                     }
 #pragma GCC unroll 8
                     for (int i = 0; i < (halves ? 4 : 8); i += 2) {
 #pragma GCC unroll 2
                         for (int j = 0; j < 2; ++j) {
-                            const int t = 4 * h + i + j, chain = halves ? 0 : j; /* h is 0 without halves */
-                            const __m512i w = codes16(T, R, qsu, qhu, c, b, t);
+                            /* h is 0 without halves. Q6_K in eighths: steps 4h + (0, 2, 1, 3), the chains in turn */
+                            const int t = q6_eighths ? 4 * h + 2 * j + i / 2 : 4 * h + i + j;
+                            const int chain = q6_eighths ? j : halves ? 0 : j;
+                            const __m512i w = U ? _mm512_load_si512((const void *)(wu + unpacked_step(c, b, t)))
+                                                : codes16(T, R, qsu, qhu, c, b, t);
 #pragma GCC unroll 8
                             for (int r = 0; r < R; ++r) {
                                 const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
@@ -453,11 +518,12 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
                     }
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
-                        if (T == TM_Q4_K) { /* each chain's 16 products fit in 16 bits (15 * 127 * 16 < 2^15), and
-                                             * s_a's upper 16 bits are 0: vpdpwssd scales and adds in one uop,
+                        if (T == TM_Q4_K || q6_eighths) { /* each chain's products fit in 16 bits (Q4_K: 16 of
+                                             * them, 15 * 127 * 16 < 2^15; Q6_K: 8 with the offset, 32 * 127 * 8), and
+                                             * the scales' upper 16 bits are 0: vpdpwssd scales and adds in one uop,
                                              * where vpmulld is two on Intel */
-                            isum[r] = _mm512_dpwssd_epi32(isum[r], hi[r][0], s_a);
-                            isum[r] = _mm512_dpwssd_epi32(isum[r], hi[r][1], s_a);
+                            isum[r] = _mm512_dpwssd_epi32(isum[r], hi[r][0], h ? s_b : s_a);
+                            isum[r] = _mm512_dpwssd_epi32(isum[r], hi[r][1], h ? s_b : s_a);
                         } else
                             isum[r] = _mm512_add_epi32(
                                 isum[r], _mm512_mullo_epi32(halves ? hi[r][0] : _mm512_add_epi32(hi[r][0], hi[r][1]),
@@ -507,7 +573,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                  const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
     const int64_t units = k / tm_unit_values(T), nb = k / QK;
     if (tm_is_k_quant(T) && P == 1) {
-        tile_k256(T, R, a, r0, k, qs, qh, sc, y, ldy);
+        tile_k256(T, R, a, r0, k, qs, qh, sc, y, ldy, 0, 0, k / QK_K, NULL);
         return;
     }
     const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB;
@@ -866,6 +932,50 @@ static const tile_fn TILES[9][2][MAX_ROWS] = {
     TM_TABLE(TM_Q4_K), TM_TABLE(TM_Q5_K), TM_TABLE(TM_Q6_K), TM_TABLE(TM_MXFP4),
 };
 
+#if defined(TM_AVX512_VNNI)
+/* the K-quants' tiles over a panel of unpacked units (unpack_k256), one pass */
+typedef void (*panel_fn)(const tm_qx *a, int64_t r0, int64_t k, const uint8_t *sc, float *y, int64_t ldy,
+                         int64_t u0, int64_t u1, const uint8_t *unpacked);
+#define TM_PANEL_FN(T, R, P)                                                                                       \
+    static __attribute__((noinline)) void panel_##T##_##R(const tm_qx *a, int64_t r0, int64_t k,                   \
+                                                          const uint8_t *sc, float *y, int64_t ldy, int64_t u0,    \
+                                                          int64_t u1, const uint8_t *unpacked) {                   \
+        tile_k256(T, R, a, r0, k, NULL, NULL, sc, y, ldy, 1, u0, u1, unpacked);                                     \
+    }
+#define TM_PANEL_ENTRY(T, R, P) panel_##T##_##R,
+TM_ROWS(TM_PANEL_FN, TM_Q4_K, 1)
+TM_ROWS(TM_PANEL_FN, TM_Q5_K, 1)
+TM_ROWS(TM_PANEL_FN, TM_Q6_K, 1)
+static const panel_fn PANELS[3][MAX_ROWS] = {{TM_ROWS(TM_PANEL_ENTRY, TM_Q4_K, 1)},
+                                             {TM_ROWS(TM_PANEL_ENTRY, TM_Q5_K, 1)},
+                                             {TM_ROWS(TM_PANEL_ENTRY, TM_Q6_K, 1)}};
+static void unpack_panel(int64_t type, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc, int64_t u0,
+                         int64_t u1, uint8_t *out) {
+    if (type == TM_Q4_K) unpack_k256(TM_Q4_K, qs, qh, sc, u0, u1, out);
+    else if (type == TM_Q5_K) unpack_k256(TM_Q5_K, qs, qh, sc, u0, u1, out);
+    else unpack_k256(TM_Q6_K, qs, qh, sc, u0, u1, out);
+}
+
+/* rows [rb0, rb1) of a block of prompt rows against group g of a K-quant part, one pass: panel by panel, each
+ * unpacked once for all of the block's tiles */
+static void run_panels(const tm_part *p, int64_t g, const tm_qx *a, int64_t rb0, int64_t rb1, float *y,
+                       int64_t ldy) {
+    static __thread uint8_t unpacked[PANEL_UNITS * UNPACKED_UNIT_BYTES] __attribute__((aligned(64)));
+    const int64_t units = p->k / QK_K;
+    const uint8_t *qs = tm_group_base(p, g), *qh = qs + units * tm_qs_bytes(p->type);
+    const uint8_t *sc = qh + units * tm_qh_bytes(p->type);
+    const panel_fn *fns = PANELS[p->type == TM_Q4_K ? 0 : p->type == TM_Q5_K ? 1 : 2];
+    for (int64_t u0 = 0; u0 < units; u0 += PANEL_UNITS) {
+        const int64_t u1 = u0 + PANEL_UNITS < units ? u0 + PANEL_UNITS : units;
+        unpack_panel(p->type, qs, qh, sc, u0, u1, unpacked);
+        for (int64_t r0 = rb0; r0 < rb1; r0 += MAX_ROWS) {
+            const int rows = (int)(rb1 - r0 < MAX_ROWS ? rb1 - r0 : MAX_ROWS);
+            fns[rows - 1](a, r0, p->k, sc, y, ldy, u0, u1, unpacked);
+        }
+    }
+}
+#endif
+
 static int type_index(int64_t type) {
     switch (type) {
     case TM_Q4_0: return 0;
@@ -950,6 +1060,12 @@ static void matmul_items(void *p, int64_t i0, int64_t i1) {
         const int64_t rb1 = rb0 + j->row_block < j->m ? rb0 + j->row_block : j->m;
         int64_t group, col;
         const tm_part *part = locate(j->w, item % j->groups, &group, &col);
+#if defined(TM_AVX512_VNNI)
+        if (tm_is_k_quant(part->type) && j->passes == 1 && rb1 - rb0 > MAX_ROWS) {
+            run_panels(part, group, j->a, rb0, rb1, j->y + col, j->ldy);
+            continue;
+        }
+#endif
         const int64_t tr = tile_rows(part->type, j->passes);
         for (int64_t r0 = rb0; r0 < rb1; r0 += tr)
             run_tile(part, group, j->a, r0, (int)(rb1 - r0 < tr ? rb1 - r0 : tr), j->passes, j->y + col, j->ldy);
