@@ -402,11 +402,12 @@ ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, cons
     return P == 2 ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(1.0f / LO_STEPS), h) : h;
 }
 
-/* Prompt rows: the K-quant tiles of a block of rows all read the same group's codes, and unpacking them (the
- * nibbles' shift and mask, Q6_K's high bits: up to 5 operations per step on the dot instruction's two ports) took a
- * fifth of the tile. unpack_k256 writes a panel of a group's units as the tiles' steps see them (codes16, 64 bytes a
- * step) and the sub-block scales widened to 32 bits, once per panel; the tiles of the block of rows then load them.
- * Same bits: the same codes and scales enter the same integer sums. */
+/* Prompt rows: the K-quant tiles of a block of rows all read the same group's codes, and each tile unpacked them
+ * again (the nibbles' shift and mask, Q6_K's high bits: 1 to 5 operations per step of 8 rows' dots, on the dot
+ * instruction's two ports). unpack_k256 writes a panel of a group's units as the tiles' steps see them (codes16, 64
+ * bytes a step) and the sub-block scales widened to 32 bits, once per panel; the tiles of the block of rows then
+ * load them (loads take other ports). Same bits: the same codes and scales enter the same integer sums. 512 rows,
+ * two threads (benchmarks/products_ab.py): Q4_K +8-12%, Q6_K +7% (and +7% more from q6_eighths, tile_k256). */
 #define UNPACKED_CODE_BYTES (4 * 2 * 8 * 64)           /* chunks x blocks x steps, 64 bytes each: 4 KiB a unit */
 #define UNPACKED_UNIT_BYTES (UNPACKED_CODE_BYTES + 16 * 64) /* and 16 scale vectors (Q6_K's halves) */
 #define PANEL_UNITS 4 /* units unpacked at a time: 20 KiB, in L1 (48 KiB); 2 units measured 2-4% slower, 8 1-3% */
