@@ -253,11 +253,9 @@ async def _create(req: ResponsesRequest, http_request: Request, state: ServerSta
 
     def feed(output: RequestOutput) -> ReplyDelta:
         """The reply's next delta; the text's log-probabilities follow it."""
-        read_thinking = reply.thinking_now
-        delta = reply.feed_output(output.outputs[0])
-        if turn.logprobs is not None:
-            turn.logprobs.feed(output.outputs[0], delta, read_thinking)
-        return delta
+        if turn.logprobs is None:
+            return reply.feed_output(output.outputs[0])
+        return turn.logprobs.read(reply, output.outputs[0])
 
     if req.stream:
         seq = _Sequence()

@@ -4,19 +4,26 @@ each as chat's `logprobs.content` entries are ({token, logprob, bytes, top_logpr
 
 A reply's tokens are not all text: its thinking and its calls are parsed out of the same tokens, and text may be held
 back a while (it could be a tag or the start of a call). So tokens read while the reply thinks (the tag that closes
-the thinking included) are not the text's, unless the same output shows text (a token that ends the tag and starts
-the answer); the entries of the others wait until a delta shows what they made: a text delta takes them, a thinking
-or call delta drops them. A final end token makes no text and has none.
+the thinking included) are not the text's, unless the same token shows text (one that ends the tag and starts the
+answer); the entries of the others wait until a delta shows what they made: a text delta takes them, a thinking or
+call delta drops them. A final end token makes no text and has none.
+
+The engine hands out a step's tokens together when the reader fell behind (several tokens in one output, as many as
+it happened to miss), so the reply is read here one token at a time: which tokens are the text's must not depend on
+how busy the server was.
 """
 
+from collections.abc import Iterator
+from dataclasses import replace
+
 from tokenmill.outputs import CompletionOutput
-from tokenmill.parsers.reply import ReplyDelta
+from tokenmill.parsers.reply import ReplyDelta, ReplyParser
 from tokenmill.server.logprobs_format import LogprobsShape, chat_logprobs
 from tokenmill.tokenizer import Tokenizer
 
 
 class TextLogprobs:
-    """The log-probability entries of one reply's text, fed each output and the reply delta it made."""
+    """The log-probability entries of one reply's text, read with the reply's tokens."""
 
     def __init__(self, tokenizer: Tokenizer, top: int):
         self.tokenizer = tokenizer
@@ -24,17 +31,52 @@ class TextLogprobs:
         self.content: list[dict] = []  # every entry a text delta took: the message's output_text.logprobs
         self._waiting: list[dict] = []  # entries of tokens whose text has not come out yet
 
-    def feed(self, output: CompletionOutput, delta: ReplyDelta, read_thinking: bool) -> list[dict]:
-        """The entries the text delta of this output carries ([] when it has none); `read_thinking`: the reply was
-        inside its thinking when this output's tokens came."""
+    def read(self, reply: ReplyParser, output: CompletionOutput) -> ReplyDelta:
+        """Feed `reply` one output of the engine, token by token -> the reply's delta (that of the whole output);
+        the entries of the tokens that made its text are added to `content`."""
+        delta = ReplyDelta()
+        for one in one_token_at_a_time(self.tokenizer, output):
+            read_thinking = reply.thinking_now
+            part = reply.feed_output(one)
+            self._feed(one, part, read_thinking)
+            delta.thinking, delta.text = delta.thinking + part.thinking, delta.text + part.text
+            delta.calls += part.calls
+        return delta
+
+    def _feed(self, output: CompletionOutput, delta: ReplyDelta, read_thinking: bool) -> None:
+        """Take the entries of one token's output and of those waiting when its delta shows text; `read_thinking`:
+        the reply was inside its thinking when the token came."""
         if not read_thinking or delta.text:
             first = len(output.token_ids) - len(output.delta_token_ids)
             positions = (output.logprobs or [])[first : first + len(output.delta_token_ids)]
             self._waiting += chat_logprobs(self.tokenizer, list(output.delta_token_ids), positions, self.shape)
         if delta.text:
-            taken, self._waiting = self._waiting, []
-            self.content += taken
-            return taken
-        if delta.thinking or delta.calls:
+            self.content += self._waiting
             self._waiting = []
-        return []
+        elif delta.thinking or delta.calls:
+            self._waiting = []
+
+
+def one_token_at_a_time(tokenizer: Tokenizer, output: CompletionOutput) -> Iterator[CompletionOutput]:
+    """An output of several new tokens as outputs of one token each: its new text cut where each token's bytes end
+    (text held back, e.g. a possible stop string, goes to the last; the finish too)."""
+    tokens = output.delta_token_ids
+    if len(tokens) <= 1:
+        yield output
+        return
+    first, text = len(output.token_ids) - len(tokens), output.delta_text
+    cut, written = 0, b""
+    for i, token in enumerate(tokens):
+        last = i == len(tokens) - 1
+        written += tokenizer.token_bytes(token)
+        end = len(text) if last else min(max(cut, len(written.decode("utf-8", errors="ignore"))), len(text))
+        yield replace(
+            output,
+            text=output.text[: len(output.text) - len(text) + end],
+            token_ids=output.token_ids[: first + i + 1],
+            delta_text=text[cut:end],
+            delta_token_ids=[token],
+            finish_reason=output.finish_reason if last else None,
+            stop_reason=output.stop_reason if last else None,
+        )
+        cut = end
