@@ -70,12 +70,8 @@ def streamed_text(url: str, max_tokens: int = 8) -> str:
 
 
 @pytest.fixture(scope="module")
-def one_rank_text() -> str:
-    server = start_server()
-    try:
-        return streamed_text(server.url)
-    finally:
-        server.stop()
+def one_rank_text(default_server: ServerProcess) -> str:
+    return streamed_text(default_server.url)  # one process (conftest.py's shared server)
 
 
 def stop_and_check(server: ServerProcess, others: list[subprocess.Popen] = (), torchrun: bool = True) -> None:
