@@ -47,10 +47,10 @@ def model(client) -> str:
     return client.models.list().data[0].id
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def offline():
     """The servers' engine as `tokenmill serve` builds it (`auto`), offline: the same kernels, so the same tokens,
-    log-probabilities and vectors."""
+    log-probabilities and vectors. Built once for the suite (a load takes seconds); tests only generate with it."""
     from tokenmill import LLM
 
     return LLM(quantization="auto")
