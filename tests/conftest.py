@@ -19,8 +19,20 @@ def load_reference(name: str) -> dict:
     return json.loads((DATA / f"{name}.json").read_text())
 
 
-# A server test module defines its own `server` fixture (a ServerProcess, started with the options it needs); these
-# build on it, once per module.
+@pytest.fixture(scope="session")
+def default_server():
+    """`tokenmill serve` as a user starts it (the bundled model under `auto`), shared by every module that needs
+    nothing else of a server: one start for the suite instead of one per module. A test that stops a server, or
+    needs other options, starts its own."""
+    from tests.server_utils import start_server
+
+    proc = start_server()
+    yield proc
+    assert proc.stop() == 0
+
+
+# A server test module defines its own `server` fixture (a ServerProcess, started with the options it needs, or the
+# shared `default_server`); these build on it, once per module.
 @pytest.fixture(scope="module")
 def client(server):
     """The official openai client for the module's server."""
@@ -35,10 +47,10 @@ def model(client) -> str:
     return client.models.list().data[0].id
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def offline():
     """The servers' engine as `tokenmill serve` builds it (`auto`), offline: the same kernels, so the same tokens,
-    log-probabilities and vectors."""
+    log-probabilities and vectors. Built once for the suite (a load takes seconds); tests only generate with it."""
     from tokenmill import LLM
 
     return LLM(quantization="auto")

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server_utils import ServerProcess, start_server
+from tests.server_utils import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -15,10 +15,8 @@ LOGPROBS = ["message.output_text.logprobs"]
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server()  # the bundled model under `auto`
-    yield proc
-    assert proc.stop() == 0
+def server(default_server: ServerProcess) -> ServerProcess:
+    return default_server  # the bundled model under `auto`, shared (conftest.py)
 
 
 def chat_logprobs(client: openai.OpenAI, model: str, max_tokens: int) -> list:

@@ -19,10 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server()  # as a user starts it: `auto` (4-bit weights, native kernels), for the suite's time
-    yield proc
-    assert proc.stop() == 0
+def server(default_server: ServerProcess) -> ServerProcess:
+    return default_server  # as a user starts it: `auto` (4-bit weights, native kernels), shared (conftest.py)
 
 
 def metrics(server: ServerProcess) -> dict[str, float]:

@@ -22,10 +22,8 @@ ASK = [{"role": "user", "content": "Name a color."}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = start_server()  # as tests/test_server.py's: the bundled model under `auto`
-    yield proc
-    assert proc.stop() == 0
+def server(default_server: ServerProcess) -> ServerProcess:
+    return default_server  # as tests/test_server.py's: the bundled model under `auto`, shared (conftest.py)
 
 
 def tokenize(server: ServerProcess, **body) -> list[int]:

@@ -6,6 +6,8 @@ another model's stream keeps producing tokens; /api/pull streams its progress fr
 /api/delete removes from the Hub cache; /metrics labels each model's figures with model_name."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -300,24 +302,45 @@ def test_the_api_key_is_checked_before_any_load() -> None:
         server.stop()
 
 
-@pytest.mark.parametrize(
-    ("args", "error"),
-    [
-        (("--keep-alive", "soon"), "keep_alive 'soon' is no duration"),
-        (("--served-model-name", "x"), "with several models, name each as --model NAME=MODEL"),
-        (("--memory-budget", "lots"), "memory size 'lots' is not understood"),
-        (("--lora", "x=/nowhere"), "--lora serves the adapters of one model"),  # a LoRA adapter has one base
-    ],
-)
-def test_bad_options_for_several_models_fail_at_start(args: tuple[str, ...], error: str) -> None:
-    import subprocess
-    import sys
+BAD_OPTIONS = [
+    (("--keep-alive", "soon"), "keep_alive 'soon' is no duration"),
+    (("--served-model-name", "x"), "with several models, name each as --model NAME=MODEL"),
+    (("--memory-budget", "lots"), "memory size 'lots' is not understood"),
+    (("--lora", "x=/nowhere"), "--lora serves the adapters of one model"),  # a LoRA adapter has one base
+]
 
+
+def finished(process: subprocess.Popen[str]) -> tuple[int, str]:
+    """(exit status, stderr) once the process has exited."""
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+@pytest.fixture(scope="module")
+def bad_starts() -> dict[tuple[str, ...], tuple[int, str]]:
+    """`tokenmill serve` with each of BAD_OPTIONS: (exit status, stderr) by options. The processes run at once:
+    each spends its seconds importing, and the cores share that."""
     command = [sys.executable, "-m", "tokenmill.entrypoints.cli", "serve", "--model", "smollm2-135m"]
-    out = subprocess.run(
-        [*command, "--model", "gemma3-270m", "--port", "0", *args], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 2 and error in out.stderr, out.stderr
+    started = {
+        args: subprocess.Popen(
+            [*command, "--model", "gemma3-270m", "--port", "0", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args, _ in BAD_OPTIONS
+    }
+    try:
+        return {args: finished(process) for args, process in started.items()}
+    finally:
+        for process in started.values():
+            process.kill()  # one that never exited (a no-op for the others)
+
+
+@pytest.mark.parametrize(("args", "error"), BAD_OPTIONS)
+def test_bad_options_for_several_models_fail_at_start(bad_starts, args: tuple[str, ...], error: str) -> None:
+    returncode, stderr = bad_starts[args]
+    assert returncode == 2 and error in stderr, stderr
 
 
 def test_the_explorer_shows_the_model_its_address_names(server, oll) -> None:

@@ -241,9 +241,10 @@ def test_constrained_requests_speculate_and_keep_their_tokens(llm: LLM, method: 
 
 
 @pytest.fixture(scope="module")
-def auto_pair() -> tuple[LLM, LLM]:
-    """`auto` engines without and with proposals (verified by the native decoder, as generated tokens are)."""
-    return LLM(quantization="auto"), LLM(quantization="auto", speculative_config=NGRAM)
+def auto_pair(offline: LLM) -> tuple[LLM, LLM]:
+    """`auto` engines without (conftest.py's shared one) and with proposals (verified by the native decoder, as
+    generated tokens are)."""
+    return offline, LLM(quantization="auto", speculative_config=NGRAM)
 
 
 @pytest.mark.slow

@@ -70,12 +70,8 @@ def streamed_text(url: str, max_tokens: int = 8) -> str:
 
 
 @pytest.fixture(scope="module")
-def one_rank_text() -> str:
-    server = start_server()
-    try:
-        return streamed_text(server.url)
-    finally:
-        server.stop()
+def one_rank_text(default_server: ServerProcess) -> str:
+    return streamed_text(default_server.url)  # one process (conftest.py's shared server)
 
 
 def stop_and_check(server: ServerProcess, others: list[subprocess.Popen] = (), torchrun: bool = True) -> None:
@@ -227,6 +223,7 @@ def test_a_worker_stopped_during_start_up_fails_it(phase: str) -> None:
         while worker is None:
             assert server.poll() is None, server.communicate()[0]
             worker = next((c for c in psutil.Process(server.pid).children(recursive=True) if is_worker(c)), None)
+            time.sleep(0.01)  # not a busy loop: it took one of CI's two cores from the start-up it watches
         if phase == "loading":  # the shard's file is mapped once loading has begun
             while not any(m.path.endswith(".gguf") for m in worker.memory_maps()):
                 assert server.poll() is None, server.communicate()[0]
