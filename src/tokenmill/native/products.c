@@ -103,10 +103,13 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
         a->sum_lo = alloc_or_dummy(sizeof(int32_t) * blocks);
         a->q6_start_lo = alloc_or_dummy(sizeof(int32_t) * 2 * blocks);
         ok = ok && a->lo && a->sum_lo && a->q6_start_lo;
-    } else {
+    }
+#if defined(TM_AVX512_VNNI) /* only the AVX-512 panels read them (run_panels) */
+    if (passes == 1) {
         a->q6_start8 = alloc_or_dummy(sizeof(int32_t) * (size_t)tm_qx_code_bytes(m, k) / 8);
         ok = ok && a->q6_start8;
     }
+#endif
     return ok ? 0 : -2;
 }
 
@@ -203,7 +206,7 @@ static void quantize_groups(void *p, int64_t g0, int64_t g1) {
             a->bsum[tb] = (int16_t)total_hi;
             a->q6_start_hi[2 * tb] = -Q6_OFFSET * sum_hi[0];
             a->q6_start_hi[2 * tb + 1] = -Q6_OFFSET * sum_hi[1];
-            if (passes == 1)
+            if (a->q6_start8) /* one pass, AVX-512 */
                 for (int e = 0; e < 4; ++e)
                     a->q6_start8[tm_qx_start8(k, tb / nb, tb % nb * QK + 8 * e)] = -Q6_OFFSET * sum8[e];
             if (passes == 2) {
@@ -493,7 +496,7 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
 #pragma GCC unroll 8
                     for (int r = 0; r < R; ++r) {
                         hi[r][0] = hi[r][1] = _mm512_setzero_si512();
-                        if (halves && q6_eighths) /* each chain starts at -32 * the codes' sum over its 8 inputs */
+                        if (q6_eighths) /* each chain starts at -32 * the codes' sum over its 8 inputs */
                             for (int e = 0; e < 2; ++e) {
                                 const int64_t at = starts0 + (block * 4 + 2 * h + e) * QX_ROWS + r;
                                 hi[r][e] = _mm512_set1_epi32(a->q6_start8[at]);
@@ -507,7 +510,7 @@ ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int6
                         for (int j = 0; j < 2; ++j) {
                             /* h is 0 without halves. Q6_K in eighths: steps 4h + (0, 2, 1, 3), the chains in turn */
                             const int t = q6_eighths ? 4 * h + 2 * j + i / 2 : 4 * h + i + j;
-                            const int chain = q6_eighths ? j : halves ? 0 : j;
+                            const int chain = halves && !q6_eighths ? 0 : j;
                             const __m512i w = U ? _mm512_load_si512((const void *)(wu + unpacked_step(c, b, t)))
                                                 : codes16(T, R, qsu, qhu, c, b, t);
 #pragma GCC unroll 8

@@ -78,6 +78,12 @@ class ReplyDelta:
     def __bool__(self) -> bool:
         return bool(self.thinking or self.text or self.calls)
 
+    def extend(self, later: "ReplyDelta") -> None:
+        """This delta followed by `later`, as one."""
+        self.thinking += later.thinking
+        self.text += later.text
+        self.calls += later.calls
+
 
 class ReplyParser:
     """One reply (one choice) as it streams. `prompt_tail`: the end of the rendered prompt (where a thinking block

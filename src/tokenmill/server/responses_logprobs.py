@@ -39,8 +39,7 @@ class TextLogprobs:
             read_thinking = reply.thinking_now
             part = reply.feed_output(one)
             self._feed(one, part, read_thinking)
-            delta.thinking, delta.text = delta.thinking + part.thinking, delta.text + part.text
-            delta.calls += part.calls
+            delta.extend(part)
         return delta
 
     def _feed(self, output: CompletionOutput, delta: ReplyDelta, read_thinking: bool) -> None:
