@@ -92,9 +92,14 @@ def test_openai_chat_splits_thinking_whole_and_streamed(client: openai.OpenAI, t
     details = whole.usage.completion_tokens_details
     assert 0 < details.reasoning_tokens < whole.usage.completion_tokens
     stream = client.chat.completions.create(
-        model=model, messages=ASK, max_tokens=100, stream=True, stream_options={"include_usage": True}, extra_body=body
+        model=model,
+        messages=ASK,
+        max_tokens=100,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={**body, "return_token_ids": True},
     )
-    thinking, content, usage = [], [], None
+    thinking, content, carried, usage = [], [], [], None
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
@@ -102,11 +107,22 @@ def test_openai_chat_splits_thinking_whole_and_streamed(client: openai.OpenAI, t
             delta = choice.delta.model_dump()
             thinking.append(delta.get("reasoning_content") or "")
             content.append(delta.get("content") or "")
+            carried.append(len(choice.model_extra.get("token_ids") or []))
     assert "".join(thinking) == message.reasoning_content and "".join(content) == "Hello there."
     assert not any("think>" in c or "</" in c for c in content)  # no piece of a tag in the answer
-    assert sum(1 for t in thinking if t) > 3  # token by token, not at the end
-    # counted per delta by the share of its text that is thinking: deltas may merge differently in a stream
-    assert abs(usage.completion_tokens_details.reasoning_tokens - details.reasoning_tokens) <= 1
+    # token by token, not at the end: each chunk that carried a token of the thinking's text shows thinking (a
+    # busy server may put several tokens in one chunk)
+    ids = tokenizer.encode(THOUGHT)
+    inside = range(len(tokenizer.encode("<think>\n")), ids.index(tokenizer.encode("</")[0]) - 1)  # 'The' .. '>.'
+    assert tokenizer.decode(ids[inside.start : inside.stop]) == message.reasoning_content
+    ends = [sum(carried[: i + 1]) for i in range(len(carried))]
+    chunks = zip(thinking, carried, ends, strict=True)
+    showing = [bool(t) for t, n, end in chunks if any(end - n <= p < end for p in inside)]
+    assert showing and all(showing)
+    # counted token by token however the stream's outputs grouped them: the same count, the tags' tokens included
+    assert usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
+    ids = tokenizer.encode(THOUGHT)
+    assert details.reasoning_tokens == ids.index(tokenizer.encode("</")[0]) + 3  # up to the closing tag's '>'
 
 
 def test_enable_thinking_false_renders_without_thinking(client: openai.OpenAI, tokenizer: Tokenizer) -> None:

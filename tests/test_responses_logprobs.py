@@ -1,5 +1,6 @@
-"""The Responses API's text log-probabilities read a reply one token at a time: which tokens are the text's does not
-depend on how many tokens each output of the engine carried (the reader falls behind when the server is busy)."""
+"""A reply read one token at a time (parsers/per_token.py): the Responses API's text log-probabilities (which tokens
+are the text's) and every API's count of thinking tokens do not depend on how many tokens each output of the engine
+carried (the reader falls behind when the server is busy)."""
 
 from pathlib import Path
 
@@ -8,8 +9,9 @@ import pytest
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.loader.gguf_file import GGUFFile
 from tokenmill.outputs import CompletionOutput, Logprob
+from tokenmill.parsers.per_token import one_token_at_a_time
 from tokenmill.parsers.reply import ReplyFormat, ReplyParser
-from tokenmill.server.responses_logprobs import TextLogprobs, one_token_at_a_time
+from tokenmill.server.responses_logprobs import TextLogprobs
 from tokenmill.tokenizer import Tokenizer
 
 THOUGHT = "<think>\nThe user greets me. I should answer <briefly>.\n</think>\n\nHello there."
@@ -58,17 +60,38 @@ def read(tokenizer: Tokenizer, made: list[CompletionOutput]) -> tuple[list[str],
     return [e["token"] for e in logprobs.content], [e["token"] for e in streamed], reply.text
 
 
+def closing_tag(tokenizer: Tokenizer) -> int:
+    """Where THOUGHT's closing tag begins: '</', 'think', '>', '\n', '\n', 'Hello'."""
+    return tokenizer.encode(THOUGHT).index(tokenizer.encode("</")[0])
+
+
+def groupings(tokenizer: Tokenizer) -> list[list[int]]:
+    """Ways the engine may hand out THOUGHT's tokens (and EOS): one each, all in one, three outputs, and the tokens
+    one each up to the closing tag, the next ones (2 to 6 of them) in one output."""
+    n, closing = len(tokenizer.encode(THOUGHT)) + 1, closing_tag(tokenizer)
+    return [list(range(1, n + 1)), [n], [5, n - 3, n], *[[*range(1, closing), closing + k, n] for k in range(2, 7)]]
+
+
 def test_the_texts_tokens_whatever_the_outputs_carry(tokenizer: Tokenizer) -> None:
-    n = len(tokenizer.encode(THOUGHT)) + 1
-    closing = tokenizer.encode(THOUGHT).index(tokenizer.encode("</")[0])  # '</', 'think', '>', '\n', '\n', 'Hello'
-    one_each = list(range(1, n + 1))
-    groupings = [one_each, [n], [5, n - 3, n], *[[*range(1, closing), closing + k, n] for k in range(2, 7)]]
-    reads = [read(tokenizer, outputs(tokenizer, THOUGHT, ends)) for ends in groupings]
+    reads = [read(tokenizer, outputs(tokenizer, THOUGHT, ends)) for ends in groupings(tokenizer)]
     entries, streamed, text = reads[0]
     assert text == "Hello there."
     assert entries == ["\n", "\n", "Hello", " there", "."]  # the tokens after the closing tag's
     assert streamed == entries
     assert all(r == reads[0] for r in reads), [r[0] for r in reads]
+
+
+def test_the_thinking_tokens_whatever_the_outputs_carry(tokenizer: Tokenizer) -> None:
+    counts, replies = [], []
+    for ends in groupings(tokenizer):
+        reply = ReplyParser(ReplyFormat("think", "none"), tokenizer=tokenizer)
+        for output in outputs(tokenizer, THOUGHT, ends):
+            reply.feed_output(output)
+        counts.append(reply.thinking_tokens)
+        replies.append((reply.thinking, reply.text))
+    # every token up to the closing tag's '>' wrote the thinking ('<think>' and '</think>' included)
+    assert counts == [closing_tag(tokenizer) + 3] * len(counts)
+    assert replies == [("The user greets me. I should answer <briefly>.", "Hello there.")] * len(counts)
 
 
 @pytest.mark.parametrize("text", ["emoji 🚀🔥👍🏽 done", "日本語のテキスト"])

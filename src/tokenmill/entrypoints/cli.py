@@ -108,7 +108,7 @@ def chat_turn(llm, messages: list[dict], params):
     if fmt.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     prompt = {"prompt_token_ids": llm.engine.inputs.encode_rendered_chat(text)}
-    return prompt, params, ReplyParser(fmt, text[-PROMPT_TAIL_CHARS:])
+    return prompt, params, ReplyParser(fmt, text[-PROMPT_TAIL_CHARS:], tokenizer=llm.engine.tokenizer)
 
 
 def format_timings(out, start: float) -> str:

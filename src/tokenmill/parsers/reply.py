@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from tokenmill.errors import InvalidParameterError
 from tokenmill.outputs import CompletionOutput
 from tokenmill.parsers.harmony import HarmonySplitter
+from tokenmill.parsers.per_token import one_token_at_a_time
 from tokenmill.parsers.streaming import find_first, held_suffix
 from tokenmill.parsers.think import END, START, ThinkSplitter, start_state
 from tokenmill.parsers.tool_formats import FORMATS, ToolFormat
 from tokenmill.structured.tools import ToolCall
+from tokenmill.tokenizer import Tokenizer
 
 # how much of the rendered prompt's end a parser is given (where a thinking block may already be open)
 PROMPT_TAIL_CHARS = 256
@@ -88,7 +90,9 @@ class ReplyDelta:
 class ReplyParser:
     """One reply (one choice) as it streams. `prompt_tail`: the end of the rendered prompt (where a thinking block
     may already be open); `functions`: the functions it may call (none: calls are not looked for); `forced_name`:
-    the one function tool_choice names (a cut-off call keeps that name)."""
+    the one function tool_choice names (a cut-off call keeps that name); `tokenizer`: the model's, to read an
+    output of several tokens one token at a time (feed_output), so that the count of thinking tokens does not
+    depend on how the engine grouped them."""
 
     def __init__(
         self,
@@ -96,10 +100,12 @@ class ReplyParser:
         prompt_tail: str = "",
         functions: list[dict] | None = None,
         forced_name: str | None = None,
+        tokenizer: Tokenizer | None = None,
     ):
         self.format = fmt
         self.names = {f["name"] for f in functions or []}
         self.forced_name = forced_name
+        self.tokenizer = tokenizer
         self._think = ThinkSplitter(start_state(prompt_tail)) if fmt.reasoning == "think" else None
         self._harmony = HarmonySplitter() if fmt.keeps_special_tokens else None
         self._tools: ToolFormat | None = FORMATS.get(fmt.tools) if self.names and fmt.tools != "harmony" else None
@@ -110,6 +116,7 @@ class ReplyParser:
         self.text = ""  # all of its answer text so far
         self.calls: list[ToolCall] = []  # all of its calls so far
         self._thinking_tokens = 0.0
+        self._unplaced = 0  # tokens that showed nothing, outside the thinking: placed with the next token placed
 
     @property
     def thinking_tokens(self) -> int:
@@ -126,7 +133,7 @@ class ReplyParser:
     def feed(self, text: str, finished: bool = False, cut: bool = False, tokens: int = 0) -> ReplyDelta:
         """The reply's next text (of `tokens` tokens) -> what it adds; `finished`: the reply ended, `cut`: by its
         length limit (a call being written ends incomplete)."""
-        delta = ReplyDelta()
+        delta, was_thinking = ReplyDelta(), self.thinking_now
         if self._harmony is not None:
             delta.thinking, answer, calls = self._harmony.feed(text, finished, cut)
             if self.format.reasoning != "harmony":  # --reasoning-parser none: the analysis is answer text
@@ -140,19 +147,38 @@ class ReplyParser:
             answer = text
         out, calls = self._answer(answer, finished, cut)
         delta.text, delta.calls = out, delta.calls + calls
-        # the tokens that wrote the thinking: a delta's tokens by the share of its shown text that is thinking
-        # (a delta that shows nothing, by where the reply is now)
-        shown = len(delta.thinking) + len(delta.text)
-        share = len(delta.thinking) / shown if shown else float(self.thinking_now)
-        self._thinking_tokens += tokens * share
+        self._count(tokens, delta, was_thinking)
         self.thinking += delta.thinking
         self.text += delta.text
         self.calls += delta.calls
         return delta
 
+    def _count(self, tokens: int, delta: ReplyDelta, was_thinking: bool) -> None:
+        """Add the tokens that wrote the thinking: a delta's tokens by the share of its shown text that is thinking.
+        One token that shows nothing is thinking where the reply thinks before or after it (a tag's end, a held
+        piece); else (an opening tag's start, whitespace after a closing one) it goes with the next token that is
+        placed. Several tokens that show nothing (fed without the tokenizer) go by where the reply is now."""
+        shown = len(delta.thinking) + len(delta.text)
+        if shown:
+            share = len(delta.thinking) / shown
+        elif tokens == 1 and not (was_thinking or self.thinking_now):
+            self._unplaced += 1
+            return
+        else:
+            share = float(self.thinking_now or (tokens == 1 and was_thinking))
+        self._thinking_tokens += (tokens + self._unplaced) * share
+        self._unplaced = 0
+
     def feed_output(self, o: CompletionOutput) -> ReplyDelta:
-        """feed() with one choice's output as the engine gives it: its new text and tokens, and its finish."""
-        return self.feed(o.delta_text, o.finish_reason is not None, o.finish_reason == "length", len(o.delta_token_ids))
+        """feed() with one choice's output as the engine gives it: its new text and tokens, and its finish (token
+        by token where the parser has the tokenizer)."""
+        if self.tokenizer is None or len(o.delta_token_ids) <= 1:
+            finished, cut = o.finish_reason is not None, o.finish_reason == "length"
+            return self.feed(o.delta_text, finished, cut, len(o.delta_token_ids))
+        delta = ReplyDelta()
+        for one in one_token_at_a_time(self.tokenizer, o):
+            delta.extend(self.feed_output(one))
+        return delta
 
     def _answer(self, text: str, finished: bool, cut: bool) -> tuple[str, list[ToolCall]]:
         """Answer text -> (what is shown as text now, the calls it completes)."""

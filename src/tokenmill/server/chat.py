@@ -41,6 +41,7 @@ class ChatCall:
     functions: list[dict]  # the functions the reply may call
     format: ReplyFormat  # how the model writes its thinking and its calls
     prompt_tail: str  # the end of the rendered prompt
+    tokenizer: Tokenizer  # the model's: a reply is read one token at a time
     required: bool = False  # tool_choice required or named: the reply is a call
     parsers: list[ReplyParser] = field(default_factory=list)  # choice i's is the i-th reply_parser() made
 
@@ -54,7 +55,7 @@ class ChatCall:
 
     def reply_parser(self) -> ReplyParser:
         """The next choice's reply parser (one per choice, made in choice order)."""
-        parser = ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name)
+        parser = ReplyParser(self.format, self.prompt_tail, self.functions, self.forced_name, self.tokenizer)
         self.parsers.append(parser)
         return parser
 
@@ -135,7 +136,7 @@ async def start_chat(
     prompt = [{"prompt_token_ids": prompt_ids}]
     generation = Generation(state, prompt, request.with_params(params), request_id, endpoint)
     await generation.start(http_request)
-    return ChatCall(generation, callable_functions, fmt, tail, mode == "required")
+    return ChatCall(generation, callable_functions, fmt, tail, model.tokenizer, mode == "required")
 
 
 # a call's syntax as text around its JSON: (before, after, the key of its arguments)

@@ -174,7 +174,7 @@ async def _generate(req: GenerateRequest, http_request: Request, state: ServerSt
     await generation.start(http_request)
     parser = ReplyParser(ReplyFormat("", "constrained"))  # raw text: nothing to split
     if not req.raw:  # the chat template's reply: its thinking apart
-        parser = ReplyParser(state.reply_format(), tail)
+        parser = ReplyParser(state.reply_format(), tail, tokenizer=model.tokenizer)
     reply = _Reply(req.model, parser, as_chat=False, show_thinking=req.think is not False)
     return await _respond(req, http_request, state, generation, reply)
 

@@ -8,15 +8,12 @@ the thinking included) are not the text's, unless the same token shows text (one
 answer); the entries of the others wait until a delta shows what they made: a text delta takes them, a thinking or
 call delta drops them. A final end token makes no text and has none.
 
-The engine hands out a step's tokens together when the reader fell behind (several tokens in one output, as many as
-it happened to miss), so the reply is read here one token at a time: which tokens are the text's must not depend on
-how busy the server was.
+The reply is read one token at a time (parsers/per_token.py): which tokens are the text's must not depend on how
+many tokens an output carried.
 """
 
-from collections.abc import Iterator
-from dataclasses import replace
-
 from tokenmill.outputs import CompletionOutput
+from tokenmill.parsers.per_token import one_token_at_a_time
 from tokenmill.parsers.reply import ReplyDelta, ReplyParser
 from tokenmill.server.logprobs_format import LogprobsShape, chat_logprobs
 from tokenmill.tokenizer import Tokenizer
@@ -54,28 +51,3 @@ class TextLogprobs:
             self._waiting = []
         elif delta.thinking or delta.calls:
             self._waiting = []
-
-
-def one_token_at_a_time(tokenizer: Tokenizer, output: CompletionOutput) -> Iterator[CompletionOutput]:
-    """An output of several new tokens as outputs of one token each: its new text cut where each token's bytes end
-    (text held back, e.g. a possible stop string, goes to the last; the finish too)."""
-    tokens = output.delta_token_ids
-    if len(tokens) <= 1:
-        yield output
-        return
-    first, text = len(output.token_ids) - len(tokens), output.delta_text
-    cut, written = 0, b""
-    for i, token in enumerate(tokens):
-        last = i == len(tokens) - 1
-        written += tokenizer.token_bytes(token)
-        end = len(text) if last else min(max(cut, len(written.decode("utf-8", errors="ignore"))), len(text))
-        yield replace(
-            output,
-            text=output.text[: len(output.text) - len(text) + end],
-            token_ids=output.token_ids[: first + i + 1],
-            delta_text=text[cut:end],
-            delta_token_ids=[token],
-            finish_reason=output.finish_reason if last else None,
-            stop_reason=output.stop_reason if last else None,
-        )
-        cut = end
