@@ -6,8 +6,9 @@ products over them (integer dot products against int8 activations, one or two pa
 layers of a llama model for the tokens of a decode step (norms, projections, rope, the KV-cache write, attention
 over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; attention.c prompt
 chunks' attention over the paged cache (flash attention, layers/native_attention.py); dequantize.c the
-Q4_1/Q8_0 dequantization used at load; shm_reduce.c the tensor-parallel sums over shared memory; kernels.h is
-what they share, kv_elements.h the KV cache's element types (float32, float16, bfloat16). The library is built
+Q4_1/Q8_0 dequantization used at load; shm_reduce.c the tensor-parallel sums over shared memory; matrix_units.c
+whether the CPU's matrix units (AMX) can run here (matrix_units.py asks, once a process); kernels.h is what they
+share, kv_elements.h the KV cache's element types (float32, float16, bfloat16). The library is built
 with the system C compiler into a cache directory keyed by the source, the compiler flags and the CPU; without
 a compiler tokenmill falls back to torch's kernels and says so once in the log.
 """
@@ -40,6 +41,7 @@ _SOURCES = [
         "decoder.c",
         "attention.c",
         "shm_reduce.c",
+        "matrix_units.c",
     )
 ]
 # -ffast-math lets the exp() loops (softmax, SiLU) use glibc's vector math (libmvec) and the sums reassociate
@@ -159,6 +161,12 @@ def load() -> ctypes.CDLL | None:
     lib.tm_pool_probe.restype = None
     lib.tm_pool_solo.argtypes = []
     lib.tm_pool_solo.restype = ctypes.c_int
+    lib.tm_amx_reported.argtypes = []
+    lib.tm_amx_reported.restype = ctypes.c_int
+    lib.tm_amx_request.argtypes = []
+    lib.tm_amx_request.restype = ctypes.c_int
+    lib.tm_amx_tile_check.argtypes = []
+    lib.tm_amx_tile_check.restype = ctypes.c_int
     from tokenmill.native.threads import set_threads, usable_cpus  # noqa: PLC0415 - threads imports torch only
 
     set_threads(min(torch.get_num_threads(), usable_cpus()), lib)

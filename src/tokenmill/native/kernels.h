@@ -187,8 +187,14 @@ void tm_set_threads(int n); /* threads of a team, the caller included */
 int tm_threads(void);
 int64_t tm_pool_stalls(void); /* waits for a descheduled helper so far (each starts a while of solo jobs) */
 int tm_pool_solo(void);       /* 1 while jobs run on their caller alone after a stall */
+
 /* for the tests: jobs whose pieces take caller_us on the caller and helper_us on a helper */
 void tm_pool_probe(int64_t jobs, int64_t pieces, int64_t caller_us, int64_t helper_us, int64_t *caller_pieces);
+
+/* ---- the matrix units (matrix_units.c) ---------------------------------------------------------------------- */
+int tm_amx_reported(void);   /* 1 where CPUID reports AMX-TILE and AMX-INT8 */
+int tm_amx_request(void);    /* asks Linux for the tile state: 0 granted */
+int tm_amx_tile_check(void); /* one tile product against plain C: 0 right (SIGILL without the tile state) */
 
 /* products.c, for the decoder: jobs of the calling team */
 /* rows [r0, r0 + rows) of a product's quantized activations times w */

@@ -30,6 +30,7 @@ from tokenmill.loader.lora_file import LoRAFile
 from tokenmill.loader.model_source import ModelSource
 from tokenmill.model.lora_weights import build_adapter
 from tokenmill.model.registry import build_model
+from tokenmill.native import matrix_units
 from tokenmill.native.threads import follow_contention
 from tokenmill.runner.decode_backend import choose_decode_backend
 from tokenmill.runner.kv_cache import resolve_kv_cache_dtype
@@ -102,6 +103,9 @@ class ModelRunner:
         # what computes generated tokens (runner/decode_backend.py); None: the model's forward, with the prompts
         self.decode_backend = choose_decode_backend(self.model, quantization)
         native_decode = self.decode_backend is not None and self.decode_backend.name == "native"
+        lib = native.load() if device.type == "cpu" else None
+        if lib is not None:
+            logger.info("%s", matrix_units.describe(lib))
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype, native_decode)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
