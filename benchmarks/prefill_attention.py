@@ -15,10 +15,15 @@ import time
 
 import torch
 
-from tokenmill.layers import native_attention
+from tokenmill.layers import kv_quant, native_attention
 from tokenmill.layers.attention import AttentionMetadata, PrefillChunk, paged_attention
 
-CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
+
+
+def cached(x: torch.Tensor, cache: str) -> torch.Tensor:
+    """x [slots, heads, dim] as a cache of type `cache` holds it (int8: layers/kv_quant.py's rows)."""
+    return kv_quant.encode(x) if cache == "int8" else x.to(CACHE_DTYPES[cache])
 
 
 def main() -> None:
@@ -34,7 +39,7 @@ def main() -> None:
     for context in args.contexts:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(queries, heads, dim, generator=g) for _ in range(3))
-        k_cache, v_cache = (torch.randn(context, heads, dim, generator=g).to(CACHE_DTYPES[args.cache]) for _ in "kv")
+        k_cache, v_cache = (cached(torch.randn(context, heads, dim, generator=g), args.cache) for _ in "kv")
         start = context - queries
         kv_index = None if start == 0 else torch.arange(context)
         causal = torch.arange(context)[None] <= torch.arange(start, context)[:, None]
