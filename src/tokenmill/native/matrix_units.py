@@ -58,7 +58,9 @@ def tile_check_in_child(library: str, timeout: float = TILE_CHECK_SECONDS) -> tu
     except subprocess.TimeoutExpired:
         return False, f"a tile product did not finish in {timeout:.0f} s"
     if done.returncode < 0:
-        return False, f"a tile product died of {signal.Signals(-done.returncode).name} (the tile state is not enabled)"
+        killed = signal.Signals(-done.returncode)
+        why = " (the tile state is not enabled)" if killed == signal.SIGILL else ""
+        return False, f"a tile product died of {killed.name}{why}"
     if done.returncode == 1:
         return False, "a tile product came out wrong"
     if done.returncode != 0:
