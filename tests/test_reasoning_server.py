@@ -121,7 +121,6 @@ def test_openai_chat_splits_thinking_whole_and_streamed(client: openai.OpenAI, t
     assert showing and all(showing)
     # counted token by token however the stream's outputs grouped them: the same count, the tags' tokens included
     assert usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
-    ids = tokenizer.encode(THOUGHT)
     assert details.reasoning_tokens == ids.index(tokenizer.encode("</")[0]) + 3  # up to the closing tag's '>'
 
 

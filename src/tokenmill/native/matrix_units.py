@@ -9,6 +9,7 @@ line that says which path the products take and why the tiles do not.
 """
 
 import ctypes
+import functools
 import signal
 import subprocess
 import sys
@@ -26,18 +27,9 @@ class MatrixUnits:
     reason: str  # what was found, in words
 
 
-_probed: MatrixUnits | None = None
-
-
+@functools.cache
 def probe(lib: ctypes.CDLL) -> MatrixUnits:
     """The matrix units of this machine and process (asked once; `lib`: the loaded native kernels)."""
-    global _probed
-    if _probed is None:
-        _probed = _ask(lib)
-    return _probed
-
-
-def _ask(lib: ctypes.CDLL) -> MatrixUnits:
     if not lib.tm_amx_reported():
         return MatrixUnits(False, "the CPU does not report AMX-TILE and AMX-INT8")
     ok, found = tile_check_in_child(lib._name)
