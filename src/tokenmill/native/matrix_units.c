@@ -3,6 +3,7 @@
  * plain C. Linux enables the tile state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM); a process that
  * did not ask, or a hypervisor that does not pass the state through, gets SIGILL on the first tile instruction, so
  * the check runs in a child process (native/matrix_units.py) and the server only ever asks these questions. */
+#define _GNU_SOURCE /* syscall(), which -std=c11 leaves undeclared (an error from gcc 14 on) */
 #include "kernels.h"
 
 #if defined(__x86_64__) && defined(__linux__)
