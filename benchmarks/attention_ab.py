@@ -3,8 +3,7 @@ shape (32 heads of 64, no GQA), a chunk of queries at the end of each context. I
 
     .venv/bin/python benchmarks/attention_ab.py BASE.c [reps]      # this tree's attention.c against BASE.c
 
-    git show e685fd0:src/tokenmill/native/attention.c > /tmp/base.c
-    echo 'int tm_attention_half_products(void) { return 0; }' >> /tmp/base.c   # a build before that symbol
+    git show e685fd0:src/tokenmill/native/attention.c > /tmp/base.c          # e.g. the kernel before a change
 
 Environment: CACHE (float16, the default, or float32), CONTEXTS (default "512 2048 8192"), QUERIES (512). Prints one
 JSON line per context: the two builds' median ms and the median of the per-pair ratios (base / this tree: above 1,

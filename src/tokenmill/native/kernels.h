@@ -301,8 +301,6 @@ typedef struct {
 } tm_prefill_attention_args;
 
 int tm_prefill_attention(const tm_prefill_attention_args *args);
-/* 1 where a float16 cache's prompt attention multiplies in float16 (AVX512-FP16 builds), else 0 */
-int tm_attention_half_products(void);
 
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
 void tm_qx_free(tm_qx *a);
