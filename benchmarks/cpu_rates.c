@@ -3,7 +3,7 @@
  *
  *     cc -O2 -march=native -o /tmp/cpu_rates benchmarks/cpu_rates.c && /tmp/cpu_rates
  *
- * Needs AVX-512 with BF16 and VNNI. */
+ * Needs AVX-512 with BF16 and VNNI (and AVX512-FP16 for the float16 lines, which are left out without it). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -58,6 +58,10 @@ static double now(void) {
     }
 #define FOUR(x, op) x##0 = op(x##0); x##1 = op(x##1); x##2 = op(x##2); x##3 = op(x##3)
 
+#if defined(__AVX512FP16__)
+_Float16 mem[64]; /* the broadcasts' source (each chain its own element: __COUNTER__) */
+#endif
+
 int main(void) {
     const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
     const __m512i bi = _mm512_set1_epi8(1), ci = _mm512_set1_epi8(2);
@@ -87,5 +91,19 @@ int main(void) {
     MIXED("vpsrlw", FOUR(g, SHIFT));
     MIXED("vcvtdq2ps", f0 = _mm512_cvtepi32_ps(g0); f1 = _mm512_cvtepi32_ps(g1); f2 = _mm512_cvtepi32_ps(g2);
           f3 = _mm512_cvtepi32_ps(g3));
+#if defined(__AVX512FP16__)
+    /* float16's multiply-add: 32 lanes an instruction (issue 38's float16 values' products) */
+    const __m512h bh = _mm512_set1_ph((_Float16)0.999f), ch = _mm512_set1_ph((_Float16)1e-4f);
+#define OP(x) _mm512_fmadd_ph(x, bh, ch)
+    RATE("vfmadd231ph", __m512h, _mm512_set1_ph((_Float16)0.1f));
+#undef OP
+    /* ... with the other factor broadcast from memory as the instruction's operand ({1to32}: a load, no shuffle) */
+#undef STEP
+    /* (a base register and a displacement: with an index register too, Intel splits the instruction in two uops
+     * before it is issued, and the loop ran at half the rate) */
+#define STEP(x)                                                                                                    \
+    __asm__("vfmadd231ph %c2(%1)%{1to32%}, %3, %0" : "+v"(x) : "r"(mem + (i & 31)), "i"(2 * (__COUNTER__ % 32)), "v"(bh))
+    RATE("vfmadd231ph {1to32}", __m512h, _mm512_set1_ph((_Float16)0.1f));
+#endif
     return 0;
 }
