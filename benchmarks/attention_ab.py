@@ -12,46 +12,22 @@ this tree is faster).
 
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from native_variant import SOURCES, build_with  # benchmarks/, the script's own folder
 
 import tokenmill.native as native
 from tokenmill.layers import native_attention
-
-SOURCES = Path(native.__file__).parent
-
-
-def build(attention_c: Path):
-    """The kernels' library with `attention_c` for attention.c, loaded as native.load() would (threads set up)."""
-    folder = Path(tempfile.mkdtemp())
-    for f in SOURCES.iterdir():
-        if f.suffix in (".c", ".h"):
-            shutil.copy(f, folder / f.name)
-    shutil.copy(attention_c, folder / "attention.c")
-    objects = []
-    for f in sorted(folder.glob("*.c")):
-        objects.append(str(f.with_suffix(".o")))
-        subprocess.run(["gcc", *native._FLAGS, "-c", str(f), "-o", objects[-1]], check=True, capture_output=True)
-    library = folder / "kernels.so"
-    subprocess.run(["gcc", *native._LINK_FLAGS, *objects, "-o", str(library), *native._LIBS], check=True)
-    saved = (native._lib, native._tried, native._build)
-    native._lib, native._tried, native._build = None, False, (lambda force=False: library)
-    lib = native.load()
-    native._lib, native._tried, native._build = saved
-    return lib
 
 
 def main() -> None:
     base_c = Path(sys.argv[1])
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-    builds = {"this": build(SOURCES / "attention.c"), "base": build(base_c)}
+    builds = {"this": build_with("attention.c", SOURCES / "attention.c"), "base": build_with("attention.c", base_c)}
     cache = {"float16": torch.float16, "float32": torch.float32}[os.environ.get("CACHE", "float16")]
     heads, dim, queries = 32, 64, int(os.environ.get("QUERIES", "512"))
     for context in [int(c) for c in os.environ.get("CONTEXTS", "512 2048 8192").split()]:

@@ -10,15 +10,13 @@ bit-equal.
 
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from native_variant import build_with  # benchmarks/, the script's own folder
 
 import tokenmill.native as native
 from tokenmill.layers.quantized_linear import NativeLinear
@@ -31,32 +29,11 @@ types = sys.argv[4].split(",") if len(sys.argv) > 4 else ["Q4_K", "Q6_K"]
 rows = int(os.environ.get("ROWS", "512"))
 torch.set_num_threads(threads)
 base = native.load()
-src = Path(native.__file__).parent
 
 
-def build(variant):
-    tmpd = Path(tempfile.mkdtemp())
-    for f in src.iterdir():
-        if f.suffix in (".c", ".h"):
-            shutil.copy(f, tmpd / f.name)
-    shutil.copy(variant, tmpd / "products.c")
-    objs = []
-    for f in sorted(tmpd.glob("*.c")):
-        o = str(f.with_suffix(".o"))
-        objs.append(o)
-        subprocess.run(["gcc", *native._FLAGS, "-c", str(f), "-o", o], check=True)
-    so = tmpd / "v.so"
-    subprocess.run(["gcc", *native._LINK_FLAGS, *objs, "-o", str(so), *native._LIBS], check=True)
-    saved = (native._lib, native._tried, native._build)
-    native._lib, native._tried, native._build = None, False, (lambda force=False: so)
-    lib = native.load()
-    native._lib, native._tried, native._build = saved
-    return lib
-
-
-var = build(variant)
+var = build_with("products.c", variant)
 if os.environ.get("BASE"):
-    base = build(Path(os.environ["BASE"]))
+    base = build_with("products.c", Path(os.environ["BASE"]))
 g = GGUFFile(Path.home() / ".cache/tokenmill/synth/synth-smollm2-1.7b-Q4_K_M.gguf")
 out = {}
 for name in ("blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.0.attn_q.weight"):
