@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from native_variant import SOURCES, build_with  # benchmarks/, the script's own folder
+from native_variant import build_with  # benchmarks/, the script's own folder
 
 import tokenmill.native as native
 from tokenmill.layers import native_attention
@@ -27,7 +27,7 @@ from tokenmill.layers import native_attention
 def main() -> None:
     base_c = Path(sys.argv[1])
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-    builds = {"this": build_with("attention.c", SOURCES / "attention.c"), "base": build_with("attention.c", base_c)}
+    builds = {"this": native.load(), "base": build_with("attention.c", base_c)}
     cache = {"float16": torch.float16, "float32": torch.float32}[os.environ.get("CACHE", "float16")]
     heads, dim, queries = 32, 64, int(os.environ.get("QUERIES", "512"))
     for context in [int(c) for c in os.environ.get("CONTEXTS", "512 2048 8192").split()]:

@@ -22,9 +22,11 @@ def build_with(name: str, variant: Path):
     objects = []
     for f in sorted(folder.glob("*.c")):
         objects.append(str(f.with_suffix(".o")))
-        subprocess.run(["gcc", *native._FLAGS, "-c", str(f), "-o", objects[-1]], check=True, capture_output=True)
+        subprocess.run(
+            [native.compiler(), *native._FLAGS, "-c", str(f), "-o", objects[-1]], check=True, capture_output=True
+        )
     library = folder / "kernels.so"
-    subprocess.run(["gcc", *native._LINK_FLAGS, *objects, "-o", str(library), *native._LIBS], check=True)
+    subprocess.run([native.compiler(), *native._LINK_FLAGS, *objects, "-o", str(library), *native._LIBS], check=True)
     saved = (native._lib, native._tried, native._build)
     native._lib, native._tried, native._build = None, False, (lambda force=False: library)
     lib = native.load()

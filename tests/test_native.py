@@ -395,12 +395,11 @@ def test_without_native_kernels_torch_kernels_take_over() -> None:
     assert out.stdout.strip() == "3"
 
 
-@pytest.mark.parametrize("source", sorted(p.name for p in native._SOURCES if p.suffix == ".c"))
-def test_each_source_compiles_where_an_undeclared_function_is_an_error(source: str) -> None:
+@pytest.mark.parametrize("source", [p for p in native._SOURCES if p.suffix == ".c"], ids=lambda p: p.name)
+def test_each_source_compiles_where_an_undeclared_function_is_an_error(source: Path) -> None:
     """gcc 14 and later refuse a call to an undeclared function (gcc 12 warns), and one source that does not
     compile leaves the whole library unbuilt (every kernel falls back to torch): matrix_units.c called syscall(),
     which -std=c11 leaves undeclared without _GNU_SOURCE. Each source, with the build's flags and that error."""
-    folder = Path(native.__file__).parent
     flags = [*native._FLAGS, "-Werror=implicit-function-declaration", "-fsyntax-only"]  # a front-end error: no code
-    out = subprocess.run(["cc", *flags, str(folder / source)], capture_output=True)
+    out = subprocess.run([native.compiler(), *flags, str(source)], capture_output=True)
     assert out.returncode == 0, out.stderr.decode()[-2000:]

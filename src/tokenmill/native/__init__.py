@@ -81,12 +81,16 @@ def _cpu_signature() -> str:
         return ""
 
 
+def compiler() -> str:
+    """The C compiler the kernels are built with: $CC, else Python's own, else cc."""
+    return (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+
+
 def _build(force: bool = False) -> Path:
-    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    compiler = compiler.split()[0]
+    cc = compiler()
     march = os.environ.get("TOKENMILL_NATIVE_MARCH")
     flags = [f"-march={march}" if f == "-march=native" and march else f for f in _FLAGS]
-    command = [compiler, *flags, "-c", "SOURCES", "&&", compiler, *_LINK_FLAGS, "OBJECTS", "-o", "TARGET", *_LIBS]
+    command = [cc, *flags, "-c", "SOURCES", "&&", cc, *_LINK_FLAGS, "OBJECTS", "-o", "TARGET", *_LIBS]
     sources = b"".join(source.read_bytes() for source in _SOURCES)
     key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
     target = cache_dir() / f"kernels-{key.hexdigest()[:16]}.so"
@@ -97,8 +101,8 @@ def _build(force: bool = False) -> Path:
             built = []
             for source in (source for source in _SOURCES if source.suffix == ".c"):
                 built.append(str(Path(objects) / f"{source.stem}.o"))
-                subprocess.run([compiler, *flags, "-c", str(source), "-o", built[-1]], check=True, capture_output=True)
-            command = [compiler, *_LINK_FLAGS, *built, "-o", str(tmp), *_LIBS]
+                subprocess.run([cc, *flags, "-c", str(source), "-o", built[-1]], check=True, capture_output=True)
+            command = [cc, *_LINK_FLAGS, *built, "-o", str(tmp), *_LIBS]
             subprocess.run(command, check=True, capture_output=True)
         tmp.replace(target)  # atomic: concurrent processes never load a half-written file
     return target

@@ -159,7 +159,7 @@ static void block_values(const float *values, int64_t n, const float *p, const f
 /* e^x for the softmax's x <= 0 (a score less its row's maximum), 0 below -87 (e^-87 < 2e-38: nothing beside the
  * row's maximum's e^0 = 1). glibc's vector expf sends every lane of a vector that is out of its range to its scalar
  * expf, one call a lane: the masked scores (FLOOR less a maximum) of every block on a tile's diagonal, and a long
- * context's far keys. Clamped first, no lane leaves the vector path (one layer's 512-token chunk at 512 keys 1.2x,
+ * context's far keys. Clamped first, no lane leaves the vector path (one layer's 512-token chunk at 512 keys 1.17x,
  * benchmarks/README.md), and every other lane's bits are expf's as before. */
 static inline float exp_nonpositive(float x) {
     const float e = expf(x < -87.0f ? -87.0f : x);
