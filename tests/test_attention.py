@@ -1,10 +1,20 @@
-"""Prompt attention gives a position the same bits however its prompt was cut into chunks."""
+"""Prompt attention gives a position the same bits however its prompt was cut into chunks; a decode row the same
+bits whatever other rows share its step."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenmill.layers.attention import AttentionMetadata, PrefillChunk, _causal_in_query_blocks, paged_attention
+from tokenmill.layers.attention import (
+    AttentionMetadata,
+    DecodeBatch,
+    PrefillChunk,
+    _causal_in_query_blocks,
+    decode_groups,
+    padded_context,
+    paged_attention,
+    windowed,
+)
 
 
 def test_a_position_gets_the_same_bits_in_any_chunk() -> None:
@@ -57,3 +67,46 @@ def test_a_16_bit_cache_gives_a_prompt_the_same_bits_in_any_chunking(cache_dtype
         return torch.cat(outs)
 
     assert torch.equal(run([(0, length)]), run([(0, 37), (37, 150), (150, length)]))
+
+
+def decode_step(contexts: list[torch.Tensor]) -> AttentionMetadata:
+    """A decode step of one row per context (int64 slots of its positions; the row's token is the last)."""
+    lens = [c.shape[0] for c in contexts]
+    slots = torch.stack([F.pad(c, (0, max(lens) - c.shape[0])) for c in contexts])  # [S, max_ctx]
+    decode = DecodeBatch(0, len(contexts), max(lens), slots.reshape(-1), torch.tensor(lens),
+                         decode_groups(slots, lens, torch.device("cpu")))  # fmt: skip
+    return AttentionMetadata(torch.stack([c[-1] for c in contexts]), decode, [])
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_a_decode_row_gets_the_same_bits_alone_and_beside_longer_rows(window: int) -> None:
+    """Rows with contexts of 5 to 300 keys, all in one step and each alone: equal bits (a row padded to the step's
+    longest context got other last bits from torch's attention), and the float64 attention's values."""
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, slots = 8, 2, 32, 1024
+    lens = [5, 300, 17, 100, 33, 16, 290]
+    contexts = [torch.randperm(slots, generator=g)[:n] for n in lens]  # scattered slots, as a paged cache has
+    k_cache, v_cache = (torch.randn(slots, kv_heads, dim, generator=g) for _ in range(2))
+    q = torch.randn(len(lens), heads, dim, generator=g)
+    k, v = k_cache[torch.stack([c[-1] for c in contexts])], v_cache[torch.stack([c[-1] for c in contexts])]
+
+    def attend(rows: list[int]) -> torch.Tensor:
+        meta = decode_step([contexts[i] for i in rows])
+        meta = windowed(meta, window) if window else meta
+        return paged_attention(q[rows], k[rows], v[rows], k_cache, v_cache, meta, 0.125)
+
+    together = attend(list(range(len(lens))))
+    for i, n in enumerate(lens):
+        assert torch.equal(attend([i]), together[i : i + 1]), n
+        seen = contexts[i][-window:] if window else contexts[i]
+        keys, values = k_cache[seen].double(), v_cache[seen].double()  # [n, KVH, D]
+        scores = torch.einsum("hd,nhd->hn", q[i].double(), keys.repeat_interleave(heads // kv_heads, 1)) * 0.125
+        reference = torch.einsum("hn,nhd->hd", scores.softmax(-1), values.repeat_interleave(heads // kv_heads, 1))
+        assert torch.allclose(together[i].double(), reference, atol=1e-5), n
+
+
+def test_decode_contexts_pad_to_four_lengths_an_octave() -> None:
+    assert [padded_context(n) for n in (1, 16, 17, 20, 21, 33, 100, 1000, 1025)] == [16, 16, 20, 20, 24, 40, 112,
+                                                                                    1024, 1280]  # fmt: skip
+    for n in range(17, 5000):
+        assert n <= padded_context(n) <= 1.25 * n

@@ -6,8 +6,10 @@ describes how they attend in `AttentionMetadata`, built once per step and shared
     new tokens:   | dec0 | dec1 | chunk A: q0 q1 q2 q3 | chunk B: q0 q1 |     (T = 8 rows of q, k, v)
     slot_mapping: |  17  |  40  |  64  65  66  67      |   90  91       |     (slot = block * block_size + offset)
 
-- Decodes (one query each) attend together: their context is gathered from the cache with one index_select
-  into a padded [S, max_ctx] batch, with a mask for the padding.
+- Decodes (one query each) attend in groups: each row's context is gathered from the cache and padded to a
+  length that depends on its own context length only (padded_context), with a mask for the padding; rows of the
+  same padded length attend in one call. torch's attention gives a row other last bits beside more padded keys,
+  so padding to the batch's longest context made a row's numbers depend on its neighbours.
 - A prefill chunk with no earlier context (a fresh prompt) attends to its own new K/V: plain causal attention,
   nothing gathered. A chunk that continues earlier tokens (a later chunk, or after a prefix-cache hit) gathers
   its context from the cache, and its causal mask is aligned to the end of that context.
@@ -22,13 +24,55 @@ from tokenmill.layers import kv_quant, native_attention
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows whose contexts are padded to the same length: one attention call."""
+
+    rows: torch.Tensor  # [n] int64: which rows of the decode batch
+    length: int  # context positions each row is padded to (padded_context of its own context length)
+    kv_index: torch.Tensor  # [n * length] int64: cache slot of each position (padding: slot 0)
+    mask: torch.Tensor | None  # [n, 1, 1, length] bool: True for keys the row sees; None: every key
+    context_lens: torch.Tensor  # [n] int64
+
+
+@dataclass
 class DecodeBatch:
     token_start: int
     num_seqs: int
     max_context: int
-    kv_index: torch.Tensor  # [S * max_ctx] int64: cache slot of each context position (padding: slot 0)
-    mask: torch.Tensor | None  # [S, 1, 1, max_ctx] bool: True for real context positions; None: no padding
+    # [S * max_ctx] int64: cache slot of each context position, padded to the longest (slot 0): the native
+    # decoder's layout, which reads each row's own context_lens positions only
+    kv_index: torch.Tensor
     context_lens: torch.Tensor  # [S] int64
+    groups: list[DecodeGroup]  # the torch path's layout: the same rows by padded context length
+
+
+def padded_context(length: int) -> int:
+    """The keys a decode row attends over in the torch path: its context length rounded up to 16, 20, 24, 28, 32,
+    40, 48, 56, 64, 80, ... (four lengths an octave: at most 25% padding, few distinct lengths in a step)."""
+    if length <= 16:
+        return 16
+    octave = 1 << (length - 1).bit_length()  # the power of two at or above length
+    step = octave // 8  # octave / 2 + 1..4 steps
+    return octave // 2 + -(-(length - octave // 2) // step) * step
+
+
+def decode_groups(slots: torch.Tensor, lens: list[int], device: torch.device) -> list[DecodeGroup]:
+    """slots [S, >= max(lens)] int64 (row i's context slots first, anything after), lens: the rows' context
+    lengths -> the rows grouped by padded_context, each group's slots padded with slot 0."""
+    by_length: dict[int, list[int]] = {}
+    for row, n in enumerate(lens):
+        by_length.setdefault(padded_context(n), []).append(row)
+    groups = []
+    for length, rows in sorted(by_length.items()):
+        group = slots[rows, : min(length, slots.shape[1])]  # [n, <= length]
+        group = F.pad(group, (0, length - group.shape[1]))  # [n, length]
+        group_lens = torch.tensor([lens[r] for r in rows])  # [n]
+        valid = torch.arange(length).unsqueeze(0) < group_lens.unsqueeze(1)  # [n, length]
+        mask = None if all(lens[r] == length for r in rows) else valid.view(len(rows), 1, 1, length).to(device)
+        index = group.masked_fill(~valid, 0).reshape(-1).to(device)
+        rows_ = torch.tensor(rows, dtype=torch.int64, device=device)
+        groups.append(DecodeGroup(rows_, length, index, mask, group_lens.to(device)))
+    return groups
 
 
 @dataclass
@@ -83,11 +127,15 @@ def paged_attention(
     outputs = []
     d = meta.decode
     if d is not None:
-        q_dec = q[d.token_start : d.token_start + d.num_seqs].unsqueeze(2)  # [S, H, 1, D]
-        keys = _read(k_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
-        values = _read(v_cache, d.kv_index, q.dtype).view(d.num_seqs, d.max_context, kv_heads, dim)
-        out = _attend(q_dec, keys.transpose(1, 2), values.transpose(1, 2), d.mask, scale, sinks)  # [S, H, 1, D]
-        outputs.append(out.view(d.num_seqs, heads, dim))
+        q_dec = q[d.token_start : d.token_start + d.num_seqs]  # [S, H, D]
+        out = q_dec.new_empty(q_dec.shape)
+        for g in d.groups:
+            n = g.rows.shape[0]
+            keys = _read(k_cache, g.kv_index, q.dtype).view(n, g.length, kv_heads, dim).transpose(1, 2)
+            values = _read(v_cache, g.kv_index, q.dtype).view(n, g.length, kv_heads, dim).transpose(1, 2)
+            q_g = q_dec.index_select(0, g.rows).unsqueeze(2)  # [n, H, 1, D]
+            out.index_copy_(0, g.rows, _attend(q_g, keys, values, g.mask, scale, sinks).view(n, heads, dim))
+        outputs.append(out)
     if meta.prefills and native_attention.available(q, k_cache, sinks):
         chunks = [
             (c.token_start, c.token_end - c.token_start, meta.slot_mapping[c.token_start : c.token_end])
@@ -224,10 +272,13 @@ def windowed(meta: AttentionMetadata, window: int) -> AttentionMetadata:
     positions p - window < k <= p (the `window` latest, itself included), as HF transformers' Gemma 3 does."""
     d = meta.decode
     if d is not None:
-        index = torch.arange(d.max_context, device=d.context_lens.device)  # [max_ctx]
-        lens = d.context_lens.unsqueeze(1)  # [S, 1]: the query is the last of its context
-        keep = (index < lens) & (index >= lens - window)  # [S, max_ctx]
-        d = replace(d, mask=keep.view(d.num_seqs, 1, 1, d.max_context))
+        groups = []
+        for g in d.groups:
+            index = torch.arange(g.length, device=g.context_lens.device)  # [length]
+            lens = g.context_lens.unsqueeze(1)  # [n, 1]: the query is the last of its context
+            keep = (index < lens) & (index >= lens - window)  # [n, length]
+            groups.append(replace(g, mask=keep.view(-1, 1, 1, g.length)))
+        d = replace(d, groups=groups)
     prefills = []
     for chunk in meta.prefills:
         q_len = chunk.token_end - chunk.token_start

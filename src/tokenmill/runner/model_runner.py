@@ -24,7 +24,7 @@ import torch
 from tokenmill import native
 from tokenmill.config.model_shape import ModelConfig
 from tokenmill.layers import kv_quant
-from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
+from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk, decode_groups
 from tokenmill.layers.lora import AdapterWeights, LoRABatch
 from tokenmill.loader.lora_file import LoRAFile
 from tokenmill.loader.model_source import ModelSource
@@ -379,18 +379,16 @@ class ModelRunner:
         tables = torch.tensor([(t[:max_blocks] + [0] * max_blocks)[:max_blocks] for t in block_tables]).clamp_(min=0)
         slots = (tables.unsqueeze(2) * bs + torch.arange(bs)).reshape(len(chunks), -1)[:, :max_ctx]  # [S, max_ctx]
         context_lens = torch.tensor(lens)  # [S]
-        mask = None
         if min(lens) != max_ctx:
             valid = torch.arange(max_ctx).unsqueeze(0) < context_lens.unsqueeze(1)  # [S, max_ctx]
             slots = slots.masked_fill(~valid, 0)
-            mask = valid.view(len(chunks), 1, 1, max_ctx).to(self.device)
         return DecodeBatch(
             token_start=0,
             num_seqs=len(chunks),
             max_context=max_ctx,
             kv_index=slots.reshape(-1).to(self.device),
-            mask=mask,
             context_lens=context_lens.to(self.device),
+            groups=decode_groups(slots, lens, self.device),
         )
 
     def _prefill_chunk(self, c: StepChunk, block_table: list[int], start: int, end: int) -> PrefillChunk:
