@@ -6,11 +6,16 @@ x[rows] @ A^T @ B^T * scale to its own rows only (rows gathered by adapter, the 
     rows of adapter k: out[rows_k] += (x[rows_k] @ A_k^T) @ (B_k * scale)^T      ([n_k, R_k], then [n_k, out])
 
 A fused projection (Q/K/V, gate/up) stacks its parts' A ([R, in], R the parts' ranks together) and holds their B
-as one block-diagonal [out, R] (zeros outside each part's block: q's B meets q's rank rows only), so an adapter
-costs four operations a projection however many parts it changes: gather, two products, scatter. (A B per part,
-scattered into column slices of `out`, took index_add_'s slow path for strided tensors: 3x the whole step.)
-Adapter weights stay in float32 or bfloat16 beside the base's quantized blocks. A row's products are computed from
-that row alone (gathered rows, one small product each), as the base's are.
+as one block-diagonal matrix, transposed: [R, out] (zeros outside each part's block: q's B meets q's rank rows
+only), so an adapter costs three operations a projection however many parts it changes: gather, the two products,
+scatter. (A B per part, scattered into column slices of `out`, took index_add_'s slow path for strided tensors: 3x
+the whole step.) Adapter weights stay in float32 or bfloat16 beside the base's quantized blocks.
+
+Batch invariance: on the CPU, float32 adapters' products are native/lowrank.c's, whose rows' bits do not depend on
+the other rows of the call (torch's float32 GEMM picks its kernel and its threads' split of a sum by the row count:
+an adapter row's log-probabilities moved by up to 0.01 between a batch and alone, benchmarks/lora_invariance.py).
+Gathering and the scatter's adds are exact, so a row gets the same bits in any batch, as the base's native products
+give it. Elsewhere (bfloat16, a GPU) torch's matmul.
 """
 
 from dataclasses import dataclass
@@ -18,23 +23,43 @@ from typing import NamedTuple
 
 import torch
 
+from tokenmill import native
+
 
 @dataclass
 class LoRAProjection:
     """One adapter on one fused projection."""
 
     a: torch.Tensor  # [R, in]: the A of every part, stacked (R = the parts' ranks together)
-    b: torch.Tensor  # [out, R]: the parts' B, block-diagonal, the scale folded in
+    bt: torch.Tensor  # [R, out]: the parts' B, block-diagonal, the scale folded in, transposed
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: "torch.Tensor | slice") -> None:
         """out [T, out] (contiguous) += this adapter's product of x [T, in] at `rows`: a run of rows (a view, no
         copy) or an index (gathered, then scattered back)."""
         xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)  # [n, in]
-        delta = ((xs.to(self.a.dtype) @ self.a.T) @ self.b.T).to(out.dtype)  # [n, R] -> [n, out]
+        delta = self.product(xs).to(out.dtype)  # [n, out]
         if isinstance(rows, slice):
             out[rows] += delta
         else:
             out.index_add_(0, rows, delta)
+
+    def product(self, xs: torch.Tensor) -> torch.Tensor:
+        """xs [n, in] -> (xs @ A^T) @ B^T [n, out], in the adapter's dtype; each row's bits its own on the CPU
+        (float32 adapters: native/lowrank.c)."""
+        lib = native.load() if xs.device.type == "cpu" and self.a.dtype == torch.float32 else None
+        if lib is None:
+            return (xs.to(self.a.dtype) @ self.a.T) @ self.bt
+        x32 = xs.float().contiguous()  # [n, in]
+        (rank, out_features), (n, in_features) = self.bt.shape, x32.shape
+        y = torch.empty(n, out_features)  # [n, out] float32
+        rc = lib.tm_lowrank_rows(
+            x32.data_ptr(), n, in_features, self.a.data_ptr(), rank, self.bt.data_ptr(), out_features, y.data_ptr()
+        )
+        if rc == -2:
+            raise MemoryError("LoRA product: out of memory")
+        if rc != 0:
+            raise ValueError(f"LoRA product failed ({rc}): x {tuple(xs.shape)}, A {tuple(self.a.shape)}")
+        return y
 
 
 @dataclass

@@ -5,7 +5,8 @@ of 16 interleaved rows, as the file has them (no re-coding), and dequantizes row
 products over them (integer dot products against int8 activations, one or two passes); decoder.c the decoder
 layers of a llama model for the tokens of a decode step (norms, projections, rope, the KV-cache write, attention
 over the paged cache, SwiGLU) in one call per step instead of ~40 torch operations per layer; attention.c prompt
-chunks' attention over the paged cache (flash attention, layers/native_attention.py); dequantize.c the
+chunks' attention over the paged cache (flash attention, layers/native_attention.py); lowrank.c LoRA's low-rank
+products with a row's bits independent of its batch (layers/lora.py); dequantize.c the
 Q4_1/Q8_0 dequantization used at load; shm_reduce.c the tensor-parallel sums over shared memory; matrix_units.c
 whether the CPU's matrix units (AMX) can run here (matrix_units.py asks, once a process); kernels.h is what they
 share, kv_elements.h the KV cache's element types (float32, float16, bfloat16). The library is built
@@ -40,6 +41,7 @@ _SOURCES = [
         "dequantize.c",
         "decoder.c",
         "attention.c",
+        "lowrank.c",
         "shm_reduce.c",
         "matrix_units.c",
     )
@@ -143,6 +145,8 @@ def load() -> ctypes.CDLL | None:
     lib.tm_pool_stalls.restype = i64
     lib.tm_prefill_attention.argtypes = [p]  # const tm_prefill_attention_args *
     lib.tm_prefill_attention.restype = ctypes.c_int
+    lib.tm_lowrank_rows.argtypes = [p, i64, i64, p, i64, p, i64, p]
+    lib.tm_lowrank_rows.restype = ctypes.c_int
     lib.tm_kv_store.argtypes = [p, p, i64, i64]
     lib.tm_kv_store.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):

@@ -302,6 +302,10 @@ typedef struct {
 
 int tm_prefill_attention(const tm_prefill_attention_args *args);
 
+/* lowrank.c: y [n][out] = (x [n][in] . a [rank][in]^T) . bt [rank][out], each row's bits its own (LoRA) */
+int tm_lowrank_rows(const float *x, int64_t n, int64_t in, const float *a, int64_t rank, const float *bt, int64_t out,
+                    float *y);
+
 int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes);
 void tm_qx_free(tm_qx *a);
 /* the activations' group for a product with w: 8 (a scale per 256) with one pass into a weight with a K-quant
