@@ -19,6 +19,9 @@ import torch
 from tokenmill.runner.watermark import Watermarker, reply_context
 from tokenmill.sampling_params import SamplingParams, ThinkingBudget
 
+# rows per log_softmax where only the chosen tokens' log-probabilities are wanted: bounds its [rows, V] result
+LOGPROB_ROWS = 16
+
 
 @dataclass
 class SamplingRow:
@@ -253,14 +256,25 @@ class Sampler:
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         # the sampled token's log-probability always (for cumulative_logprob); ranks, top-k and the listed tokens'
         # (logprob_token_ids) only when asked
-        chosen = (raw.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(raw, dim=-1)).tolist()  # [R]
+        # log_softmax, never logsumexp: torch's softmax over the last dimension computes each row on its own, where
+        # logsumexp's reduction splits a row's sum by the row count (a row's log-probability moved in its last bit
+        # with the batch)
         max_k = max((r.params.logprobs if r.params.logprobs is not None else -1) for r in rows)
         listing = any(r.params.logprob_token_ids for r in rows)
         token_list = tokens.tolist()
+        picked = tokens.unsqueeze(1)  # [R, 1]
         if max_k < 0 and not listing:
-            return [SampledToken(t, lp, 0, None) for t, lp in zip(token_list, chosen, strict=True)]
+            chosen = torch.cat(
+                [
+                    raw[s : s + LOGPROB_ROWS].log_softmax(dim=-1).gather(1, picked[s : s + LOGPROB_ROWS])
+                    for s in range(0, raw.shape[0], LOGPROB_ROWS)
+                ]
+            )  # [R, 1]
+            return [SampledToken(t, lp, 0, None) for t, lp in zip(token_list, chosen.squeeze(1).tolist(), strict=True)]
         logprobs = raw.log_softmax(dim=-1)  # [R, V]
-        ranks = ((logprobs > logprobs.gather(1, tokens.unsqueeze(1))).sum(dim=-1) + 1).tolist()
+        chosen_column = logprobs.gather(1, picked)  # [R, 1]
+        chosen = chosen_column.squeeze(1).tolist()
+        ranks = ((logprobs > chosen_column).sum(dim=-1) + 1).tolist()
         top_ids: list[list[int]] = [[] for _ in rows]
         top_vals: list[list[float]] = [[] for _ in rows]
         if max_k >= 0:
