@@ -6,10 +6,10 @@ x[rows] @ A^T @ B^T * scale to its own rows only (rows gathered by adapter, the 
     rows of adapter k: out[rows_k] += (x[rows_k] @ A_k^T) @ (B_k * scale)^T      ([n_k, R_k], then [n_k, out])
 
 A fused projection (Q/K/V, gate/up) stacks its parts' A ([R, in], R the parts' ranks together) and holds their B
-as one block-diagonal matrix, transposed: [R, out] (zeros outside each part's block: q's B meets q's rank rows
-only), so an adapter costs three operations a projection however many parts it changes: gather, the two products,
-scatter. (A B per part, scattered into column slices of `out`, took index_add_'s slow path for strided tensors: 3x
-the whole step.) Adapter weights stay in float32 or bfloat16 beside the base's quantized blocks.
+as one block-diagonal matrix (zeros outside each part's block: q's B meets q's rank rows only), so an adapter
+costs three operations a projection however many parts it changes: gather, the two products, scatter. (A B per
+part, scattered into column slices of `out`, took index_add_'s slow path for strided tensors: 3x the whole step.)
+Adapter weights stay in float32 or bfloat16 beside the base's quantized blocks.
 
 Batch invariance: on the CPU, float32 adapters' products are native/lowrank.c's, whose rows' bits do not depend on
 the other rows of the call (torch's float32 GEMM picks its kernel and its threads' split of a sum by the row count:
@@ -22,16 +22,34 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from tokenmill import native
+
+COLUMN_BLOCK = 64  # native/lowrank.c's block of output columns
 
 
 @dataclass
 class LoRAProjection:
-    """One adapter on one fused projection."""
+    """One adapter on one fused projection. B is held transposed in blocks of COLUMN_BLOCK output columns, each
+    block's ranks contiguous (what lowrank.c reads in its inner loop: with B^T's rows 24 KiB apart it ran at half
+    the speed)."""
 
     a: torch.Tensor  # [R, in]: the A of every part, stacked (R = the parts' ranks together)
-    bt: torch.Tensor  # [R, out]: the parts' B, block-diagonal, the scale folded in, transposed
+    # [ceil(out / 64), R, 64]: the parts' B, block-diagonal, the scale folded in, transposed and cut into blocks of
+    # 64 columns (zeros past out)
+    b_blocks: torch.Tensor
+    out_features: int
+
+    @classmethod
+    def of(cls, a: torch.Tensor, b: torch.Tensor) -> "LoRAProjection":
+        """a [R, in], b [out, R] (the scale folded in): their layout here."""
+        out_features, rank = b.shape
+        blocks = -(-out_features // COLUMN_BLOCK)
+        padded = F.pad(b.T, (0, blocks * COLUMN_BLOCK - out_features))  # [R, blocks * 64]
+        return cls(
+            a.contiguous(), padded.reshape(rank, blocks, COLUMN_BLOCK).transpose(0, 1).contiguous(), out_features
+        )
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor, rows: "torch.Tensor | slice") -> None:
         """out [T, out] (contiguous) += this adapter's product of x [T, in] at `rows`: a run of rows (a view, no
@@ -47,14 +65,17 @@ class LoRAProjection:
         """xs [n, in] -> (xs @ A^T) @ B^T [n, out], in the adapter's dtype; each row's bits its own on the CPU
         (float32 adapters: native/lowrank.c)."""
         lib = native.load() if xs.device.type == "cpu" and self.a.dtype == torch.float32 else None
+        n, in_features = xs.shape
         if lib is None:
-            return (xs.to(self.a.dtype) @ self.a.T) @ self.bt
+            t = xs.to(self.a.dtype) @ self.a.T  # [n, R]
+            return torch.einsum("nr,brc->nbc", t, self.b_blocks).reshape(n, -1)[:, : self.out_features]
         x32 = xs.float().contiguous()  # [n, in]
-        (rank, out_features), (n, in_features) = self.bt.shape, x32.shape
-        y = torch.empty(n, out_features)  # [n, out] float32
+        rank = self.a.shape[0]
+        y = torch.empty(n, self.out_features)  # [n, out] float32
         rc = lib.tm_lowrank_rows(
-            x32.data_ptr(), n, in_features, self.a.data_ptr(), rank, self.bt.data_ptr(), out_features, y.data_ptr()
-        )
+            x32.data_ptr(), n, in_features, self.a.data_ptr(), rank, self.b_blocks.data_ptr(), self.out_features,
+            y.data_ptr()
+        )  # fmt: skip
         if rc == -2:
             raise MemoryError("LoRA product: out of memory")
         if rc != 0:

@@ -83,7 +83,7 @@ def build_adapter(
                     row += part.shape[1]
                 col += widths[kind]
             a = torch.cat([pieces[(layer, k)][0] for k in present])  # [R, in]
-            a, bt = (t.to(device=device, dtype=dtype).contiguous() for t in (a, b.T))  # [R, in], [R, out]
-            nbytes += a.numel() * a.element_size() + bt.numel() * bt.element_size()
-            projections[(layer, attribute)] = LoRAProjection(a, bt)
+            projection = LoRAProjection.of(a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype))
+            nbytes += sum(t.numel() * t.element_size() for t in (projection.a, projection.b_blocks))
+            projections[(layer, attribute)] = projection
     return AdapterWeights(projections, lora.rank, nbytes)

@@ -302,7 +302,8 @@ typedef struct {
 
 int tm_prefill_attention(const tm_prefill_attention_args *args);
 
-/* lowrank.c: y [n][out] = (x [n][in] . a [rank][in]^T) . bt [rank][out], each row's bits its own (LoRA) */
+/* lowrank.c: y [n][out] = (x [n][in] . a [rank][in]^T) . B^T, B^T as bt [ceil(out / 64)][rank][64]; each row's
+ * bits its own (LoRA) */
 int tm_lowrank_rows(const float *x, int64_t n, int64_t in, const float *a, int64_t rank, const float *bt, int64_t out,
                     float *y);
 
