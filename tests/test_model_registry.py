@@ -6,12 +6,15 @@ milliseconds."""
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tokenmill.config.server import ServerSettings
 from tokenmill.errors import InvalidParameterError
+from tokenmill.server.model_router import listing
 from tokenmill.server.model_router import registry as registry_module
+from tokenmill.server.model_router.app import ps_listing
 from tokenmill.server.model_router.catalog import Catalog, ServableModel, scan_models_dir, split_named
 from tokenmill.server.model_router.keep_alive import parse_keep_alive
 from tokenmill.server.model_router.registry import ModelRegistry
@@ -198,3 +201,31 @@ def test_the_hub_caches_models_are_servable_and_read_again_when_it_changes(monke
     cached.clear()
     catalog.forget_hub_cache()  # a delete: read again
     assert catalog.find("org/tiny-GGUF:Q4_1") is None and len(reads) == 2
+
+
+def test_api_ps_leaves_out_a_model_that_unloads_while_it_lists(monkeypatch) -> None:
+    """/api/ps gathers each loaded model's details (its context length from its process, its file's facts in a
+    thread); a model whose keep_alive runs out meanwhile is left out, where its entry made the list a 500."""
+
+    async def run() -> None:
+        reg = registry()
+        both = models("a", "b")
+        for m in both.values():
+            await use(reg, m)
+        slot_a = reg.slots["a"]
+
+        def facts_while_a_unloads(model: ServableModel) -> None:
+            if model.name == "a":
+                slot_a.process = None  # what the registry's unload leaves
+            return None
+
+        class NoAnswer:
+            async def get(self, *args, **kwargs):
+                raise ConnectionError("no process there")
+
+        monkeypatch.setattr(listing, "facts_of", facts_while_a_unloads)
+        answer = await ps_listing(SimpleNamespace(registry=reg, client=NoAnswer()), SimpleNamespace(headers={}))
+        assert [m["name"] for m in answer["models"]] == ["b:latest"]
+        assert answer["models"][0]["size"] == FakeProcess.rss
+
+    asyncio.run(run())

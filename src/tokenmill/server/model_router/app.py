@@ -99,10 +99,7 @@ def create_router_app(router: ModelRouter) -> FastAPI:
 
     @app.get("/api/ps")
     async def ps(request: Request) -> dict:
-        loaded = router.registry.loaded()
-        contexts = await asyncio.gather(*(_context_length(router, s, request) for s in loaded))
-        facts = await asyncio.gather(*(asyncio.to_thread(listing.facts_of, s.model) for s in loaded))
-        return {"models": [listing.ps_entry(s, f, c) for s, f, c in zip(loaded, facts, contexts, strict=True)]}
+        return await ps_listing(router, request)
 
     # ---- Ollama's model management ---------------------------------------------------------------------------
 
@@ -242,6 +239,16 @@ def _recent(router: ModelRouter) -> str | None:
     """The model used last among the loaded ones (None: none is, the first model then)."""
     loaded = router.registry.loaded()
     return max(loaded, key=lambda s: s.last_used).model.name if loaded else None
+
+
+async def ps_listing(router: ModelRouter, request: Request) -> dict[str, Any]:
+    """Ollama's /api/ps: the loaded models. One that unloads while their details are gathered (a keep_alive running
+    out, an unload request) is left out: its process is gone (its entry failed: a 500 for the whole list)."""
+    loaded = router.registry.loaded()
+    contexts = await asyncio.gather(*(_context_length(router, s, request) for s in loaded))
+    facts = await asyncio.gather(*(asyncio.to_thread(listing.facts_of, s.model) for s in loaded))
+    rows = [(s, f, c) for s, f, c in zip(loaded, facts, contexts, strict=True) if s.loaded]  # still loaded now
+    return {"models": [listing.ps_entry(s, f, c) for s, f, c in rows]}
 
 
 async def _context_length(router: ModelRouter, slot, request: Request) -> int | None:
