@@ -395,3 +395,19 @@ def test_max_logprobs_bounds_requests_and_minus_one_is_the_whole_vocabulary(llm:
     assert out.prompt_logprobs[0] is None and all(len(p) == vocab for p in out.prompt_logprobs[1:])
     ranks = sorted(lp.rank for lp in out.outputs[0].logprobs[0].values())
     assert ranks == list(range(1, vocab + 1))
+
+
+@pytest.mark.slow
+def test_a_prompt_cached_but_its_last_token_gets_the_same_log_probabilities() -> None:
+    """Under auto: a prompt whose first 32 tokens are in the prefix cache leaves a chunk of one prompt token, which
+    attends as a prompt chunk (the native prompt attention, as in the whole prompt's chunk), not as a decode row
+    (torch's attention, which gives that position other numbers: with the float16 values' products by 1e-3)."""
+    prompt = list(range(1000, 1033))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    cached = LLM(quantization="auto")
+    cached.generate({"prompt_token_ids": prompt[:32] + [5]}, params, use_tqdm=False)  # its two blocks cached
+    hit = cached.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0].outputs[0]
+    assert cached.stats()["prefix_cache_hit_tokens"] == 32
+    alone = LLM(quantization="auto", enable_prefix_caching=False)
+    whole = alone.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0].outputs[0]
+    assert (hit.token_ids, hit.cumulative_logprob) == (whole.token_ids, whole.cumulative_logprob)

@@ -59,6 +59,12 @@ class StepChunk:
     prompt_len: int | None = None
     lora_id: int = 0  # the LoRA adapter its rows use (ModelRunner.add_lora's id); 0: none
 
+    def is_decode(self) -> bool:
+        """One generated token: it attends as a decode row. A prompt's token alone in its chunk (the rest of its
+        prompt in the prefix cache) attends as a prompt chunk, so that a position's numbers do not depend on how
+        its prompt was cut."""
+        return len(self.token_ids) == 1 and self.num_prompt_tokens() == 0
+
     def num_prompt_tokens(self) -> int:
         """How many of token_ids are prompt tokens (they come first)."""
         n = len(self.token_ids)
@@ -300,7 +306,7 @@ class ModelRunner:
     def _torch_forward(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, list[int]]:
         """The model's forward over the chunks -> (hidden [T, hidden], the first row of each chunk). Decodes (one
         query each) go first in the flat layout, then prefill chunks: each kind becomes one attention group."""
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) > 1)
+        order = sorted(range(len(chunks)), key=lambda i: not chunks[i].is_decode())
         input_ids, positions, meta, local_meta = self._prepare([chunks[i] for i in order])
         first_row = [0] * len(chunks)
         row = 0
@@ -353,7 +359,7 @@ class ModelRunner:
                 table[p // bs] * bs + p % bs for p in range(c.start_position, c.start_position + len(c.token_ids))
             )
         slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.device)  # [T]
-        num_decodes = sum(1 for c in chunks if len(c.token_ids) == 1)
+        num_decodes = sum(1 for c in chunks if c.is_decode())  # they come first
         decode = self._decode_batch(chunks[:num_decodes], tables[:num_decodes]) if num_decodes else None
         prefills = []
         start = num_decodes
