@@ -16,7 +16,7 @@ from tokenmill import native
 
 # kv_elements.h's TM_KV_*: the caches' element types the kernel reads (int8 rows carry a float32 scale per head)
 KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
-_DIM_MULTIPLE = 8  # attention.c's HALF_STEP: head sizes it takes
+_DIM_MULTIPLE = 8  # attention.c's KEY_STEP: head sizes it takes
 
 
 class Chunk(ctypes.Structure):
@@ -65,21 +65,6 @@ def available(q: torch.Tensor, k_cache: torch.Tensor, sinks: torch.Tensor | None
         and (sinks is None or sinks.dtype == torch.float32)
         and native.load() is not None
     )
-
-
-def half_products(cache_dtype: torch.dtype) -> bool:
-    """Whether the kernel multiplies a cache of this type's values in float16: a float16 cache where the build has
-    AVX512-FP16 (32 products an instruction; the scores stay float32; attention.c says what that costs in
-    accuracy). Else every product is float32."""
-    lib = native.load()
-    return cache_dtype == torch.float16 and lib is not None and bool(lib.tm_attention_half_products())
-
-
-def describe(cache_dtype: torch.dtype) -> str:
-    """The log line saying how prompt attention over a cache of this type multiplies."""
-    if half_products(cache_dtype):
-        return "native prompt attention: float32 scores, float16 values' products (AVX512-FP16) over the float16 cache"
-    return f"native prompt attention: float32 products over the {str(cache_dtype).removeprefix('torch.')} cache"
 
 
 def prefill_attention(

@@ -52,8 +52,7 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"
 # Linked in a second command without -ffast-math: linked with it, gcc adds crtfastmath.o, which turns on
 # flush-to-zero for the whole process when the library loads, and Python's own floats then read 5e-324 as 0.0
 _LINK_FLAGS = ["-shared", "-fopenmp"]
-# TOKENMILL_NATIVE_MARCH=haswell (AVX2) or x86-64 (plain C) builds the other code paths, for testing them; words
-# after the first are more flags ("native -mno-avx512fp16": this CPU's build without the float16 attention)
+# TOKENMILL_NATIVE_MARCH=haswell (AVX2) or x86-64 (plain C) builds the other code paths, for testing them
 _LIBS = ["-lmvec", "-lm"]  # after the source: the linker only keeps libraries that earlier objects need
 # tm_reduce_fn(ctx, x, n): sums the n floats at x over the tensor-parallel ranks in place; 0 on success
 REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -91,8 +90,8 @@ def compiler() -> str:
 
 def _build(force: bool = False) -> Path:
     cc = compiler()
-    march, *extra = os.environ.get("TOKENMILL_NATIVE_MARCH", "").split() or [""]
-    flags = [f"-march={march}" if f == "-march=native" and march else f for f in _FLAGS] + extra
+    march = os.environ.get("TOKENMILL_NATIVE_MARCH")
+    flags = [f"-march={march}" if f == "-march=native" and march else f for f in _FLAGS]
     command = [cc, *flags, "-c", "SOURCES", "&&", cc, *_LINK_FLAGS, "OBJECTS", "-o", "TARGET", *_LIBS]
     sources = b"".join(source.read_bytes() for source in _SOURCES)
     key = hashlib.sha256(sources + repr(command).encode() + _cpu_signature().encode())
@@ -148,8 +147,6 @@ def load() -> ctypes.CDLL | None:
     lib.tm_prefill_attention.restype = ctypes.c_int
     lib.tm_lowrank_rows.argtypes = [p, i64, i64, p, i64, p, i64, p]
     lib.tm_lowrank_rows.restype = ctypes.c_int
-    lib.tm_attention_half_products.argtypes = []
-    lib.tm_attention_half_products.restype = ctypes.c_int
     lib.tm_kv_store.argtypes = [p, p, i64, i64]
     lib.tm_kv_store.restype = ctypes.c_int
     for name in ("tm_dequantize_q4_1", "tm_dequantize_q8_0"):

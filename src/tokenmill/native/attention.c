@@ -1,7 +1,6 @@
 /* Prompt attention over the paged KV cache (flash attention): each prompt chunk's queries against every key of
  * their context up to their own position, read from the cache through the chunk's slot list one block of keys at a
- * time (no gathered copy of the context), with an online softmax, float32 throughout (but for a float16 cache's
- * values' products where the CPU has AVX512-FP16: below).
+ * time (no gathered copy of the context), with an online softmax, float32 throughout.
  *
  * A tile is TILE_ROWS query rows of one chunk and one query head; a job is a run of a chunk's tiles for all the
  * query heads of one KV head, so that each block of keys and values is read and converted once for all of them.
@@ -11,7 +10,7 @@
  * that are multiples of BLOCK_KEYS):
  *     St = K_block . Qt * scale                     (8 keys x 3 vectors of rows of fused multiply-adds)
  *     m' = max(m, the row's valid scores); a = exp(m - m'); P = exp(St - m') where valid, else 0; l = l * a + sum P
- *     Ot = Ot * a + V_block^T . P                   (8 columns x 3 vectors of rows; float16: 8 x 2 vectors)
+ *     Ot = Ot * a + V_block^T . P                   (8 columns x 3 vectors of rows)
  * and at the end out = Ot / l (gpt-oss's sink joins l as one more logit with no value).
  *
  * Batch invariance: a row's arithmetic runs in its own lane, over the blocks in position order and the keys and
@@ -26,10 +25,9 @@
 #include "kv_elements.h"
 
 #define BLOCK_KEYS 64 /* keys per block */
-#define TILE_ROWS 48  /* query rows per job: 3 vectors of 16 float32 lanes; in float16 one of 32 and one of 16 */
+#define TILE_ROWS 48  /* query rows per job: 3 vectors of 16 lanes */
 #define ROW_VECS (TILE_ROWS / 16)
-#define KEY_STEP 8 /* keys per step of the scores' kernel; columns per step of the values' kernels */
-#define HALF_KEYS 32 /* float16 values: the products of this many keys summed in float16, then in float32 */
+#define KEY_STEP 8 /* keys per step of the scores' kernel; columns per step of the values' kernel */
 #define FLOOR (-FLT_MAX) /* a row's maximum before its first valid key */
 
 /* A job: one KV head's query heads over a run of tiles of one chunk (each K/V block is read from the cache once for
@@ -52,8 +50,6 @@ typedef struct {
     float *qt, *ot, *m, *l;
     float *keys, *values, *st, *alpha;
     int64_t *pos;
-    void *p16; /* the float16 values' path: the probabilities [BLOCK_KEYS][TILE_ROWS] as float16 (and its values
-                * are float16 in the first half of `values`) */
 } job_scratch;
 
 /* one cache head of type T as dim floats (int8: times the head's scale) */
@@ -160,82 +156,6 @@ static void block_values(const float *values, int64_t n, const float *p, const f
 #endif
 }
 
-#if defined(__AVX512FP16__)
-/* The values' products in float16 over a float16 cache (AVX512-FP16: 32 lanes an instruction where float32 has
- * 16, at the same rate on the Xeon of benchmarks/README.md). The values are the cache's own numbers, the
- * probabilities are rounded to float16 (relative error up to 2^-11), and each run of HALF_KEYS keys' products is
- * summed in float16 lanes (one rounding a step), the runs and everything else in float32: the scores, the
- * softmax, each row's running maximum and sum, Ot. On random heads that moves the output about 2.5 times as far
- * as rounding K and V to float16 does (tests/test_native_attention.py); llama.cpp's CPU flash attention keeps
- * its values' sums in float16 across the whole context. The scores stay float32: summed in float16 over a head's
- * 64 dimensions they moved the output 4 times as far as these values' products do (a score's error is an
- * exponent's). */
-typedef _Float16 half;
-
-/* a float16 vector's 32 lanes as two float32 vectors (lanes 0-15, 16-31) */
-ALWAYS_INLINE __m512 half_low(__m512h x) { return _mm512_cvtxph_ps(_mm512_castph512_ph256(x)); }
-ALWAYS_INLINE __m512 half_high(__m512h x) {
-    return _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_extracti64x4_epi64(_mm512_castph_si512(x), 1)));
-}
-
-/* acc + (*x broadcast) * p, the broadcast being the instruction's memory operand: a load, where vpbroadcastw from
- * memory also takes a uop on the multiplies' port (a core's rate here 3.1 against 5.7 G instructions/s) */
-ALWAYS_INLINE __m512h fma_broadcast16(__m512h acc, const half *x, __m512h p) {
-    __asm__("vfmadd231ph %1%{1to32%}, %2, %0" : "+v"(acc) : "m"(*x), "v"(p));
-    return acc;
-}
-ALWAYS_INLINE __m256h fma_broadcast16y(__m256h acc, const half *x, __m256h p) {
-    __asm__("vfmadd231ph %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*x), "v"(p));
-    return acc;
-}
-
-/* the block's n keys (or values) of one KV head of a float16 cache [BLOCK_KEYS][dim]; rows past n repeat the last */
-static void block_rows16(const tm_prefill_attention_args *a, const void *cache, const int64_t *slots, int64_t kvh,
-                         int64_t n, half *buf) {
-    const int64_t dim = a->dim, slot_bytes = a->kv_heads * dim * 2;
-    for (int64_t j = 0; j < BLOCK_KEYS; ++j)
-        memcpy(buf + j * dim, (const char *)cache + slots[j < n ? j : n - 1] * slot_bytes + kvh * dim * 2, 2 * dim);
-}
-
-/* Ot's KEY_STEP columns from d0 (float32) += the values [j0, j1) of columns d0.. . P16's rows j0.. (products summed
- * in float16: rows 0-31 in one vector, 32-47 in a half one); `first`: Ot times alpha first (a block's first run) */
-ALWAYS_INLINE void values_run16(const half *values, const half *p, int64_t j0, int64_t j1, int64_t dim, int64_t d0,
-                                const __m512 *av, float *ot, const int first) {
-    __m512h acc[KEY_STEP];
-    __m256h acy[KEY_STEP];
-    for (int c = 0; c < KEY_STEP; ++c) acc[c] = _mm512_setzero_ph(), acy[c] = _mm256_setzero_ph();
-    for (int64_t j = j0; j < j1; ++j) {
-        const __m512h p0 = _mm512_loadu_ph(p + j * TILE_ROWS);
-        const __m256h p1 = _mm256_loadu_ph(p + j * TILE_ROWS + 32);
-        for (int c = 0; c < KEY_STEP; ++c) {
-            acc[c] = fma_broadcast16(acc[c], values + j * dim + d0 + c, p0);
-            acy[c] = fma_broadcast16y(acy[c], values + j * dim + d0 + c, p1);
-        }
-    }
-    for (int c = 0; c < KEY_STEP; ++c) {
-        float *o = ot + (d0 + c) * TILE_ROWS;
-        const __m512 sums[ROW_VECS] = {half_low(acc[c]), half_high(acc[c]), _mm512_cvtxph_ps(acy[c])};
-        for (int r = 0; r < ROW_VECS; ++r) {
-            const __m512 before = _mm512_loadu_ps(o + 16 * r);
-            _mm512_storeu_ps(o + 16 * r, first ? _mm512_fmadd_ps(before, av[r], sums[r]) : _mm512_add_ps(before, sums[r]));
-        }
-    }
-}
-
-/* Ot [dim][TILE_ROWS] (float32) = Ot * alpha + the n values [BLOCK_KEYS][dim]^T . P16 [BLOCK_KEYS][TILE_ROWS], the
- * products of each HALF_KEYS keys summed in float16 */
-static void block_values16(const half *values, int64_t n, const half *p, const float *alpha, int64_t dim,
-                           float *ot) {
-    __m512 av[ROW_VECS];
-    for (int r = 0; r < ROW_VECS; ++r) av[r] = _mm512_loadu_ps(alpha + 16 * r);
-    for (int64_t d0 = 0; d0 < dim; d0 += KEY_STEP) {
-        values_run16(values, p, 0, n < HALF_KEYS ? n : HALF_KEYS, dim, d0, av, ot, 1);
-        for (int64_t j0 = HALF_KEYS; j0 < n; j0 += HALF_KEYS)
-            values_run16(values, p, j0, j0 + HALF_KEYS < n ? j0 + HALF_KEYS : n, dim, d0, av, ot, 0);
-    }
-}
-#endif
-
 /* e^x for the softmax's x <= 0 (a score less its row's maximum), 0 below -87 (e^-87 < 2e-38: nothing beside the
  * row's maximum's e^0 = 1). glibc's vector expf sends every lane of a vector that is out of its range to its scalar
  * expf, one call a lane: the masked scores (FLOOR less a maximum) of every block on a tile's diagonal, and a long
@@ -304,7 +224,7 @@ static float *job_alloc(job_scratch *s, int64_t units, int64_t tiles, int64_t di
     const size_t plane = (size_t)dim * TILE_ROWS;
     float *mem = malloc(sizeof(float) * (2 * units * plane + 2 * units * TILE_ROWS + 2 * BLOCK_KEYS * dim +
                                          BLOCK_KEYS * TILE_ROWS + TILE_ROWS) +
-                        sizeof(int64_t) * tiles * TILE_ROWS + 2 * BLOCK_KEYS * TILE_ROWS);
+                        sizeof(int64_t) * tiles * TILE_ROWS);
     if (!mem) return NULL;
     s->qt = mem;
     s->ot = s->qt + units * plane;
@@ -315,27 +235,7 @@ static float *job_alloc(job_scratch *s, int64_t units, int64_t tiles, int64_t di
     s->st = s->values + BLOCK_KEYS * dim;
     s->alpha = s->st + BLOCK_KEYS * TILE_ROWS;
     s->pos = (int64_t *)(s->alpha + TILE_ROWS);
-    s->p16 = s->pos + tiles * TILE_ROWS;
     return mem;
-}
-
-/* whether this call multiplies the values in float16: a float16 cache, where the build has AVX512-FP16 */
-static int half_products(const tm_prefill_attention_args *a) {
-#if defined(__AVX512FP16__)
-    return a->kv_dtype == TM_KV_F16;
-#else
-    (void)a;
-    return 0;
-#endif
-}
-
-/* 1 where a float16 cache's prompt attention multiplies in float16 (the build has AVX512-FP16), else 0 */
-int tm_attention_half_products(void) {
-#if defined(__AVX512FP16__)
-    return 1;
-#else
-    return 0;
-#endif
 }
 
 /* jobs [j0, j1) of the list */
@@ -344,7 +244,6 @@ static void attention_jobs(void *p, int64_t j0, int64_t j1) {
     const tm_prefill_attention_args *a = c->a;
     const int64_t dim = a->dim, group = c->group, row_stride = a->heads * dim;
     const size_t plane = (size_t)dim * TILE_ROWS;
-    const int halves = half_products(a); /* the float16 values' kernel */
     job_scratch s;
     float *mem = job_alloc(&s, c->tiles_per_job * group, c->tiles_per_job, dim);
     if (!mem) {
@@ -367,11 +266,10 @@ static void attention_jobs(void *p, int64_t j0, int64_t j1) {
                 const int64_t hd = kvh * group + g, u = t * group + g;
                 float *qt = s.qt + u * plane;
                 for (int64_t d = 0; d < dim; ++d)
-                    for (int64_t r = 0; r < TILE_ROWS; ++r) {
+                    for (int64_t r = 0; r < TILE_ROWS; ++r)
                         qt[d * TILE_ROWS + r] = r0 + r < ch->q_len
                                                     ? a->q[(ch->token_start + r0 + r) * row_stride + hd * dim + d]
                                                     : 0.0f;
-                    }
                 memset(s.ot + u * plane, 0, sizeof(float) * plane);
                 for (int64_t r = 0; r < TILE_ROWS; ++r) {
                     s.m[u * TILE_ROWS + r] = FLOOR;
@@ -383,16 +281,8 @@ static void attention_jobs(void *p, int64_t j0, int64_t j1) {
         const int64_t lowest = a->window > 0 && job_first - a->window + 1 > 0 ? job_first - a->window + 1 : 0;
         for (int64_t k0 = lowest / BLOCK_KEYS * BLOCK_KEYS; k0 <= last; k0 += BLOCK_KEYS) {
             const int64_t n = last + 1 - k0 < BLOCK_KEYS ? last + 1 - k0 : BLOCK_KEYS;
-#if defined(__AVX512FP16__)
-            if (halves) {
-                block_rows(a, a->k_cache, ch->slots + k0, kvh, n, s.keys);
-                block_rows16(a, a->v_cache, ch->slots + k0, kvh, n, (half *)s.values);
-            } else
-#endif
-            {
-                block_rows(a, a->k_cache, ch->slots + k0, kvh, n, s.keys);
-                block_rows(a, a->v_cache, ch->slots + k0, kvh, n, s.values);
-            }
+            block_rows(a, a->k_cache, ch->slots + k0, kvh, n, s.keys);
+            block_rows(a, a->v_cache, ch->slots + k0, kvh, n, s.values);
             for (int64_t t = 0; t < jb->tiles; ++t) {
                 const int64_t *pos = s.pos + t * TILE_ROWS, tile_first = pos[0];
                 int64_t tile_last = pos[0];
@@ -404,17 +294,6 @@ static void attention_jobs(void *p, int64_t j0, int64_t j1) {
                 const int all_seen = k0 + nt - 1 <= tile_first && (a->window <= 0 || k0 > tile_last - a->window);
                 for (int64_t g = 0; g < group; ++g) {
                     const int64_t u = t * group + g;
-#if defined(__AVX512FP16__)
-                    if (halves) {
-                        block_scores(s.keys, nt, s.qt + u * plane, dim, a->scale, s.st);
-                        block_softmax(s.st, nt, k0, pos, a->window, s.m + u * TILE_ROWS, s.l + u * TILE_ROWS,
-                                      s.alpha, all_seen);
-                        for (int64_t i = 0; i < nt * TILE_ROWS; i += 16)
-                            _mm256_storeu_ph((half *)s.p16 + i, _mm512_cvtxps_ph(_mm512_loadu_ps(s.st + i)));
-                        block_values16((const half *)s.values, nt, s.p16, s.alpha, dim, s.ot + u * plane);
-                        continue;
-                    }
-#endif
                     block_scores(s.keys, nt, s.qt + u * plane, dim, a->scale, s.st);
                     block_softmax(s.st, nt, k0, pos, a->window, s.m + u * TILE_ROWS, s.l + u * TILE_ROWS, s.alpha,
                                   all_seen);

@@ -301,8 +301,6 @@ typedef struct {
 } tm_prefill_attention_args;
 
 int tm_prefill_attention(const tm_prefill_attention_args *args);
-/* 1 where a float16 cache's prompt attention multiplies in float16 (AVX512-FP16 builds), else 0 */
-int tm_attention_half_products(void);
 
 /* lowrank.c: y [n][out] = (x [n][in] . a [rank][in]^T) . B^T, B^T as bt [ceil(out / 64)][rank][64]; each row's
  * bits its own (LoRA) */

@@ -23,7 +23,7 @@ import torch
 
 from tokenmill import native
 from tokenmill.config.model_shape import ModelConfig
-from tokenmill.layers import kv_quant, native_attention
+from tokenmill.layers import kv_quant
 from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk, decode_groups
 from tokenmill.layers.lora import AdapterWeights, LoRABatch
 from tokenmill.loader.lora_file import LoRAFile
@@ -113,8 +113,6 @@ class ModelRunner:
         if lib is not None:
             logger.info("%s", matrix_units.describe(lib))
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype, native_decode)
-        if lib is not None and dtype == torch.float32:
-            logger.info("%s", native_attention.describe(self.kv_dtype))
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.num_local_blocks = 0  # > 0: the sliding-window layers have their own pool of this many blocks
