@@ -6,8 +6,8 @@ Two JSON lines:
 - "kernel": the native kernel over a float16 cache on tests/test_native_attention.py's chunking data (300 tokens, 9
   heads on 3 KV heads), against float64 attention over the cache's numbers: its mean and max error, and the same
   figures for rounding K and V to float16 itself (float64 over float16 K/V against float64 over float32 K/V). At HEAD
-  the kernel is float32 (error ~1e-7); with benchmarks/float16_values.patch applied it multiplies the values in
-  float16.
+  the kernel is float32 (error ~1e-7); at commit 6b05577 (`git checkout 6b05577 -- src/tokenmill/native
+  src/tokenmill/layers/native_attention.py`) it multiplies the values in float16.
 - "simulation": the arithmetic written out in torch on random heads of 64 (1,024 causal positions, sharpened
   queries), each float16 step rounded as the instruction rounds it: the output's mean and max error for the scores
   summed in float16 over 64 dimensions, the values summed in float16 per block of 64 keys, both, and the scores
