@@ -1,9 +1,8 @@
 /* LoRA's low-rank products for rows of activations: y[i] = B (A x[i]) with A [rank][in] and B given transposed
  * in blocks of 64 output columns, bt [ceil(out / 64)][rank][64] (layers/lora.py folds the scale into B, and zeros
- * past out). torch's float32 GEMM picks its kernel and how its threads
- * split a sum by the row count, so a row's last bits changed with the rows beside it (benchmarks/lora_invariance.py:
- * an adapter row's log-probability moved by up to 0.01 between a batch and alone, through the int8 activations of
- * the native products that follow). Here each value has one sequence of operations whatever the row count, the
+ * past out). torch's float32 GEMM picks its kernel and how its threads split a sum by the row count, so a row's
+ * last bits changed with the rows beside it (benchmarks/lora_invariance.py: an adapter row's log-probability moved
+ * by up to 0.01 between a batch and alone, through the int8 activations of the native products that follow). Here each value has one sequence of operations whatever the row count, the
  * tile its row falls in and the thread that computes it (threads split rows, never a sum):
  *
  *     t[r] = sum over k of a[r][k] * x[k]: 16 lanes (k mod 16), each a chain of fused multiply-adds from 0 in k
