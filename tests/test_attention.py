@@ -10,7 +10,6 @@ from tokenmill.layers.attention import (
     DecodeBatch,
     PrefillChunk,
     _causal_in_query_blocks,
-    decode_groups,
     padded_context,
     paged_attention,
     windowed,
@@ -73,8 +72,7 @@ def decode_step(contexts: list[torch.Tensor]) -> AttentionMetadata:
     """A decode step of one row per context (int64 slots of its positions; the row's token is the last)."""
     lens = [c.shape[0] for c in contexts]
     slots = torch.stack([F.pad(c, (0, max(lens) - c.shape[0])) for c in contexts])  # [S, max_ctx]
-    decode = DecodeBatch(0, len(contexts), max(lens), slots.reshape(-1), torch.tensor(lens),
-                         decode_groups(slots, lens, torch.device("cpu")))  # fmt: skip
+    decode = DecodeBatch(0, len(contexts), max(lens), slots.reshape(-1), torch.tensor(lens), slots, lens)
     return AttentionMetadata(torch.stack([c[-1] for c in contexts]), decode, [])
 
 

@@ -16,6 +16,7 @@ describes how they attend in `AttentionMetadata`, built once per step and shared
 """
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,15 @@ class DecodeBatch:
     # decoder's layout, which reads each row's own context_lens positions only
     kv_index: torch.Tensor
     context_lens: torch.Tensor  # [S] int64
-    groups: list[DecodeGroup]  # the torch path's layout: the same rows by padded context length
+    slots: torch.Tensor  # [S, max_ctx] int64 on the CPU: kv_index before it went to the device
+    lens: list[int]  # context_lens as a list
+    window: int = 0  # a sliding-window layer's copy (windowed): each row sees its `window` latest keys
+
+    @cached_property
+    def groups(self) -> list[DecodeGroup]:
+        """The torch path's layout: the rows by padded context length. Made on first use: a step the native
+        decoder runs never needs it."""
+        return decode_groups(self.slots, self.lens, self.kv_index.device, self.window)
 
 
 def padded_context(length: int) -> int:
@@ -56,9 +65,10 @@ def padded_context(length: int) -> int:
     return octave // 2 + -(-(length - octave // 2) // step) * step
 
 
-def decode_groups(slots: torch.Tensor, lens: list[int], device: torch.device) -> list[DecodeGroup]:
+def decode_groups(slots: torch.Tensor, lens: list[int], device: torch.device, window: int = 0) -> list[DecodeGroup]:
     """slots [S, >= max(lens)] int64 (row i's context slots first, anything after), lens: the rows' context
-    lengths -> the rows grouped by padded_context, each group's slots padded with slot 0."""
+    lengths -> the rows grouped by padded_context, each group's slots padded with slot 0; window > 0: each row's
+    mask keeps its `window` latest keys only."""
     by_length: dict[int, list[int]] = {}
     for row, n in enumerate(lens):
         by_length.setdefault(padded_context(n), []).append(row)
@@ -67,8 +77,11 @@ def decode_groups(slots: torch.Tensor, lens: list[int], device: torch.device) ->
         group = slots[rows, : min(length, slots.shape[1])]  # [n, <= length]
         group = F.pad(group, (0, length - group.shape[1]))  # [n, length]
         group_lens = torch.tensor([lens[r] for r in rows])  # [n]
-        valid = torch.arange(length).unsqueeze(0) < group_lens.unsqueeze(1)  # [n, length]
-        mask = None if all(lens[r] == length for r in rows) else valid.view(len(rows), 1, 1, length).to(device)
+        positions = torch.arange(length).unsqueeze(0)  # [1, length]
+        valid = positions < group_lens.unsqueeze(1)  # [n, length]
+        seen = valid & (positions >= group_lens.unsqueeze(1) - window) if window else valid
+        every = not window and all(lens[r] == length for r in rows)
+        mask = None if every else seen.view(len(rows), 1, 1, length).to(device)
         index = group.masked_fill(~valid, 0).reshape(-1).to(device)
         rows_ = torch.tensor(rows, dtype=torch.int64, device=device)
         groups.append(DecodeGroup(rows_, length, index, mask, group_lens.to(device)))
@@ -272,13 +285,7 @@ def windowed(meta: AttentionMetadata, window: int) -> AttentionMetadata:
     positions p - window < k <= p (the `window` latest, itself included), as HF transformers' Gemma 3 does."""
     d = meta.decode
     if d is not None:
-        groups = []
-        for g in d.groups:
-            index = torch.arange(g.length, device=g.context_lens.device)  # [length]
-            lens = g.context_lens.unsqueeze(1)  # [n, 1]: the query is the last of its context
-            keep = (index < lens) & (index >= lens - window)  # [n, length]
-            groups.append(replace(g, mask=keep.view(-1, 1, 1, g.length)))
-        d = replace(d, groups=groups)
+        d = replace(d, window=window)  # its groups' masks keep each row's window (the query is its context's last)
     prefills = []
     for chunk in meta.prefills:
         q_len = chunk.token_end - chunk.token_start

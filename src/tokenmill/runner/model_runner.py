@@ -24,7 +24,7 @@ import torch
 from tokenmill import native
 from tokenmill.config.model_shape import ModelConfig
 from tokenmill.layers import kv_quant
-from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk, decode_groups
+from tokenmill.layers.attention import AttentionMetadata, DecodeBatch, PrefillChunk
 from tokenmill.layers.lora import AdapterWeights, LoRABatch
 from tokenmill.loader.lora_file import LoRAFile
 from tokenmill.loader.model_source import ModelSource
@@ -394,7 +394,8 @@ class ModelRunner:
             max_context=max_ctx,
             kv_index=slots.reshape(-1).to(self.device),
             context_lens=context_lens.to(self.device),
-            groups=decode_groups(slots, lens, self.device),
+            slots=slots,
+            lens=lens,
         )
 
     def _prefill_chunk(self, c: StepChunk, block_table: list[int], start: int, end: int) -> PrefillChunk:
