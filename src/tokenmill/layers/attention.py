@@ -32,7 +32,6 @@ class DecodeGroup:
     length: int  # context positions each row is padded to (padded_context of its own context length)
     kv_index: torch.Tensor  # [n * length] int64: cache slot of each position (padding: slot 0)
     mask: torch.Tensor | None  # [n, 1, 1, length] bool: True for keys the row sees; None: every key
-    context_lens: torch.Tensor  # [n] int64
 
 
 @dataclass
@@ -84,7 +83,7 @@ def decode_groups(slots: torch.Tensor, lens: list[int], device: torch.device, wi
         mask = None if every else seen.view(len(rows), 1, 1, length).to(device)
         index = group.masked_fill(~valid, 0).reshape(-1).to(device)
         rows_ = torch.tensor(rows, dtype=torch.int64, device=device)
-        groups.append(DecodeGroup(rows_, length, index, mask, group_lens.to(device)))
+        groups.append(DecodeGroup(rows_, length, index, mask))
     return groups
 
 

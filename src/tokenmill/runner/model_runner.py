@@ -305,7 +305,7 @@ class ModelRunner:
 
     def _torch_forward(self, chunks: list[StepChunk]) -> tuple[torch.Tensor, list[int]]:
         """The model's forward over the chunks -> (hidden [T, hidden], the first row of each chunk). Decodes (one
-        query each) go first in the flat layout, then prefill chunks: each kind becomes one attention group."""
+        query each: generated tokens, StepChunk.is_decode) go first in the flat layout, then prompt chunks."""
         order = sorted(range(len(chunks)), key=lambda i: not chunks[i].is_decode())
         input_ids, positions, meta, local_meta = self._prepare([chunks[i] for i in order])
         first_row = [0] * len(chunks)
