@@ -4,9 +4,16 @@
 block manager, sampling parameters) can be imported without torch.
 """
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from tokenmill.log import setup_logging
+
+# MKL (torch's CPU BLAS, also inside its fused attention) may round a product otherwise with its operands at another
+# memory alignment: on an AVX2 CPU with 2 threads torch's attention gave a decode row other last bits beside other
+# rows than alone. STRICT makes MKL's results independent of alignment; it is read at MKL's first computation, so
+# it is set here, before any (a process that used MKL before importing tokenmill keeps its own mode).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 setup_logging()
 
