@@ -150,6 +150,7 @@ typedef struct {
     int32_t *q6_start_hi, *q6_start_lo; /* [m, k/16] -32 * the codes' sums per 16 values: Q6_K's offset (its
                                          * sub-blocks are 16), where its integer chains start */
     int32_t *q6_start8; /* the same per 8 values, one pass only (Q6_K over unpacked codes), at tm_qx_start8 */
+    int16_t *sum16;     /* [m, k/16] the codes' sums per 16 values, one pass only, AVX2 (Q6_K's offset by pairs) */
     int16_t *bsum;                /* [m, k/32] sum_hi in 16 bits (|sum| <= 32 * 127): K-quants' minimums by pairs */
 } tm_qx;
 

@@ -22,10 +22,11 @@
  * One pass into a weight with a K-quant part shares s over the 8 blocks of a super-block (256 values, as
  * llama.cpp's Q8_K; tm_activation_group): the AVX-512 path then sums each block's integer dot times the weight's
  * integer sub-block scale exactly over the super-block and takes one float step per super-block (tile_k256),
- * +3-10% on Q4_K, -3 to +7% on Q6_K on one core (paired against per-32 scales). The cost is accuracy where
- * activations have outliers: Gemma 3 270M's median top-10 drift 0.17 -> 0.30 (llama.cpp 0.18), greedy tokens
- * agreeing with HF float32 as long as llama.cpp's (benchmarks/README.md). The other paths compute the same
- * values with their per-block steps.
+ * +3-10% on Q4_K, -3 to +7% on Q6_K on one core (paired against per-32 scales); the AVX2 path does the same
+ * (its tile_k256: an integer scale per block by vpmaddwd, Q4_K at 512 rows about 2x its float form). The cost is
+ * accuracy where activations have outliers: Gemma 3 270M's median top-10 drift 0.17 -> 0.30 (llama.cpp 0.18),
+ * greedy tokens agreeing with HF float32 as long as llama.cpp's (benchmarks/README.md). The portable path computes
+ * the same values with its per-block steps.
  *
  * The vector paths multiply 16 rows at once: a 64-byte load of a plane gives 4 codes of each of the 16 rows of a
  * group per 32-bit lane, and one unsigned x signed byte dot instruction (AVX-512 VNNI vpdpbusd, with the 4 codes
@@ -38,7 +39,7 @@
  * read once per call; prompt chunks are cut into blocks of rows whose quantized activations fit in L2, and each
  * block runs over all of the thread's groups (the weights stream from memory once per block of rows). With one
  * pass into a K-quant, a block of rows takes a group a panel of super-blocks at a time, its codes unpacked once for
- * all of the block's tiles (run_panels).
+ * all of the block's tiles (run_panels; AVX-512 and AVX2).
  *
  * Batch invariance: integer sums are exact, and each row's float accumulator takes its blocks in the same order
  * with the same operations whatever the tile's R, so a row's output is the same bits in any call.
@@ -109,6 +110,11 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
         a->q6_start8 = alloc_or_dummy(sizeof(int32_t) * (size_t)tm_qx_code_bytes(m, k) / 8);
         ok = ok && a->q6_start8;
     }
+#elif defined(TM_AVX2) /* only AVX2's tile_k256 reads them */
+    if (passes == 1) {
+        a->sum16 = alloc_or_dummy(sizeof(int16_t) * 2 * blocks);
+        ok = ok && a->sum16;
+    }
 #endif
     return ok ? 0 : -2;
 }
@@ -116,7 +122,7 @@ int tm_qx_alloc(tm_qx *a, int64_t m, int64_t k, int64_t passes) {
 void tm_qx_free(tm_qx *a) {
     free(a->hi); free(a->lo_buffer); free(a->scale); free(a->sum);
     free(a->sum_hi); free(a->sum_lo); free(a->q6_start_hi); free(a->q6_start_lo); free(a->q6_start8);
-    free(a->bsum);
+    free(a->bsum); free(a->sum16);
     memset(a, 0, sizeof *a);
 }
 
@@ -206,6 +212,10 @@ static void quantize_groups(void *p, int64_t g0, int64_t g1) {
             a->bsum[tb] = (int16_t)total_hi;
             a->q6_start_hi[2 * tb] = -Q6_OFFSET * sum_hi[0];
             a->q6_start_hi[2 * tb + 1] = -Q6_OFFSET * sum_hi[1];
+            if (a->sum16) { /* one pass, AVX2 */
+                a->sum16[2 * tb] = (int16_t)sum_hi[0];
+                a->sum16[2 * tb + 1] = (int16_t)sum_hi[1];
+            }
             if (a->q6_start8) /* one pass, AVX-512 */
                 for (int e = 0; e < 4; ++e)
                     a->q6_start8[tm_qx_start8(k, tb / nb, tb % nb * QK + 8 * e)] = -Q6_OFFSET * sum8[e];
@@ -725,28 +735,213 @@ ALWAYS int steps_per_widening(const int T) {
     return (T == TM_Q5_0 || T == TM_Q5_1 || T == TM_Q5_K || T == TM_MXFP4) ? 4 : 8;
 }
 
+/* acc16 + the pair sums of w (4 unsigned codes of each of 8 rows) times the 4 signed activation codes at p. The
+ * sum is made opaque: gcc otherwise reassociates a chain's additions into a tree, computes the products of many
+ * steps ahead and spills them (Q4_K's tile of 4 rows: 72 spill moves per 64 products) */
+ALWAYS __m256i dot_pairs(__m256i acc16, __m256i w, const int8_t *p) {
+    __m256i sum = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(w, _mm256_set1_epi32(four_codes(p))));
+    OPAQUE_VECTOR(sum);
+    return sum;
+}
+
+/* 8 lanes' integer values v (|v| < 2^15) as the 16-bit pairs (lo, hi) vpmaddwd multiplies a lane's two pair sums by */
+ALWAYS __m256i pairs16(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
+
+/* the integer sub-block scales of a K-quant unit as vpmaddwd's pairs, per block `sub` and half of the group: (s, s)
+ * (Q6_K: s of the block's first 16 inputs), Q6_K's (s_b, s_b) of its last 16 and (32 s_a, 32 s_b) for its offset */
+ALWAYS void scale_pairs(const int T, const uint8_t *scu, const int sub, const int half, __m256i *s_a, __m256i *s_b,
+                        __m256i *s_off) {
+    if (T == TM_Q6_K) {
+        const __m256i a8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)(scu + 32 + 16 * (2 * sub) + half * 8)));
+        const __m256i b8 =
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)(scu + 32 + 16 * (2 * sub + 1) + half * 8)));
+        *s_a = pairs16(a8, a8);
+        *s_b = pairs16(b8, b8);
+        *s_off = pairs16(_mm256_slli_epi32(a8, 5), _mm256_slli_epi32(b8, 5)); /* |32 s| <= 4,096 */
+        return;
+    }
+    const __m256i s8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(scu + 64 + 16 * sub + half * 8)));
+    *s_a = pairs16(s8, s8);
+    *s_b = *s_off = _mm256_setzero_si256();
+}
+
+/* Prompt rows: a block of rows' tiles all read the same group's codes, and each tile unpacked them again (the
+ * nibbles' shift and mask; Q6_K's high bits: 7 operations a step, on the ports vpmaddubsw and its additions take).
+ * unpack_k256 writes a panel of a group's units as codes8 gives them (64 bytes a step, the halves' 32 side by side)
+ * and the scales as scale_pairs gives them, once per panel; the tiles then load them. Same bits: the same codes
+ * and scales enter the same integer sums. */
+#define UNPACKED_CODE_BYTES (4 * 2 * 8 * 64)                  /* chunks x blocks x steps, 64 bytes each */
+#define UNPACKED_UNIT_BYTES (UNPACKED_CODE_BYTES + 3 * 8 * 64) /* and three pairs of scales per block */
+#define PANEL_UNITS 4 /* units unpacked at a time: 22 KiB, in L1 (32 KiB) */
+ALWAYS int64_t unpacked_step(const int c, const int b, const int t) { return ((c * 2 + b) * 8 + t) * 64; }
+
+ALWAYS void unpack_k256(const int T, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc, int64_t u0, int64_t u1,
+                        uint8_t *out) {
+    for (int64_t u = u0; u < u1; ++u) {
+        const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T), *scu = sc + u * tm_sc_bytes(T);
+        uint8_t *wu = out + (u - u0) * UNPACKED_UNIT_BYTES, *su = wu + UNPACKED_CODE_BYTES;
+        for (int c = 0; c < 4; ++c)
+#pragma GCC unroll 2
+            for (int b = 0; b < 2; ++b)
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; ++t)
+#pragma GCC unroll 2
+                    for (int half = 0; half < 2; ++half)
+                        _mm256_store_si256((void *)(wu + unpacked_step(c, b, t) + 32 * half),
+                                           codes8(T, qsu, qhu, c, b, t, half));
+        for (int sub = 0; sub < 8; ++sub)
+            for (int half = 0; half < 2; ++half) {
+                __m256i s_a, s_b, s_off;
+                scale_pairs(T, scu, sub, half, &s_a, &s_b, &s_off);
+                _mm256_store_si256((void *)(su + 64 * (3 * sub) + 32 * half), s_a);
+                _mm256_store_si256((void *)(su + 64 * (3 * sub + 1) + 32 * half), s_b);
+                _mm256_store_si256((void *)(su + 64 * (3 * sub + 2) + 32 * half), s_off);
+            }
+    }
+}
+
+/* K-quants with one pass (activations with one scale per super-block, tm_activation_group), 8 rows of the group
+ * (one half) at a time: per block each row's pair sums (vpmaddubsw, widened every steps_per_widening steps) are
+ * multiplied by the weight's integer sub-block scale and summed in 32 bits by one vpmaddwd (the scale as a pair
+ * (s, s); Q6_K per half of the block); the minimums' sum_j mn_j * (block j's code sum) and Q6_K's offset
+ * 32 * sum_h s_h * (half h's code sum) likewise by pairs of 16-bit products; one float step per row and
+ * super-block: y += (d * s) * dot - (dmin * s) * mins. The float form (tile) took per row and block a conversion,
+ * a multiply and two fused multiply-adds beside the widening. Exact in 32 bits: Q4_K/Q5_K |dot| <= 31 * 127 * 32
+ * times a scale <= 63, 8 blocks; Q6_K 63 * 127 * 16 times |s| <= 128, 16 halves, its offset 32 * 2,032 * 128 * 16:
+ * all below 2^31. A row's float accumulator waits in y between super-blocks (its registers go to the chains).
+ * Units [u0, u1); U: their codes and scales from `unpacked` (unpack_k256), else from the planes. */
+ALWAYS void tile_k256(const int T, const int R, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
+                      const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy, const int U, int64_t u0, int64_t u1,
+                      const uint8_t *unpacked) {
+    const int64_t nb = k / QK, codes0 = tm_qx_code(k, r0, 0);
+    const int W = steps_per_widening(T);
+    for (int half = 0; half < 2; ++half) {
+#pragma GCC unroll 1
+        for (int64_t u = u0; u < u1; ++u) {
+            const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T);
+            const uint8_t *scu = sc + u * tm_sc_bytes(T);
+            const uint8_t *wu = unpacked + (u - u0) * UNPACKED_UNIT_BYTES, *su = wu + UNPACKED_CODE_BYTES;
+            if (!U && half == 0)
+                for (int64_t line = 0; line < tm_sc_bytes(T); line += 64)
+                    PREFETCH(scu + line + PREFETCH_BYTES * tm_sc_bytes(T) / tm_qs_bytes(T));
+            __m256i isum[MAX_ROWS];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+            for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 2
+                for (int b = 0; b < 2; ++b) {
+                    const int sub = block_of(T, c, b);
+                    const int64_t block = u * (QK_K / QK) + sub;
+                    /* from the panel each scale is loaded where it is used (an operand of vpmaddwd: in registers
+                     * for the whole block, Q6_K's three left its chains spilling) */
+                    const __m256i *su_pairs = (const __m256i *)(su + 64 * (3 * sub) + 32 * half);
+                    __m256i s_a = _mm256_setzero_si256(), s_b = s_a, s_off = s_a;
+                    if (!U) scale_pairs(T, scu, sub, half, &s_a, &s_b, &s_off);
+#pragma GCC unroll 8
+                    for (int t0 = 0; t0 < 8; t0 += W) {
+                        __m256i p16[MAX_ROWS];
+#pragma GCC unroll 4
+                        for (int r = 0; r < R; ++r) p16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                        for (int t = t0; t < t0 + W; ++t) {
+                            const __m256i w =
+                                U ? _mm256_load_si256((const void *)(wu + unpacked_step(c, b, t) + 32 * half))
+                                  : codes8(T, qsu, qhu, c, b, t, half);
+#pragma GCC unroll 4
+                            for (int r = 0; r < R; ++r)
+                                p16[r] = dot_pairs(p16[r], w,
+                                                   a->hi + codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r);
+                        }
+                        const int second = T == TM_Q6_K && t0 >= 4; /* Q6_K's last 16 inputs */
+                        const __m256i s = U ? _mm256_load_si256(su_pairs + 2 * second) : second ? s_b : s_a;
+#pragma GCC unroll 4
+                        for (int r = 0; r < R; ++r) {
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16[r], s));
+                            OPAQUE_VECTOR(isum[r]); /* in order, as dot_pairs's sums */
+                        }
+                    }
+                    if (T == TM_Q6_K) {
+#pragma GCC unroll 4
+                        for (int r = 0; r < R; ++r) {
+                            int32_t pair; /* the row's code sums of the block's two halves */
+                            memcpy(&pair, a->sum16 + 2 * ((r0 + r) * nb + block), sizeof pair);
+                            const __m256i off = U ? _mm256_load_si256(su_pairs + 4) : s_off;
+                            isum[r] = _mm256_sub_epi32(isum[r], _mm256_madd_epi16(off, _mm256_set1_epi32(pair)));
+                            OPAQUE_VECTOR(isum[r]);
+                        }
+                    }
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(scu + half * 16)));
+            __m256 dmin = _mm256_setzero_ps();
+            __m256i mn[4]; /* Q4_K/Q5_K: the minimums of blocks 2i, 2i + 1 as 16-bit pairs */
+            if (T != TM_Q6_K) {
+                dmin = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(scu + 32 + half * 16)));
+                for (int i = 0; i < 4; ++i)
+                    mn[i] = pairs16(
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(scu + 192 + 16 * (2 * i) + half * 8))),
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(scu + 192 + 16 * (2 * i + 1) + half * 8))));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const int64_t tb = (r0 + r) * nb + u * (QK_K / QK);
+                const __m256 xs = _mm256_set1_ps(a->scale[tb]);
+                float *yr = y + (r0 + r) * ldy + half * 8;
+                __m256 acc = u ? _mm256_loadu_ps(yr) : _mm256_setzero_ps();
+                __m256 dx = _mm256_mul_ps(d, xs);
+                OPAQUE_VECTOR(dx);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dx, acc);
+                if (T != TM_Q6_K) {
+                    __m256i mins = _mm256_setzero_si256();
+                    for (int i = 0; i < 4; ++i) {
+                        int32_t pair;
+                        memcpy(&pair, a->bsum + tb + 2 * i, sizeof pair);
+                        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(mn[i], _mm256_set1_epi32(pair)));
+                    }
+                    __m256 mx = _mm256_mul_ps(dmin, xs);
+                    OPAQUE_VECTOR(mx);
+                    acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), mx, acc);
+                }
+                _mm256_storeu_ps(yr, acc);
+            }
+        }
+    }
+}
+
 ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t r0, int64_t k, const uint8_t *qs,
                  const uint8_t *qh, const uint8_t *sc, float *y, int64_t ldy) {
-    const int64_t units = k / tm_unit_values(T), nb = k / QK;
+    if (tm_is_k_quant(T) && P == 1) {
+        tile_k256(T, R, a, r0, k, qs, qh, sc, y, ldy, 0, 0, k / QK_K, NULL);
+        return;
+    }
+    const int64_t units = k / tm_unit_values(T), nb = k / QK, codes0 = tm_qx_code(k, r0, 0);
     const int CB = chunk_blocks(T), chunks = (int)(tm_unit_values(T) / QK) / CB, W = steps_per_widening(T);
     const int halves = T == TM_Q6_K;
     const int64_t off = T == TM_Q8_0 ? 0 : code_offset(T); /* Q8_0 multiplies |q| by the activation with q's sign */
     const __m256i ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; ++half) {
         __m256 acc[MAX_ROWS];
+#pragma GCC unroll 4
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+#pragma GCC unroll 1
         for (int64_t u = 0; u < units; ++u) {
             const uint8_t *qsu = qs + u * tm_qs_bytes(T), *qhu = qh + u * tm_qh_bytes(T);
             const uint8_t *scu = sc + u * tm_sc_bytes(T);
             if (half == 0)
                 for (int64_t line = 0; line < tm_sc_bytes(T); line += 64)
                     PREFETCH(scu + line + PREFETCH_BYTES * tm_sc_bytes(T) / tm_qs_bytes(T));
+#pragma GCC unroll 1
             for (int c = 0; c < chunks; ++c) {
+#pragma GCC unroll 2
                 for (int b = 0; b < CB; ++b) {
                     const int64_t block = u * (tm_unit_values(T) / QK) + block_of(T, c, b);
                     __m256 s0, s1;
                     scales8(T, scu, c, b, half, &s0, &s1);
                     __m256i hi[MAX_ROWS][2], lo[MAX_ROWS][2], hi16[MAX_ROWS], lo16[MAX_ROWS];
+#pragma GCC unroll 4
                     for (int r = 0; r < R; ++r) {
                         hi[r][0] = hi[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
                         hi16[r] = lo16[r] = _mm256_setzero_si256();
@@ -757,30 +952,40 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                                 if (P == 2) lo[r][h] = _mm256_set1_epi32(a->q6_start_lo[at]);
                             }
                     }
+#pragma GCC unroll 8
                     for (int t = 0; t < 8; ++t) {
                         const __m256i w = codes8(T, qsu, qhu, c, b, t, half);
                         const __m256i w_abs = T == TM_Q8_0 ? _mm256_abs_epi8(w) : w;
                         const int chain = halves ? t >> 2 : 0;
+#pragma GCC unroll 4
                         for (int r = 0; r < R; ++r) {
-                            const int64_t at = tm_qx_code(k, r0 + r, block * QK + 4 * t);
+                            const int64_t at = codes0 + block * (QK * QX_ROWS) + t * (4 * QX_ROWS) + 4 * r;
                             __m256i xh = _mm256_set1_epi32(four_codes(a->hi + at)), xl = _mm256_setzero_si256();
                             if (P == 2) xl = _mm256_set1_epi32(four_codes(a->lo + at));
                             if (T == TM_Q8_0) {
                                 xh = _mm256_sign_epi8(xh, w);
                                 xl = _mm256_sign_epi8(xl, w);
                             }
+                            /* the sums opaque, in order: as dot_pairs's */
                             hi16[r] = _mm256_add_epi16(hi16[r], _mm256_maddubs_epi16(w_abs, xh));
-                            if (P == 2) lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(w_abs, xl));
+                            OPAQUE_VECTOR(hi16[r]);
+                            if (P == 2) {
+                                lo16[r] = _mm256_add_epi16(lo16[r], _mm256_maddubs_epi16(w_abs, xl));
+                                OPAQUE_VECTOR(lo16[r]);
+                            }
                             if ((t + 1) % W == 0) {
                                 hi[r][chain] = _mm256_add_epi32(hi[r][chain], _mm256_madd_epi16(hi16[r], ones));
+                                OPAQUE_VECTOR(hi[r][chain]);
                                 hi16[r] = _mm256_setzero_si256();
                                 if (P == 2) {
                                     lo[r][chain] = _mm256_add_epi32(lo[r][chain], _mm256_madd_epi16(lo16[r], ones));
+                                    OPAQUE_VECTOR(lo[r][chain]);
                                     lo16[r] = _mm256_setzero_si256();
                                 }
                             }
                         }
                     }
+#pragma GCC unroll 4
                     for (int r = 0; r < R; ++r) {
                         const int64_t tb = (r0 + r) * nb + block;
                         const __m256 xs = _mm256_set1_ps(a->scale[tb]);
@@ -801,6 +1006,7 @@ ALWAYS void tile(const int T, const int R, const int P, const tm_qx *a, int64_t 
                 }
             }
         }
+#pragma GCC unroll 4
         for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + (r0 + r) * ldy + half * 8, acc[r]);
     }
 }
@@ -936,7 +1142,7 @@ static const tile_fn TILES[9][2][MAX_ROWS] = {
     TM_TABLE(TM_Q4_K), TM_TABLE(TM_Q5_K), TM_TABLE(TM_Q6_K), TM_TABLE(TM_MXFP4),
 };
 
-#if defined(TM_AVX512_VNNI)
+#if defined(TM_AVX512_VNNI) || defined(TM_AVX2)
 /* the K-quants' tiles over a panel of unpacked units (unpack_k256), one pass */
 typedef void (*panel_fn)(const tm_qx *a, int64_t r0, int64_t k, const uint8_t *sc, float *y, int64_t ldy,
                          int64_t u0, int64_t u1, const uint8_t *unpacked);
@@ -1064,7 +1270,7 @@ static void matmul_items(void *p, int64_t i0, int64_t i1) {
         const int64_t rb1 = rb0 + j->row_block < j->m ? rb0 + j->row_block : j->m;
         int64_t group, col;
         const tm_part *part = locate(j->w, item % j->groups, &group, &col);
-#if defined(TM_AVX512_VNNI)
+#if defined(TM_AVX512_VNNI) || defined(TM_AVX2)
         if (tm_is_k_quant(part->type) && j->passes == 1 && rb1 - rb0 > MAX_ROWS) {
             run_panels(part, group, j->a, rb0, rb1, j->y + col, j->ldy);
             continue;
