@@ -62,6 +62,13 @@ ALWAYS_INLINE void head_floats(const char *head, int64_t dim, float *row, const 
             _mm512_storeu_ps(row + i, _mm512_mul_ps(kv_load16(head + i * tm_kv_element_bytes(T), T), sv));
         return;
     }
+#elif defined(__AVX2__) && defined(__F16C__)
+    if (dim % 8 == 0) {
+        const __m256 sv = _mm256_set1_ps(s);
+        for (int64_t i = 0; i < dim; i += 8)
+            _mm256_storeu_ps(row + i, _mm256_mul_ps(kv_load8(head + i * tm_kv_element_bytes(T), T), sv));
+        return;
+    }
 #endif
     for (int64_t i = 0; i < dim; ++i) row[i] = kv_get(head, i, T) * s;
 }
@@ -106,6 +113,28 @@ static void block_scores(const float *keys, int64_t n, const float *qt, int64_t 
             for (int r = 0; r < ROW_VECS; ++r)
                 _mm512_storeu_ps(st + (j0 + j) * TILE_ROWS + 16 * r, _mm512_mul_ps(acc[j][r], sv));
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    /* 4 keys x 3 vectors of rows (12 accumulators of the 16 registers), one half of the tile's rows at a time */
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int64_t j0 = 0; j0 < n; j0 += 4)
+        for (int half = 0; half < 2; ++half) {
+            const float *qh = qt + half * (TILE_ROWS / 2);
+            __m256 acc[4][3];
+            for (int j = 0; j < 4; ++j)
+                for (int r = 0; r < 3; ++r) acc[j][r] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < dim; ++d) {
+                __m256 q[3];
+                for (int r = 0; r < 3; ++r) q[r] = _mm256_loadu_ps(qh + d * TILE_ROWS + 8 * r);
+                for (int j = 0; j < 4; ++j) {
+                    const __m256 k = _mm256_broadcast_ss(keys + (j0 + j) * dim + d);
+                    for (int r = 0; r < 3; ++r) acc[j][r] = _mm256_fmadd_ps(k, q[r], acc[j][r]);
+                }
+            }
+            for (int j = 0; j < 4; ++j)
+                for (int r = 0; r < 3; ++r)
+                    _mm256_storeu_ps(st + (j0 + j) * TILE_ROWS + half * (TILE_ROWS / 2) + 8 * r,
+                                     _mm256_mul_ps(acc[j][r], sv));
+        }
 #else
     for (int64_t j = 0; j < n; ++j) {
         float acc[TILE_ROWS] = {0};
@@ -141,6 +170,29 @@ static void block_values(const float *values, int64_t n, const float *p, const f
         }
         for (int c = 0; c < KEY_STEP; ++c)
             for (int r = 0; r < ROW_VECS; ++r) _mm512_storeu_ps(ot + (d0 + c) * TILE_ROWS + 16 * r, acc[c][r]);
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    /* 4 columns x 3 vectors of rows, one half of the tile's rows at a time */
+    for (int half = 0; half < 2; ++half) {
+        const int64_t h0 = half * (TILE_ROWS / 2);
+        __m256 av[3];
+        for (int r = 0; r < 3; ++r) av[r] = _mm256_loadu_ps(alpha + h0 + 8 * r);
+        for (int64_t d0 = 0; d0 < dim; d0 += 4) {
+            __m256 acc[4][3];
+            for (int c = 0; c < 4; ++c)
+                for (int r = 0; r < 3; ++r)
+                    acc[c][r] = _mm256_mul_ps(_mm256_loadu_ps(ot + (d0 + c) * TILE_ROWS + h0 + 8 * r), av[r]);
+            for (int64_t j = 0; j < n; ++j) {
+                __m256 pv[3];
+                for (int r = 0; r < 3; ++r) pv[r] = _mm256_loadu_ps(p + j * TILE_ROWS + h0 + 8 * r);
+                for (int c = 0; c < 4; ++c) {
+                    const __m256 v = _mm256_broadcast_ss(values + j * dim + d0 + c);
+                    for (int r = 0; r < 3; ++r) acc[c][r] = _mm256_fmadd_ps(v, pv[r], acc[c][r]);
+                }
+            }
+            for (int c = 0; c < 4; ++c)
+                for (int r = 0; r < 3; ++r) _mm256_storeu_ps(ot + (d0 + c) * TILE_ROWS + h0 + 8 * r, acc[c][r]);
+        }
     }
 #else
     for (int64_t d = 0; d < dim; ++d) {

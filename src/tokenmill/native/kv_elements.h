@@ -77,6 +77,17 @@ ALWAYS_INLINE float kv_get(const void *base, int64_t i, const int T) {
 #endif
 }
 
+#if defined(__AVX2__) && defined(__F16C__)
+/* 8 elements of type T from p, as floats */
+ALWAYS_INLINE __m256 kv_load8(const void *p, const int T) {
+    if (T == TM_KV_F32) return _mm256_loadu_ps(p);
+    if (T == TM_KV_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    const __m128i u = _mm_loadu_si128((const __m128i *)p);
+    if (T == TM_KV_F16) return _mm256_cvtph_ps(u);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(u), 16));
+}
+#endif
+
 #if defined(__AVX512F__)
 /* 16 elements of type T from p, as floats */
 ALWAYS_INLINE __m512 kv_load16(const void *p, const int T) {
