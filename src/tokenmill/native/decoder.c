@@ -101,6 +101,15 @@ static inline __m512 sum_lanes16(__m512 v[16]) {
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     return _mm512_permutexvar_ps(order, g);
 }
+#elif defined(__AVX2__)
+/* The sums of 8 vectors' lanes, as one vector in the vectors' order (three rounds of horizontal additions, then
+ * the two 128-bit halves' partial sums added) */
+static inline __m256 sum_lanes8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    /* a's lane i < 4: vector i's sum over its lower half, lane 4 + i over its upper half; b likewise for 4 + i */
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
 #endif
 
 /* scores[j] = scale * q . k_j for the n keys at k_base + slots[j] * stride bytes (dim each, of type T; an int8
@@ -127,6 +136,26 @@ ALWAYS_INLINE void qk_scores_of(const float *q, const void *k_base, int64_t stri
             }
             const __m512 sums = _mm512_mul_ps(sum_lanes16(dots), _mm512_loadu_ps(key_scales));
             _mm512_mask_storeu_ps(scores + j, n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1), sums);
+        }
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (dim % 8 == 0) {
+        for (; j < n; j += 8) {
+            __m256 dots[8]; /* per key, the products of q and k summed into 8 lanes */
+            float key_scales[8];
+            for (int key = 0; key < 8; ++key) {
+                dots[key] = _mm256_setzero_ps();
+                key_scales[key] = 0.0f;
+                if (j + key >= n) continue;
+                const char *k = (const char *)k_base + slots[j + key] * stride;
+                for (int64_t i = 0; i < dim / 8; ++i)
+                    dots[key] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * i), kv_load8(k + 8 * i * element, T), dots[key]);
+                key_scales[key] = kv_scale(k, dim, T) * scale;
+            }
+            float sums[8];
+            _mm256_storeu_ps(sums, _mm256_mul_ps(sum_lanes8(dots), _mm256_loadu_ps(key_scales)));
+            for (int key = 0; key < 8 && j + key < n; ++key) scores[j + key] = sums[key];
         }
         return;
     }
@@ -179,6 +208,23 @@ ALWAYS_INLINE void softmax_values_of(float *scores, const void *v_base, int64_t 
             for (int64_t i = 0; i < dim / 16; ++i) acc[i] = _mm512_fmadd_ps(p, kv_load16(v + 16 * i * element, T), acc[i]);
         }
         for (int64_t i = 0; i < dim / 16; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], _mm512_set1_ps(inv)));
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (dim % 8 == 0) { /* 64 outputs at a time stay in registers across the keys */
+        for (int64_t i0 = 0; i0 < dim; i0 += 64) {
+            const int64_t vecs = dim - i0 < 64 ? (dim - i0) / 8 : 8;
+            __m256 acc[8];
+            for (int64_t i = 0; i < vecs; ++i) acc[i] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < n; ++j) {
+                const char *v = (const char *)v_base + slots[j] * stride;
+                const __m256 p = _mm256_set1_ps(scores[j] * kv_scale(v, dim, T));
+                for (int64_t i = 0; i < vecs; ++i)
+                    acc[i] = _mm256_fmadd_ps(p, kv_load8(v + (i0 + 8 * i) * element, T), acc[i]);
+            }
+            for (int64_t i = 0; i < vecs; ++i)
+                _mm256_storeu_ps(out + i0 + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+        }
         return;
     }
 #endif
