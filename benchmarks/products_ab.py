@@ -3,9 +3,10 @@ change faster, and are its outputs the same bits? (issue 38)
 
     .venv/bin/python benchmarks/products_ab.py VARIANT.c [threads] [reps] [Q4_K,Q6_K]   # BASE=OTHER.c: not HEAD's
 
-ROWS (environment, default 512) activation rows. Prints JSON: per tensor the two builds' fastest and median ms, the
-median of the per-pair time ratios (base / variant: above 1, the variant is faster), and whether the outputs are
-bit-equal.
+ROWS (environment, default 512) activation rows; GGUF (environment): another file than the 1.7B shape's, its first
+layer's projections of the listed types (the bundled model's Q4_1; Gemma 3's Q5_0, Q8_0, Q4_K and Q6_K). Prints
+JSON: per tensor the two builds' fastest and median ms, the median of the per-pair time ratios (base / variant:
+above 1, the variant is faster), and whether the outputs are bit-equal.
 """
 
 import json
@@ -34,9 +35,10 @@ base = native.load()
 var = build_with("products.c", variant)
 if os.environ.get("BASE"):
     base = build_with("products.c", Path(os.environ["BASE"]))
-g = GGUFFile(Path.home() / ".cache/tokenmill/synth/synth-smollm2-1.7b-Q4_K_M.gguf")
+g = GGUFFile(Path(os.environ.get("GGUF", Path.home() / ".cache/tokenmill/synth/synth-smollm2-1.7b-Q4_K_M.gguf")))
 out = {}
-for name in ("blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.0.attn_q.weight"):
+names = ["ffn_up", "ffn_down", "attn_q"] + (["attn_output", "attn_v"] if "GGUF" in os.environ else [])
+for name in (f"blk.0.{n}.weight" for n in names):
     t = g.tensor(name)
     if t.ggml_type.name not in types:
         continue
