@@ -1,6 +1,10 @@
 """Prompt attention gives a position the same bits however its prompt was cut into chunks; a decode row the same
 bits whatever other rows share its step."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,6 +105,22 @@ def test_a_decode_row_gets_the_same_bits_alone_and_beside_longer_rows(window: in
         scores = torch.einsum("hd,nhd->hn", q[i].double(), keys.repeat_interleave(heads // kv_heads, 1)) * 0.125
         reference = torch.einsum("hn,nhd->hd", scores.softmax(-1), values.repeat_interleave(heads // kv_heads, 1))
         assert torch.allclose(together[i].double(), reference, atol=1e-5), n
+
+
+def test_importing_tokenmill_puts_mkl_in_strict_mode() -> None:
+    """MKL (inside torch's attention) rounds by its operands' alignment unless in its strict reproducibility mode: on
+    an AVX2 CPU with 2 threads the case above then failed. A fresh process, tokenmill imported, one MKL product:
+    MKL's mode is AUTO | STRICT (2 | 0x10000, its service call's answer), where without tokenmill it is 1."""
+    code = (
+        "import ctypes, os, tokenmill, torch\n"
+        "a = torch.randn(64, 64); (a @ a).sum()\n"
+        "lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cpu.so'))\n"
+        "print(lib.mkl_serv_cbwr_get(-1))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) == 2 | 0x10000
 
 
 def test_decode_contexts_pad_to_four_lengths_an_octave() -> None:

@@ -130,5 +130,5 @@ def test_bad_shapes_are_refused() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("march", "path"), OTHER_PATHS)
 def test_the_avx2_and_portable_paths_pass_these_tests(march: str, path: str) -> None:
-    """This machine builds the AVX-512 path; older CPUs get the plain loops: build them and run this file."""
+    """This machine builds the AVX-512 path; older CPUs get the AVX2 tiles or the plain loops: build, run this."""
     rerun_on_path(__file__, march, path, "not avx2_and_portable")  # the child runs all but this test

@@ -305,6 +305,11 @@ ALWAYS code_site site_of(const int T, const int c, const int b, const int t) {
 #if defined(TM_AVX512_VNNI) || defined(TM_AVX2)
 /* MXFP4's values plus its code offset (16): the codes the dot instructions see, 4 .. 28 */
 ALWAYS __m128i mxfp4_table(void) { return _mm_add_epi8(_mm_setr_epi8(TM_MXFP4_VALUES), _mm_set1_epi8(16)); }
+
+/* The K-quants' panels (run_panels: prompt rows over a panel of a group's units unpacked once, unpack_k256): each
+ * step's codes as 64 bytes, the 16 rows' 4 codes (AVX2: its two halves' 32 side by side), then each path's scales */
+#define UNPACKED_CODE_BYTES (4 * 2 * 8 * 64) /* chunks x blocks x steps, 64 bytes each: 4 KiB a unit */
+ALWAYS int64_t unpacked_step(const int c, const int b, const int t) { return ((c * 2 + b) * 8 + t) * 64; }
 #endif
 
 /* ---- AVX-512 VNNI ----------------------------------------------------------------------------------------------- */
@@ -421,10 +426,8 @@ ALWAYS __m512 block_dot16(const int T, const int P, __m512i hi, __m512i lo, cons
  * bytes a step) and the sub-block scales widened to 32 bits, once per panel; the tiles of the block of rows then
  * load them (loads take other ports). Same bits: the same codes and scales enter the same integer sums. 512 rows,
  * two threads (benchmarks/products_ab.py): Q4_K +8-12%, Q6_K +7% (and +7% more from q6_eighths, tile_k256). */
-#define UNPACKED_CODE_BYTES (4 * 2 * 8 * 64)           /* chunks x blocks x steps, 64 bytes each: 4 KiB a unit */
 #define UNPACKED_UNIT_BYTES (UNPACKED_CODE_BYTES + 16 * 64) /* and 16 scale vectors (Q6_K's halves) */
 #define PANEL_UNITS 4 /* units unpacked at a time: 20 KiB, in L1 (48 KiB); 2 units measured 2-4% slower, 8 1-3% */
-ALWAYS int64_t unpacked_step(const int c, const int b, const int t) { return ((c * 2 + b) * 8 + t) * 64; }
 
 ALWAYS void unpack_k256(const int T, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc, int64_t u0, int64_t u1,
                         uint8_t *out) {
@@ -772,10 +775,8 @@ ALWAYS void scale_pairs(const int T, const uint8_t *scu, const int sub, const in
  * unpack_k256 writes a panel of a group's units as codes8 gives them (64 bytes a step, the halves' 32 side by side)
  * and the scales as scale_pairs gives them, once per panel; the tiles then load them. Same bits: the same codes
  * and scales enter the same integer sums. */
-#define UNPACKED_CODE_BYTES (4 * 2 * 8 * 64)                  /* chunks x blocks x steps, 64 bytes each */
 #define UNPACKED_UNIT_BYTES (UNPACKED_CODE_BYTES + 3 * 8 * 64) /* and three pairs of scales per block */
 #define PANEL_UNITS 4 /* units unpacked at a time: 22 KiB, in L1 (32 KiB) */
-ALWAYS int64_t unpacked_step(const int c, const int b, const int t) { return ((c * 2 + b) * 8 + t) * 64; }
 
 ALWAYS void unpack_k256(const int T, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc, int64_t u0, int64_t u1,
                         uint8_t *out) {
